@@ -1,0 +1,52 @@
+"""The grader interface shared by every reward in rewards/.
+
+A grader reads a batch of completions (with their prompt, group and data row) and returns, per
+completion, a score in [0, 1] or None ("does not apply to this row"). None is never turned into 0:
+the composite drops the component for that row and renormalises the remaining weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sample:
+    """One completion to grade."""
+
+    prompt: str
+    """The prompt as plain text (a chat prompt is rendered as 'role: content' lines)."""
+    completion: str
+    """The model's completion, decoded, without the prompt."""
+    group: int = 0
+    """Index of the prompt's group in the batch: completions of the same prompt share it."""
+    row: dict[str, Any] = field(default_factory=dict)
+    """The data row's fields (reference, answer, labels, key_points, rubric, ...)."""
+
+
+class Grader:
+    """Base class: subclasses set `name`, `requires` and implement `score`."""
+
+    name: str = ""
+    requires: tuple[str, ...] = ()
+    """Row fields this grader needs; checked against the data at start-up."""
+
+    def __call__(self, batch: list[Sample]) -> list[float | None]:
+        scores = self.score(batch)
+        assert len(scores) == len(batch), f"{self.name}: {len(scores)} scores for {len(batch)} samples"
+        out: list[float | None] = []
+        for s in scores:
+            if s is None:
+                out.append(None)
+            else:
+                s = float(s)
+                out.append(0.0 if s != s else min(1.0, max(0.0, s)))  # NaN -> 0, clip to [0, 1]
+        return out
+
+    def score(self, batch: list[Sample]) -> list[float | None]:
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Extra per-step numbers to log (tokens spent by a judge, unparsable replies, ...)."""
+        return {}

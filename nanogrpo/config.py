@@ -166,3 +166,40 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# presets: `python train.py demo` (the default), `python train.py tiny`; flags after the preset override it
+
+PRESETS: dict[str, tuple[str, TrainConfig]] = {
+    "demo": (
+        "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
+        TrainConfig(
+            steps=30,
+            prompts_per_step=4,
+            eval_prompts=27,
+            out_dir="runs/demo",
+            model=ModelConfig(path="smollm2"),
+            lora=LoraConfig(r=16, alpha=32),
+            sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
+            grpo=GRPOConfig(group_size=8),
+            optim=OptimConfig(lr=2e-4),
+            reward=RewardConfig(spec="rouge_l:1"),
+        ),
+    ),
+    "tiny": (
+        "a random tiny Llama with a locally trained tokenizer: seconds, for tests and for reading the loop",
+        TrainConfig(
+            steps=4,
+            prompts_per_step=2,
+            out_dir="runs/tiny",
+            log_samples_every=1,
+            model=ModelConfig(path="tiny", dtype="float32"),
+            lora=LoraConfig(r=4, alpha=8),
+            sampling=SamplingConfig(max_new_tokens=8),
+            grpo=GRPOConfig(group_size=4),
+            optim=OptimConfig(lr=1e-3),
+            reward=RewardConfig(spec="rouge_l:1"),
+        ),
+    ),
+}

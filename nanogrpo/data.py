@@ -1,0 +1,240 @@
+"""JSONL datasets: loading with validation, prompt rendering, the built-in demo task, and the prompt order.
+
+A row is one JSON object a line (DESIGN.md "Data"): `prompt` (text or chat messages) is required; the
+reference-based graders read `reference`, `answer`, `labels`, `key_points`, `rubric`, ... Bad input is
+reported with the file, the line and the field before any model is loaded.
+
+The built-in `demo` task is generated in code, deterministically: short factual questions asked with
+"Answer in one word." A small instruct model knows most answers but replies in a full sentence, so
+ROUGE-L against the one-word reference spreads within a group from the first step, and GRPO teaches the
+model to answer tersely and correctly. Its held-out split asks about other facts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# field -> (allowed Python types, description used in error messages)
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "id": ((str, int), "a string or an integer"),
+    "reference": ((str,), "a string"),
+    "references": ((list,), "a list of strings"),
+    "answer": ((str, int, float), "a string or a number"),
+    "labels": ((list,), "a list of strings"),
+    "key_points": ((list,), "a list of lists of keywords"),
+    "rubric": ((list,), 'a list of {"criterion": str, "weight": number}'),
+    "human": ((int, float), "a number"),
+}
+
+
+class DataError(ValueError):
+    """Bad data: the message names the file, the line and the field, and what to write instead."""
+
+
+def _check_prompt(prompt: Any, where: str) -> None:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{where}: field 'prompt' is empty; write the question as a non-empty string")
+        return
+    if isinstance(prompt, list) and prompt:
+        for i, m in enumerate(prompt):
+            if not (
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            ):
+                raise DataError(
+                    f'{where}: field \'prompt\' message {i} must be {{"role": str, "content": str}}, got {m!r}'
+                )
+        if not any(m["content"].strip() for m in prompt):
+            raise DataError(f"{where}: field 'prompt' has only empty messages; give the user's question")
+        return
+    raise DataError(
+        f"{where}: field 'prompt' must be a non-empty string or a non-empty list of chat messages, got {prompt!r}"
+    )
+
+
+def validate_row(row: Any, where: str) -> dict:
+    """Check one row's shape; `where` is 'file:line' for the error message."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    if "prompt" not in row:
+        raise DataError(f"{where}: missing field 'prompt' (every row needs the prompt the model answers)")
+    _check_prompt(row["prompt"], where)
+    for name, (types, desc) in _FIELD_TYPES.items():
+        if name in row and row[name] is not None and not isinstance(row[name], types):
+            raise DataError(f"{where}: field '{name}' must be {desc}, got {type(row[name]).__name__}")
+    return row
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Read and validate a JSONL file; rows without an `id` get their line number."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file (give a JSONL file, one JSON object a line, or 'demo')")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            row = validate_row(row, where)
+            row.setdefault("id", lineno)
+            row["_line"] = lineno
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: the file has no rows")
+    return rows
+
+
+def require_fields(rows: list[dict], fields: set[str] | tuple[str, ...], source: str, who: str) -> None:
+    """Refuse at start-up a grader that needs a field the data lacks (`who` names the grader)."""
+    for row in rows:
+        for name in fields:
+            if row.get(name) is None:
+                line = row.get("_line", row.get("id"))
+                raise DataError(
+                    f"{source}:{line}: field '{name}' is missing, and {who} needs it; "
+                    f"add it to every row or choose another grader with --reward.spec"
+                )
+
+
+def prompt_text(row: dict) -> str:
+    """The prompt as plain text, for graders and logs ('role: content' lines for chat prompts)."""
+    p = row["prompt"]
+    if isinstance(p, str):
+        return p
+    return "\n".join(f"{m['role']}: {m['content']}" for m in p)
+
+
+def render_prompt(tokenizer, row: dict, system_prompt: str = "") -> list[int]:
+    """Token ids of the prompt: chat messages go through the tokenizer's chat template; text is used as is."""
+    p = row["prompt"]
+    if isinstance(p, str) and getattr(tokenizer, "chat_template", None) is None:
+        return tokenizer(system_prompt + p, add_special_tokens=False)["input_ids"]
+    messages = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the built-in demo task
+
+_FACTS: dict[str, list[tuple[str, str]]] = {
+    "What is the capital of {}?": [
+        ("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Germany", "Berlin"),
+        ("Japan", "Tokyo"), ("Russia", "Moscow"), ("Egypt", "Cairo"), ("Greece", "Athens"),
+        ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Norway", "Oslo"), ("Austria", "Vienna"),
+        ("Poland", "Warsaw"), ("China", "Beijing"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
+        ("Cuba", "Havana"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Belgium", "Brussels"),
+        ("Hungary", "Budapest"), ("Thailand", "Bangkok"), ("England", "London"), ("Denmark", "Copenhagen"),
+        ("Canada", "Ottawa"), ("Argentina", "Buenos Aires"), ("Turkey", "Ankara"), ("India", "Delhi"),
+    ],
+    "What is the opposite of {}?": [
+        ("hot", "cold"), ("up", "down"), ("big", "small"), ("fast", "slow"), ("day", "night"),
+        ("open", "closed"), ("happy", "sad"), ("light", "dark"), ("old", "young"), ("rich", "poor"),
+        ("early", "late"), ("hard", "soft"), ("full", "empty"), ("wet", "dry"), ("love", "hate"),
+        ("win", "lose"), ("left", "right"), ("black", "white"), ("top", "bottom"), ("thick", "thin"),
+        ("strong", "weak"), ("loud", "quiet"), ("push", "pull"), ("true", "false"),
+    ],
+    "What color is {}?": [
+        ("the sky on a clear day", "blue"), ("fresh grass", "green"), ("snow", "white"),
+        ("a ripe banana", "yellow"), ("coal", "black"), ("a ripe tomato", "red"), ("an orange", "orange"),
+        ("milk", "white"), ("a lemon", "yellow"), ("blood", "red"), ("a crow", "black"),
+        ("a strawberry", "red"), ("a frog", "green"), ("the sea", "blue"), ("chocolate", "brown"),
+        ("a polar bear", "white"),
+    ],
+    "What is the plural of {}?": [
+        ("mouse", "mice"), ("child", "children"), ("foot", "feet"), ("tooth", "teeth"), ("man", "men"),
+        ("woman", "women"), ("goose", "geese"), ("person", "people"), ("cat", "cats"), ("box", "boxes"),
+        ("leaf", "leaves"), ("knife", "knives"), ("city", "cities"), ("baby", "babies"), ("ox", "oxen"),
+        ("wolf", "wolves"),
+    ],
+    "Which animal says {}?": [
+        ("moo", "cow"), ("woof", "dog"), ("meow", "cat"), ("oink", "pig"), ("baa", "sheep"),
+        ("quack", "duck"), ("neigh", "horse"), ("hoot", "owl"), ("ribbit", "frog"), ("hiss", "snake"),
+        ("roar", "lion"), ("buzz", "bee"),
+    ],
+    "What is {}?": [
+        ("two plus two", "four"), ("three plus four", "seven"), ("five plus five", "ten"),
+        ("six minus two", "four"), ("nine minus three", "six"), ("two times three", "six"),
+        ("one plus one", "two"), ("eight minus one", "seven"), ("four plus five", "nine"),
+        ("ten minus two", "eight"), ("three times three", "nine"), ("seven minus seven", "zero"),
+    ],
+}  # fmt: skip
+
+DEMO_INSTRUCTION = "Answer in one word."
+
+
+def demo_rows(split: str = "train", seed: int = 1234) -> list[dict]:
+    """The built-in task: every fact once, split 75/25 per question type (deterministic)."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"demo split must be 'train' or 'eval', got {split!r}")
+    rows = []
+    rng = random.Random(seed)
+    for template, facts in _FACTS.items():
+        facts = list(facts)
+        rng.shuffle(facts)
+        n_eval = len(facts) // 4
+        chosen = facts[:n_eval] if split == "eval" else facts[n_eval:]
+        for subject, answer in chosen:
+            question = template.format(subject)
+            rows.append(
+                {
+                    "id": f"demo-{split}-{len(rows)}",
+                    "prompt": [{"role": "user", "content": f"{question} {DEMO_INSTRUCTION}"}],
+                    "reference": answer,
+                    "answer": answer,
+                }
+            )
+    return rows
+
+
+def load_task(name_or_path: str, split: str = "train") -> tuple[list[dict], str]:
+    """Rows of a built-in task or a JSONL file, and the source name used in error messages."""
+    if name_or_path == "demo":
+        return demo_rows(split), f"demo:{split}"
+    return load_rows(name_or_path), str(name_or_path)
+
+
+@dataclass
+class PromptOrder:
+    """Which prompts each step sees: a seeded permutation per epoch, and a position that checkpoints save."""
+
+    n: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    pos: int = 0
+
+    def _perm(self) -> list[int]:
+        idx = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(idx)
+        return idx
+
+    def take(self, k: int) -> list[int]:
+        """The next k row indices, crossing epochs as needed."""
+        out: list[int] = []
+        while len(out) < k:
+            perm = self._perm()
+            take = min(k - len(out), self.n - self.pos)
+            out += perm[self.pos : self.pos + take]
+            self.pos += take
+            if self.pos == self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])

@@ -1,0 +1,188 @@
+"""Step metrics: the console line, the progress bar, metrics.jsonl / samples.jsonl, plots, optional W&B/TB.
+
+Only rank 0 writes. Every write is a whole line flushed at once, so a crash loses at most the step in
+flight; on resume the files are truncated back to the checkpoint's step so no step appears twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# the console line: (metric key, label, format)
+_CONSOLE = [
+    ("loss", "loss", "{:.4f}"),
+    ("len_mean", "len", "{:.0f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("entropy", "ent", "{:.2f}"),
+    ("frac_zero_std", "zero-std", "{:.2f}"),
+    ("grad_norm", "gnorm", "{:.3f}"),
+]
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def console_line(m: dict[str, Any]) -> str:
+    """`step 12 | reward 0.43 (fmt 0.90, acc 0.31) | len 187 | kl 0.002 | 5.1k tok/s`"""
+    parts = [f"step {m['step']}"]
+    if "reward" in m:
+        comps = [
+            f"{k.split('/', 1)[1]} {v:.2f}" for k, v in m.items() if k.startswith("reward/") and v is not None
+        ]
+        r = f"reward {m['reward']:.3f}"
+        parts.append(r + (f" ({', '.join(comps)})" if len(comps) > 1 else ""))
+    for key, label, fmt in _CONSOLE:
+        v = m.get(key)
+        if v is not None and not (key == "kl" and v == 0.0):
+            parts.append(f"{label} {fmt.format(v)}")
+    if m.get("tok_per_s"):
+        parts.append(f"{_fmt_rate(m['tok_per_s'])} tok/s")
+    if "t_step" in m:
+        parts.append(f"{m['t_step']:.1f}s")
+    return " | ".join(parts)
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe: tensors to floats, NaN/inf to None."""
+    if hasattr(x, "item"):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+class JsonlWriter:
+    """Append-only JSONL with truncation back to a step on resume."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines whose step is > `step` (they came after the checkpoint we resume from)."""
+        if not self.path.exists():
+            return
+        keep = [
+            ln
+            for ln in self.path.read_text().splitlines()
+            if ln.strip() and json.loads(ln).get("step", 0) <= step
+        ]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def write(self, obj: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in obj.items()}, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+class Logger:
+    """Console + JSONL + optional W&B / TensorBoard for one run folder."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        enabled: bool = True,
+        wandb_project: str = "",
+        tensorboard: bool = False,
+        config=None,
+    ):
+        self.out_dir, self.enabled = out_dir, enabled
+        self.metrics = JsonlWriter(out_dir / "metrics.jsonl")
+        self.samples = JsonlWriter(out_dir / "samples.jsonl")
+        self._wandb = self._tb = None
+        if not enabled:
+            return
+        if wandb_project:
+            import wandb  # only when asked for
+
+            self._wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=config)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(out_dir / "tb"))
+
+    def truncate_after(self, step: int) -> None:
+        if self.enabled:
+            self.metrics.truncate_after(step)
+            self.samples.truncate_after(step)
+
+    def log(self, m: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.metrics.write(m)
+        nums = {k: _clean(v) for k, v in m.items() if isinstance(_clean(v), (int, float)) and k != "step"}
+        if self._wandb is not None:
+            self._wandb.log(nums, step=m["step"])
+        if self._tb is not None:
+            for k, v in nums.items():
+                self._tb.add_scalar(k, v, m["step"])
+
+    def log_samples(self, step: int, groups: list[dict]) -> None:
+        if self.enabled:
+            self.samples.write({"step": step, "groups": groups})
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# plots
+
+PLOTS = {
+    "reward": ["reward"],
+    "kl_entropy": ["kl", "entropy"],
+    "length": ["len_mean", "len_max"],
+    "clip": ["clip_low", "clip_high", "frac_zero_std"],
+    "grad_norm": ["grad_norm"],
+    "loss": ["loss"],
+}
+
+
+def plot_metrics(out_dir: Path) -> list[Path]:
+    """One PNG per panel from metrics.jsonl (reward also shows each grader and a +-1 std band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(out_dir / "metrics.jsonl")
+    if not rows:
+        return []
+    steps = [r["step"] for r in rows]
+    written = []
+    for name, keys in PLOTS.items():
+        keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
+        if name == "reward":
+            keys += sorted({k for r in rows for k in r if k.startswith("reward/")})
+        if not keys:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for k in keys:
+            ys = [r.get(k) if r.get(k) is not None else float("nan") for r in rows]
+            ax.plot(steps, ys, label=k, lw=2 if k == "reward" else 1)
+            if k == "reward" and all(r.get("reward_std") is not None for r in rows):
+                sd = [r["reward_std"] for r in rows]
+                ax.fill_between(
+                    steps, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15
+                )
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,374 @@
+"""nanogrpo: train a language model with GRPO (or SFT) on the CPU, one GPU, or many with torchrun.
+
+    python train.py                       # the demo: SmolLM2-135M-Instruct + LoRA on the built-in task
+    python train.py tiny                  # a random tiny model, seconds (what the tests run)
+    python train.py --help                # every flag
+
+One step: sample G completions for each of P prompts, score them, turn rewards into group advantages,
+then take `num_iterations` optimizer passes over the batch with the clipped surrogate (+ KL) loss. The
+loop reads top to bottom; the pieces live in nanogrpo/ (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import tyro
+from tqdm import tqdm
+
+from nanogrpo import checkpoint as ckpt
+from nanogrpo import dist, grpo
+from nanogrpo.config import PRESETS, TrainConfig
+from nanogrpo.data import PromptOrder, load_task, prompt_text, render_prompt
+from nanogrpo.metrics import Logger, console_line, plot_metrics
+from nanogrpo.policy import completion_logprobs, make_batch, pad_left
+from nanogrpo.runtime import load_policy, micro_slices, resolve_device_dtype, seed_everything
+from nanogrpo.sampling import generate
+from rewards import Sample, build_reward
+
+
+def main(cfg: TrainConfig) -> dict:
+    # ---------------------------------------------------------------- checks that need no model
+    if cfg.algo == "grpo" and cfg.grpo.group_size < 2:
+        raise ValueError(
+            f"--grpo.group-size {cfg.grpo.group_size}: GRPO compares completions of the same prompt; use >= 2"
+        )
+    device, dtype = resolve_device_dtype(cfg.model)
+    dist.init(device.type)
+    rank, world = dist.rank(), dist.world()
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
+    rows, source = load_task(cfg.data.train, "train")
+    reward_fn = build_reward(cfg.reward) if cfg.algo == "grpo" else None
+    if reward_fn is not None:
+        reward_fn.validate(rows, source)
+    elif any(not r.get("reference") for r in rows):
+        raise ValueError(f"{source}: --algo sft trains on 'reference'; every row needs one")
+    out = Path(cfg.out_dir)
+    if dist.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    seed_everything(cfg.seed + rank)
+
+    # ---------------------------------------------------------------- model, tokenizer, optimizer
+    policy = load_policy(cfg, device, dtype)
+    model, tok = policy.model, policy.tokenizer
+    pad_id, eos_ids = policy.pad_id, policy.eos_ids
+    params = [p for p in model.parameters() if p.requires_grad]
+    from nanogrpo.optim import build_optimizer, build_scheduler
+
+    opt = build_optimizer(params, cfg.optim)
+    sched = build_scheduler(opt, cfg.optim, cfg.steps * cfg.grpo.num_iterations)
+    order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
+    logger = Logger(
+        out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
+    )
+    step0 = 0
+    if cfg.resume and (last := ckpt.latest_checkpoint(out / "ckpt")) is not None:
+        policy.load_weights(last)
+        state = ckpt.load_trainer_state(last)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        order.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
+        step0 = state["step"]
+        logger.truncate_after(step0)
+        if dist.is_main():
+            print(f"resumed from {last} at step {step0}")
+
+    G = cfg.grpo.group_size if cfg.algo == "grpo" else 1
+    P_local = cfg.prompts_per_step // world
+    temp = cfg.sampling.temperature
+    bar = tqdm(
+        range(step0, cfg.steps),
+        initial=step0,
+        total=cfg.steps,
+        disable=not dist.is_main(),
+        dynamic_ncols=True,
+    )
+    history: list[dict] = []
+    for step in bar:
+        t0 = time.perf_counter()
+        # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
+        idx = order.take(cfg.prompts_per_step)[rank * P_local : (rank + 1) * P_local]
+        batch_rows = [rows[i] for i in idx]
+        prompts = [render_prompt(tok, r, cfg.data.system_prompt) for r in batch_rows]
+        m: dict = {"step": step + 1}
+
+        if cfg.algo == "sft":
+            # ---------------------------------------------------- SFT: NLL of the reference given the prompt
+            comp = [
+                tok(r["reference"], add_special_tokens=False)["input_ids"] + eos_ids[:1] for r in batch_rows
+            ]
+            Tc = max(len(c) for c in comp)
+            completion_ids = torch.tensor([c + [pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
+            cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
+            p_ids, p_mask = pad_left(prompts, pad_id)
+            batch = make_batch(p_ids, p_mask, completion_ids, cmask)
+            batch = type(batch)(*(x.to(device) if torch.is_tensor(x) else x for x in vars(batch).values()))
+            n_tok = dist.sum_floats({"n": float(cmask.sum())})["n"]
+            t1 = time.perf_counter()
+            model.train()
+            loss_sum = 0.0
+            for sl in micro_slices(len(batch), cfg.micro_batch):
+                mb = batch.rows(sl)
+                logp, _ = completion_logprobs(model, mb, 1.0, policy.autocast)
+                loss = -(logp * mb.mask).sum() / n_tok
+                loss.backward()
+                loss_sum += loss.item()
+            m.update(loss=dist.sum_floats({"l": loss_sum})["l"], t_sample=0.0, t_score=0.0, tokens=n_tok)
+            m["len_mean"] = n_tok / cfg.prompts_per_step
+        else:
+            # ---------------------------------------------------- 1. sample G completions per prompt
+            model.eval()
+            gen_seed = cfg.seed * 1_000_003 + step * 1009 + rank  # per step: resume needs no generator state
+            with torch.inference_mode():
+                gen = generate(
+                    policy.core,
+                    prompts,
+                    group_size=G,
+                    max_new_tokens=cfg.sampling.max_new_tokens,
+                    temperature=temp,
+                    top_p=cfg.sampling.top_p,
+                    top_k=cfg.sampling.top_k,
+                    eos_ids=eos_ids,
+                    stop_strings=cfg.sampling.stop,
+                    tokenizer=tok,
+                    generator=torch.Generator(device=device).manual_seed(gen_seed),
+                    pad_id=pad_id,
+                )
+            completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
+            lengths = cmask.sum(1)  # (N,)
+            texts = tok.batch_decode(
+                [c[: int(n)].tolist() for c, n in zip(completion_ids, lengths)], skip_special_tokens=True
+            )
+            t1 = time.perf_counter()
+
+            # ---------------------------------------------------- 2. score
+            samples = [
+                Sample(prompt=prompt_text(r), completion=texts[i * G + j], group=i, row=r)
+                for i, r in enumerate(batch_rows)
+                for j in range(G)
+            ]
+            rewards, components = reward_fn(samples)
+            reward = torch.tensor([float("nan") if r is None else r for r in rewards])  # (N,)
+            t2 = time.perf_counter()
+
+            # ---------------------------------------------------- 3. advantages (KL in the reward first)
+            p_ids, p_mask = pad_left(prompts, pad_id)
+            p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
+            batch = make_batch(p_ids, p_mask, completion_ids, cmask)
+            batch = type(batch)(*(x.to(device) if torch.is_tensor(x) else x for x in vars(batch).values()))
+            old_logp = (
+                gen.logp.float().to(device) * batch.mask
+            )  # (N, Tc) the sampler's: the policy is unchanged
+            need_ref = cfg.grpo.kl_placement != "none"
+            ref_logp = None
+            if need_ref:
+                ref_logp = torch.cat(
+                    [
+                        policy.reference_logprobs(batch.rows(sl), temp)
+                        for sl in micro_slices(len(batch), cfg.micro_batch)
+                    ]
+                )  # (N, Tc)
+            score = reward.nan_to_num(0.0)  # completions no grader applies to get no advantage (below)
+            kl_pen = None
+            if cfg.grpo.kl_placement == "reward":
+                kl_pen = grpo.kl_reward_penalty(old_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
+                score = score - cfg.grpo.beta * kl_pen
+            adv, zero_std = grpo.compute_advantages(score, cfg.grpo)  # (N,), (P,)
+            adv = torch.where(reward.isnan(), torch.zeros_like(adv), adv).to(device)  # (N,)
+
+            # ---------------------------------------------------- 4-6. loss, backward, mu passes
+            counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+            model.train()
+            stats_sum: dict[str, float] = {}
+            ent_sum = 0.0
+            for it in range(cfg.grpo.num_iterations):
+                if it > 0:
+                    policy.step(opt, sched, cfg.optim.grad_clip)  # passes after the first are off-policy
+                for sl in micro_slices(len(batch), cfg.micro_batch):
+                    mb = batch.rows(sl)
+                    logp, ent = completion_logprobs(model, mb, temp, policy.autocast)  # (n, Tc)
+                    old = logp.detach() if cfg.grpo.num_iterations == 1 else old_logp[sl]
+                    loss, stats = grpo.grpo_loss(
+                        logp,
+                        old,
+                        None if ref_logp is None else ref_logp[sl],
+                        adv[sl],
+                        mb.mask,
+                        cfg.grpo,
+                        num_seqs=counts["seqs"],
+                        num_tokens=counts["tokens"],
+                        max_len=cfg.sampling.max_new_tokens,
+                    )
+                    loss.backward()
+                    if it == 0:
+                        ent_sum += float((ent * mb.mask).sum())
+                        for k, v in stats.items():
+                            stats_sum[k] = stats_sum.get(k, 0.0) + float(v)
+                        stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss)
+            # ---------------------------------------------------- metrics of the step (summed over ranks)
+            valid = ~reward.isnan()
+            sums = {
+                "r": float(reward[valid].sum()),
+                "r2": float((reward[valid] ** 2).sum()),
+                "n_r": float(valid.sum()),
+                "zero": float(zero_std.sum()),
+                "groups": float(len(zero_std)),
+                "ent": ent_sum,
+                "len": float(lengths.sum()),
+                "trunc": float(gen.truncated.sum()),
+                **{f"s/{k}": v for k, v in stats_sum.items()},
+            }
+            for name, vals in components.items():
+                ok = [v for v in vals if v is not None]
+                sums[f"c/{name}"], sums[f"cn/{name}"] = float(sum(ok)), float(len(ok))
+            sums = dist.sum_floats(sums)
+            len_max = float(dist.all_reduce_max(torch.tensor(float(lengths.max()))))
+            n_r = max(sums["n_r"], 1.0)
+            mean_r = sums["r"] / n_r
+            m.update(
+                reward=mean_r,
+                reward_std=max(0.0, sums["r2"] / n_r - mean_r**2) ** 0.5,
+                **{
+                    f"reward/{k[2:]}": (sums[k] / sums["cn/" + k[2:]] if sums["cn/" + k[2:]] else None)
+                    for k in sums
+                    if k.startswith("c/")
+                },
+                frac_zero_std=sums["zero"] / sums["groups"],
+                entropy=sums["ent"] / counts["tokens"],
+                len_mean=sums["len"] / counts["seqs"],
+                len_max=len_max,
+                trunc_rate=sums["trunc"] / counts["seqs"],
+                reward_none=counts["seqs"] - sums["n_r"],
+                tokens=counts["tokens"],
+                **grpo.finalize_stats({k[2:]: v for k, v in sums.items() if k.startswith("s/")}),
+            )
+            if kl_pen is not None:
+                m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
+            m.update(t_sample=t1 - t0, t_score=t2 - t1)
+            for g in reward_fn.graders.values() if hasattr(reward_fn, "graders") else []:
+                m.update({f"{g.name}/{k}": v for k, v in g.metrics().items()})
+
+            if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
+                logger.log_samples(
+                    step + 1, _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn)
+                )
+
+        # -------------------------------------------------------------------- 7. optimizer step, log, save
+        gn = policy.step(opt, sched, cfg.optim.grad_clip)
+        t_end = time.perf_counter()
+        m.update(
+            grad_norm=gn,
+            lr=sched.get_last_lr()[0],
+            t_train=t_end - (t1 if cfg.algo == "sft" else t2),
+            t_step=t_end - t0,
+            tok_per_s=m["tokens"] / max(t_end - t0, 1e-9),
+        )
+        logger.log(m)
+        history.append(m)
+        if dist.is_main():
+            bar.set_postfix_str(f"reward {m['reward']:.3f}" if "reward" in m else f"loss {m['loss']:.4f}")
+            tqdm.write(console_line(m))
+        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            _save(policy, out, step + 1, opt, sched, order)
+    bar.close()
+
+    # ------------------------------------------------------------------------ end: adapter, plots, eval, page
+    summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
+    if dist.is_main():
+        policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))
+        plot_metrics(out)
+    if cfg.eval_prompts > 0 and dist.is_main():
+        summary["eval"] = final_eval(cfg, policy, out)
+    if dist.is_main():
+        try:
+            from nanogrpo.report import write_report
+
+            write_report(out)
+        except ImportError:
+            pass
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    logger.close()
+    dist.shutdown()
+    return summary
+
+
+def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
+    """Greedy answers of the base model (LoRA off) and the trained one on held-out prompts, scored with
+    the training graders; prints both means and the paired bootstrap 95% CI of the difference."""
+    from nanogrpo.evaluate import base_vs_trained, format_paired_table, save_eval
+
+    source = cfg.data.eval or ("demo" if cfg.data.train == "demo" else "")
+    if not source or not policy.use_lora:
+        print("final eval skipped: it needs --data.eval (or the demo task) and LoRA (the base is LoRA off)")
+        return None
+    rows = load_task(source, "eval")[0][: cfg.eval_prompts]
+    policy.core.eval()
+    res = base_vs_trained(
+        policy.core,
+        policy.tokenizer,
+        rows,
+        graders=",".join(n.split(":")[0] for n in cfg.reward.spec.split(",") if n.strip()),
+        reward_cfg=cfg.reward,
+        seed=cfg.seed,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        system_prompt=cfg.data.system_prompt,
+        progress=False,
+    )
+    save_eval(out, rows, res)
+    print(f"\nheld-out: {len(rows)} prompts, greedy, base (LoRA off) vs trained; * = 95% CI excludes 0")
+    print(format_paired_table(res["summary"]))
+    return res["summary"]
+
+
+def _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn) -> list[dict]:
+    """The step's groups for samples.jsonl and the run page."""
+    details = reward_fn.details() if hasattr(reward_fn, "details") else {}
+    groups = []
+    for i, r in enumerate(batch_rows):
+        comps = []
+        for j in range(G):
+            k = i * G + j
+            c = {
+                "text": texts[k],
+                "reward": None if reward[k].isnan() else float(reward[k]),
+                "scores": {name: vals[k] for name, vals in components.items()},
+                "advantage": float(adv[k]),
+                "length": int(lengths[k]),
+            }
+            for name, vals in details.items():
+                if vals[k] is not None:
+                    c[name] = vals[k]
+            comps.append(c)
+        groups.append(
+            {
+                "id": r.get("id"),
+                "prompt": prompt_text(r),
+                "reference": r.get("reference"),
+                "completions": comps,
+            }
+        )
+    return groups
+
+
+def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:
+    rngs = dist.gather_objects(ckpt.rng_state())  # every rank restores its own dropout/sampling RNG
+    if dist.is_main():
+        ckpt.save_checkpoint(
+            out / "ckpt", step, policy.save_weights, opt, sched, {"data": order.state_dict(), "rng_all": rngs}
+        )
+    dist.barrier()
+
+
+def cli() -> TrainConfig:
+    return tyro.extras.overridable_config_cli({k: (desc, c) for k, (desc, c) in PRESETS.items()})
+
+
+if __name__ == "__main__":
+    main(cli())

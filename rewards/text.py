@@ -1,0 +1,226 @@
+"""Text helpers shared by the graders: words, tags, answer extraction, normalisation, numbers.
+
+Everything here is total: any string (empty, unicode, megabytes long) goes in, a value comes out, and
+the regular expressions are linear (no nested quantifiers over the same characters).
+
+Numbers are read the way a reader of a report would: '1,705' is one thousand seven hundred and five,
+'9,91' (a European decimal comma) is 9.91, '1.705.000' is 1705000, and a unit glued to the figure or
+written after it scales it (K, M, B/bn, T and the words thousand/million/billion/trillion, with the
+Italian forms); '%' marks a percentage. Numbers glued to a word ('H2O', 'COVID-19', 'Qwen2.5') are
+not figures, and neither are list markers at the start of a line ('1.', '2)') when `skip_lists`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> list[str]:
+    """Case-folded word tokens (unicode letters and digits); punctuation and spaces separate them."""
+    return _WORD.findall(text.casefold())
+
+
+# ----------------------------------------------------------------------------- tags
+
+
+def _open_re(tag: str) -> re.Pattern:
+    return re.compile(rf"<{re.escape(tag)}(?:\s[^<>]*)?>", re.IGNORECASE)
+
+
+def _close_re(tag: str) -> re.Pattern:
+    return re.compile(rf"</{re.escape(tag)}\s*>", re.IGNORECASE)
+
+
+def _last(matches: Iterator[re.Match]) -> re.Match | None:
+    last = deque(matches, maxlen=1)
+    return last[0] if last else None
+
+
+def tag_content(text: str, tag: str) -> str | None:
+    """Content of the last complete <tag>...</tag> block, or None when there is none.
+
+    Found from the last closing tag backwards, so the cost is linear even with many unclosed tags.
+    """
+    close = _last(_close_re(tag).finditer(text))
+    if close is None:
+        return None
+    start = _last(_open_re(tag).finditer(text, 0, close.start()))
+    return None if start is None else text[start.end() : close.start()]
+
+
+def strip_think(text: str, tag: str = "think") -> str:
+    """The completion without its reasoning: drop <think>...</think> blocks, and everything up to a
+    closing </think> whose opening tag was in the prompt (Qwen3 / R1 chat templates open it there)."""
+    if not tag:
+        return text
+    open_re, close_re = _open_re(tag), _close_re(tag)
+    kept, pos = [], 0
+    while (start := open_re.search(text, pos)) and (end := close_re.search(text, start.end())):
+        kept.append(text[pos : start.start()])  # a loop, not one regex: linear with many unclosed tags
+        pos = end.end()
+    text = " ".join([*kept, text[pos:]])
+    close = _last(close_re.finditer(text))
+    return text if close is None else text[close.end() :]
+
+
+def think_content(text: str, tag: str = "think") -> str | None:
+    """The reasoning block: <think>...</think>, or the text before a lone </think> (opened in the prompt)."""
+    got = tag_content(text, tag)
+    if got is not None:
+        return got
+    close = _close_re(tag).search(text)
+    return text[: close.start()] if close else None
+
+
+def extract(text: str, tag: str = "", regex: str = "") -> str | None:
+    """The answer part of a completion: the last match of `regex` (its first group if it has one),
+    else the content of the last <tag> block; None when asked for and absent; the text itself when
+    neither is given."""
+    if regex:
+        try:
+            matches = list(re.finditer(regex, text, re.S))
+        except re.error as e:
+            raise ValueError(
+                f"--reward.answer-regex {regex!r} is not a valid regular expression: {e}"
+            ) from None
+        if not matches:
+            return None
+        m = matches[-1]
+        return m.group(1) if m.re.groups and m.group(1) is not None else m.group(0)
+    if tag:
+        return tag_content(text, tag)
+    return text
+
+
+# ----------------------------------------------------------------------------- numbers
+
+_SCALE = {
+    "k": 3, "thousand": 3, "thousands": 3, "mila": 3,
+    "m": 6, "mn": 6, "mln": 6, "million": 6, "millions": 6, "milione": 6, "milioni": 6,
+    "b": 9, "bn": 9, "billion": 9, "billions": 9, "mld": 9, "miliardo": 9, "miliardi": 9,
+    "t": 12, "tn": 12, "trillion": 12, "trillions": 12,
+}  # fmt: skip
+# a single capital letter scales only when glued to the figure ('1,705M'); '5 M' may be anything
+_GLUED = r"(?-i:[kKMBT])|bn|mn|mln|mld"
+_WORDS = r"thousands?|mila|millions?|milion[ei]|mld|mln|billions?|miliard[oi]|trillions?|bn|mn|tn"
+_NUMBER = re.compile(
+    rf"""
+    (?<![\w.,])(?<![^\W\d_][-\u2010])       # not glued to a word: 'H2O', 'COVID-19', 'v1.2'
+    (?P<sign>[-\u2212+](?=[$€£¥]?\d))?
+    [$€£¥]?
+    (?P<num>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?     # 1,705,000.5
+          | \d{{1,3}}(?:\.\d{{3}}){{2,}}(?:,\d+)?  # 1.705.000,5
+          | \d{{1,3}}\.\d{{3}},\d+                 # 1.705,5
+          | \d+(?:[.,]\d+)?                        # 1705 / 9.91 / 9,91
+          )
+    (?:(?P<pct>\s?%|\s(?:percent|per\ cent|per\ cento|percento)\b)
+      |(?P<glued>{_GLUED})(?![^\W_])
+      |\s(?P<word>{_WORDS})\b
+    )?
+    (?![^\W_])                               # '3rd', '10x' are not figures
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+_LIST_MARKER = re.compile(r"(?m)^([ \t]*(?:[-*+•][ \t]+)?)\(?\d{1,3}[.)](?=\s)")
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: Decimal
+    """The value after scaling by its unit (1,705M -> 1705000000); a percentage keeps its number."""
+    percent: bool
+    span: tuple[int, int]
+
+
+def _digits(num: str) -> str:
+    """'1,705.5' -> '1705.5', '1.705,5' -> '1705.5', '9,91' -> '9.91', '1,705' -> '1705'."""
+    if "," in num and "." in num:
+        dec = "," if num.rfind(",") > num.rfind(".") else "."
+        return num.replace("." if dec == "," else ",", "").replace(",", ".")
+    if num.count(".") > 1:
+        return num.replace(".", "")
+    if "," in num:
+        groups = num.split(",")
+        if len(groups) > 2 or len(groups[1]) == 3:  # thousands separators
+            return num.replace(",", "")
+        return num.replace(",", ".")
+    return num
+
+
+def figures(text: str, skip_lists: bool = True) -> list[Figure]:
+    """Every number in the text with its unit applied, left to right."""
+    if skip_lists:  # blank list markers, keeping offsets
+        text = _LIST_MARKER.sub(lambda m: m.group(1) + " " * (m.end() - m.end(1)), text)
+    out = []
+    for m in _NUMBER.finditer(text):
+        try:
+            value = Decimal(_digits(m.group("num")))
+        except InvalidOperation:  # pragma: no cover - the regex only admits digits
+            continue
+        unit = (m.group("glued") or m.group("word") or "").lower()
+        value = value.scaleb(_SCALE.get(unit, 0))
+        if m.group("sign") in ("-", "\u2212"):
+            value = -value
+        out.append(Figure(value, m.group("pct") is not None, m.span()))
+    return out
+
+
+def canonical(value: Decimal, percent: bool = False) -> str:
+    """One spelling per number: 1000, 0.5, -3 (no exponent, no trailing zeros)."""
+    s = format(value.normalize(), "f")
+    s = "0" if s in ("-0", "0") else s
+    return s + ("%" if percent else "")
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+NORMALIZE_STEPS = ("case", "space", "punct", "numbers")
+
+
+def _drop_punct(text: str, repl: str) -> str:
+    # punctuation (P*) and symbols (S*: $, +, emoji) go; letters, marks, digits and spaces stay
+    return "".join(repl if unicodedata.category(c)[0] in "PS" else c for c in text)
+
+
+def normalize(text: str, steps: tuple[str, ...] = NORMALIZE_STEPS) -> str:
+    """Normalise an answer for comparison. Steps: 'case' (case-fold), 'space' (collapse runs of space,
+    strip the ends), 'punct' (drop punctuation and symbols), 'numbers' (one spelling per number, so
+    '1,000' == '1000' == '1000.0' and '-5' keeps its sign even when punctuation goes)."""
+    bad = set(steps) - set(NORMALIZE_STEPS)
+    assert not bad, f"unknown normalisation steps {sorted(bad)}; known: {NORMALIZE_STEPS}"
+    text = unicodedata.normalize("NFKC", text)
+    pieces: list[tuple[bool, str]] = []  # (is_number, text)
+    pos = 0
+    if "numbers" in steps:
+        for f in figures(text, skip_lists=False):
+            pieces.append((False, text[pos : f.span[0]]))
+            c = canonical(f.value, f.percent)
+            pieces.append((True, f" {c} " if "space" in steps else c))
+            pos = f.span[1]
+    pieces.append((False, text[pos:]))
+    out = []
+    for is_num, piece in pieces:
+        if not is_num:
+            if "case" in steps:
+                piece = piece.casefold()
+            if "punct" in steps:
+                piece = _drop_punct(piece, " " if "space" in steps else "")
+        out.append(piece)
+    text = "".join(out)
+    return " ".join(text.split()) if "space" in steps else text
+
+
+def reply_text(completion: str, text_tag: str = "", think_tag: str = "think") -> str:
+    """What the reference-based graders compare with the reference: the content of `text_tag` when set
+    ('' when the completion lacks it), else the completion without its think block."""
+    if text_tag:
+        got = tag_content(completion, text_tag)
+        return "" if got is None else got
+    return strip_think(completion, think_tag)

@@ -1,0 +1,360 @@
+"""nanogrpo evaluation: `python eval.py {generate,score,grade,compare,elo,report} [--flags]`.
+
+  generate  completions of a model (+ LoRA adapter) on a held-out JSONL -> completions JSONL
+  score     EM, token F1, SeqM, ROUGE-L and any graders per row, means with 95% bootstrap CIs
+  grade     one grader (or a weighted mix) per row as JSON lines; agreement with a `human` column
+  compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM
+  elo       pairwise judging of two or more systems (both orders), Bradley-Terry Elo with CIs
+  report    (re)write a run folder's index.html
+
+Each subcommand's flags are listed by `python eval.py SUBCOMMAND --help`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import tyro
+
+from nanogrpo import evaluate, pairwise, report, stats
+from rewards.options import JudgeConfig, RewardConfig
+
+Positional = tyro.conf.Positional
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Completions of a model on a held-out JSONL; writes each row with a `completion` field."""
+
+    data: str
+    """Held-out JSONL (the training data format: prompt, reference, ...)."""
+    model: str = "smollm2"
+    """HF-format model folder, or 'smollm2' / 'tiny' (see train.py --model.path)."""
+    adapter: str = ""
+    """LoRA adapter folder in PEFT's layout (adapter_config.json + adapter_model.safetensors), merged on load."""
+    out: str = "completions.jsonl"
+    """Where the completions go."""
+    batch_size: int = 8
+    """Prompts per generation batch."""
+    num_samples: int = 1
+    """Completions per prompt (rows then carry `sample`; compare/elo want 1)."""
+    max_new_tokens: int = 256
+    """Most tokens per completion."""
+    temperature: float = 0.0
+    """0 is greedy decoding (the usual choice for evaluation)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings; the completion is cut before the first one."""
+    system_prompt: str = ""
+    """System message for chat prompts (use the one you trained with)."""
+    limit: int = 0
+    """Only the first N rows (0 = all)."""
+    seed: int = 0
+    """Sampling seed."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """'auto': bfloat16 on a GPU or a CPU with native bf16 (AMX), float32 otherwise."""
+    device: str = "auto"
+    """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """Score a completions JSONL: per-row metrics (JSONL), a summary table with 95% CIs, and JSON."""
+
+    file: Positional[str]
+    """Completions JSONL (rows with `completion` and `reference`)."""
+    graders: str = "rouge_l"
+    """Graders of rewards/ to add to EM/F1/SeqM, comma-separated ('' = none)."""
+    target: str = "reference"
+    """Row field EM/F1/SeqM compare against ('reference' also uses `references`; 'answer' for short answers)."""
+    out: str = ""
+    """Per-row scores JSONL ('' = FILE with .scored.jsonl)."""
+    json: str = ""
+    """Write the summary as JSON to this path ('-' = print it instead of the table)."""
+    resamples: int = 10_000
+    """Bootstrap resamples for the CIs."""
+    seed: int = 0
+    """Bootstrap seed."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Grader options (answer tag, judge server, ...)."""
+
+
+@dataclass(frozen=True)
+class Grade:
+    """Score each row's `completion` with a grader; one JSON object a line: id, score, components."""
+
+    grader: str
+    """A grader name, or a weighted mix 'judge:0.7,rouge_l:0.3'."""
+    data: str
+    """JSONL rows with `completion` (and what the grader needs); an optional `human` column in [0, 1]."""
+    json: str = ""
+    """Also write the agreement with `human` as JSON to this path."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Grader options (answer tag, judge server, ...)."""
+
+
+@dataclass(frozen=True)
+class Compare:
+    """Paired comparison of two systems on the same ids (B - A): bootstrap CIs, McNemar on EM."""
+
+    a: Positional[str]
+    """Completions (or scored) JSONL of system A, e.g. the base model."""
+    b: Positional[str]
+    """Completions (or scored) JSONL of system B, e.g. the trained model."""
+    graders: str = "rouge_l"
+    """Graders added to EM/F1/SeqM when a file has no `scores` (from eval.py score)."""
+    target: str = "reference"
+    """Row field EM/F1/SeqM compare against."""
+    resamples: int = 10_000
+    """Bootstrap resamples."""
+    seed: int = 0
+    """Bootstrap seed (the same indices for every metric)."""
+    json: str = ""
+    """Write the result as JSON to this path ('-' = print it instead of the table)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Grader options."""
+
+
+@dataclass(frozen=True)
+class Elo:
+    """Pairwise judging of two or more systems on the same ids, both orders; Bradley-Terry Elo per judge and pooled."""
+
+    files: Positional[tuple[str, ...]]
+    """Completions JSONL of each system (two or more)."""
+    judges: tuple[str, ...] = ("grader:rouge_l",)
+    """Judges: 'openai:MODEL' (an LLM at --server.base-url), 'local:PATH', 'grader:NAME', 'em', 'f1', 'seqm'."""
+    names: tuple[str, ...] = ()
+    """System names, one per file (default: the file names without .jsonl)."""
+    out: str = "elo"
+    """Output prefix: OUT.json (ratings), OUT.png (bars), OUT_comparisons.jsonl (every verdict)."""
+    resamples: int = 1000
+    """Bootstrap resamples over items for the intervals."""
+    prior: float = 1.0
+    """Virtual tied games per pair (keeps ratings finite when one system always wins)."""
+    seed: int = 0
+    """Bootstrap seed."""
+    json: str = ""
+    """'-' prints the ratings JSON instead of the table."""
+    server: JudgeConfig = field(default_factory=JudgeConfig)
+    """Where the openai:/local: judges run (base URL, API key variable, concurrency, retries)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Options of grader: judges."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """(Re)write RUN/index.html, the static run page."""
+
+    run: Positional[str]
+    """Run folder (config.json, metrics.jsonl, samples.jsonl)."""
+    max_sample_steps: int = 60
+    """Most logged steps of samples on the page (the first and the latest are kept)."""
+
+
+def _emit(obj: dict, path: str, table: str) -> None:
+    """Print the table, or the JSON when path is '-'; write the JSON when path is a file."""
+    text = json.dumps(obj, indent=2)
+    if path == "-":
+        print(text)
+        return
+    print(table)
+    if path:
+        Path(path).write_text(text + "\n")
+        print(f"wrote {path}")
+
+
+def run_generate(args: Generate) -> None:
+    from transformers import AutoTokenizer
+
+    from nanogrpo import lora
+    from nanogrpo.config import ModelConfig
+    from nanogrpo.data import load_rows
+    from nanogrpo.model import Transformer
+    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.runtime import resolve_device_dtype
+
+    rows = load_rows(args.data)  # validated before any model is loaded
+    rows = rows[: args.limit] if args.limit else rows
+    device, dtype = resolve_device_dtype(ModelConfig(path=args.model, dtype=args.dtype, device=args.device))
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = Transformer.from_pretrained(path, dtype=dtype, device=device)
+    if args.adapter:
+        lora.load_adapter(model, args.adapter)
+        lora.merge(model)  # one matmul per layer again: generation runs at the base model's speed
+    model.eval()
+    outs = evaluate.generate_completions(
+        model,
+        tokenizer,
+        rows,
+        batch_size=args.batch_size,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop=args.stop,
+        system_prompt=args.system_prompt,
+        seed=args.seed,
+    )
+    recs = [
+        {**r, "completion": c, **({"sample": k} if args.num_samples > 1 else {})}
+        for r, cs in zip(rows, outs)
+        for k, c in enumerate(cs)
+    ]
+    evaluate.write_jsonl(args.out, recs)
+    print(f"wrote {len(recs)} completions to {args.out}")
+
+
+def run_score(args: Score) -> None:
+    rows = evaluate.read_jsonl(args.file)
+    scores = evaluate.score_rows(
+        rows, graders=args.graders, reward_cfg=args.reward, target=args.target, path=args.file
+    )
+    out = args.out or str(Path(args.file).with_suffix("")) + ".scored.jsonl"
+    evaluate.write_jsonl(out, [{**r, "scores": s} for r, s in zip(rows, scores)])
+    summary = evaluate.summarise(scores, args.resamples, args.seed)
+    table = evaluate.format_summary_table(summary) + f"\n({len(rows)} rows; per-row scores in {out})"
+    _emit({"file": args.file, "n": len(rows), "metrics": summary}, args.json, table)
+
+
+def run_grade(args: Grade) -> None:
+    import rewards
+    from rewards.base import Sample
+
+    rows = evaluate.read_jsonl(args.data)
+    spec = args.grader if ":" in args.grader else f"{args.grader}:1"
+    fn = rewards.build_reward(replace(args.reward, spec=spec))
+    fn.validate(rows, args.data)
+    keys = [json.dumps(r.get("group", r.get("prompt")), sort_keys=True) for r in rows]
+    group_of = {k: g for g, k in enumerate(dict.fromkeys(keys))}  # completions of one prompt form a group
+    batch = [
+        Sample(evaluate.prompt_text(r.get("prompt", "")), str(r.get("completion", "")), group_of[k], r)
+        for r, k in zip(rows, keys)
+    ]
+    scores, comps = fn(batch)
+    for i, (r, s) in enumerate(zip(rows, scores)):
+        print(json.dumps({"id": r["id"], "score": s, "components": {k: v[i] for k, v in comps.items()}}))
+    human = [
+        (s, float(r["human"]), k)
+        for r, s, k in zip(rows, scores, keys)
+        if s is not None and r.get("human") is not None
+    ]
+    if human:
+        s, h, g = zip(*human)
+        acc, pairs = stats.pairwise_accuracy(s, h, g)
+        agree = {
+            "n": len(s),
+            "kendall_tau": stats.kendall_tau_b(s, h),
+            "pairwise_accuracy": acc,
+            "pairs": pairs,
+        }
+        print(
+            f"agreement with human: Kendall tau {agree['kendall_tau']:.3f} (n={len(s)}), "
+            f"pairwise accuracy in groups {acc:.3f} ({pairs} pairs)",
+            file=sys.stderr,
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(agree, indent=2) + "\n")
+
+
+def _scores(rows: list[dict], args: Compare) -> list[dict]:
+    if all(isinstance(r.get("scores"), dict) for r in rows):
+        return [r["scores"] for r in rows]
+    return evaluate.score_rows(rows, graders=args.graders, reward_cfg=args.reward, target=args.target)
+
+
+def _by_id(path: str) -> dict:
+    rows = evaluate.read_jsonl(path)
+    by = {r["id"]: r for r in rows}
+    if len(by) != len(rows):
+        raise ValueError(
+            f"{path}: ids repeat; compare and elo pair one completion per id (generate with --num-samples 1)"
+        )
+    return by
+
+
+def run_compare(args: Compare) -> None:
+    a, b = _by_id(args.a), _by_id(args.b)
+    ids = [i for i in a if i in b]
+    if not ids:
+        raise ValueError(f"{args.a} and {args.b} share no ids: compare completions of the same held-out file")
+    sa, sb = _scores([a[i] for i in ids], args), _scores([b[i] for i in ids], args)
+    summary = evaluate.paired_summary(sa, sb, seed=args.seed, n_resamples=args.resamples)
+    names = (Path(args.a).stem, Path(args.b).stem)
+    dropped = len(set(a) ^ set(b))
+    table = (
+        evaluate.format_paired_table(summary, names)
+        + f"\n({len(ids)} paired ids"
+        + (f", {dropped} ids in only one file dropped" if dropped else "")
+        + f"; diff = {names[1]} - {names[0]}; paired bootstrap, {args.resamples} resamples, seed {args.seed};"
+        " * = CI excludes 0)"
+    )
+    _emit(
+        {
+            "a": args.a,
+            "b": args.b,
+            "n": len(ids),
+            "resamples": args.resamples,
+            "seed": args.seed,
+            "metrics": summary,
+        },
+        args.json,
+        table,
+    )
+
+
+def run_elo(args: Elo) -> None:
+    if len(args.files) < 2:
+        raise ValueError("elo needs two or more completions files")
+    names = list(args.names) or [Path(f).name.removesuffix(".jsonl") for f in args.files]
+    if len(names) != len(args.files) or len(set(names)) != len(names):
+        raise ValueError(f"need one distinct name per file, got {names}: pass --names")
+    systems = {n: list(_by_id(f).values()) for n, f in zip(names, args.files)}
+    if not pairwise.align(systems):
+        raise ValueError("the files share no ids: judge completions of the same held-out file")
+    judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
+    records = pairwise.run_pairwise(systems, judges)
+    evaluate.write_jsonl(f"{args.out}_comparisons.jsonl", records)
+    rep = pairwise.elo_report(records, names, args.resamples, args.seed, args.prior)
+    Path(f"{args.out}.json").parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(rep, indent=2) + "\n")
+    png = pairwise.plot_elo(rep, f"{args.out}.png")
+    table = pairwise.format_elo_table(rep) + f"\nwrote {args.out}.json, {png}, {args.out}_comparisons.jsonl"
+    _emit(rep, "-" if args.json == "-" else "", table)
+
+
+def run_report(args: Report) -> None:
+    print(report.write_report(args.run, args.max_sample_steps))
+
+
+COMMANDS = {
+    "generate": Generate,
+    "score": Score,
+    "grade": Grade,
+    "compare": Compare,
+    "elo": Elo,
+    "report": Report,
+}
+RUNNERS = {
+    Generate: run_generate,
+    Score: run_score,
+    Grade: run_grade,
+    Compare: run_compare,
+    Elo: run_elo,
+    Report: run_report,
+}
+
+if __name__ == "__main__":
+    args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0])
+    try:
+        RUNNERS[type(args)](args)
+    except ValueError as e:  # bad data or flags: one clear line, no traceback
+        sys.exit(f"error: {e}")

@@ -1,0 +1,318 @@
+"""Held-out evaluation: generate, score, compare two systems, and judge them pairwise for Elo.
+
+eval.py is the command line over these functions; train.py calls `base_vs_trained` at the end of a run
+(the same model with LoRA disabled is the base), `save_eval` to keep the result in the run folder.
+
+Scores per row: EM, token F1 and SeqM against the row's reference(s) (seed 002), plus any graders of
+rewards/ by name (ROUGE-L by default). Pairwise judging follows seed 000: a judge sees the question,
+the reference and two anonymous answers, picks one or calls a tie; every pair is asked in both orders so
+position bias cancels. Seed 000 only says the judges were LLMs; `MetricJudge` is a deterministic judge
+(higher metric wins) for tests and for a judge-free sanity check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from nanogrpo import stats
+
+ANSWER_METRICS: dict[str, Callable[[str, list[str]], float]] = {
+    "em": stats.exact_match,
+    "f1": stats.token_f1,
+    "seqm": stats.seq_match,
+}
+Judge = Callable[[str, "str | None", str, str], str]
+"""prefer(prompt, reference, answer_a, answer_b) -> 'A' | 'B' | 'tie'."""
+
+# ----------------------------------------------------------------------------- rows and prompts
+
+
+def prompt_text(prompt: str | list[dict]) -> str:
+    """A prompt as plain text; a chat prompt becomes 'role: content' lines."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt)
+
+
+def references(row: dict, target: str = "reference") -> list[str]:
+    """The strings a completion is scored against: row[target], plus row['references'] for 'reference'."""
+    refs = [] if row.get(target) is None else [str(row[target])]
+    if target == "reference":
+        refs += [str(r) for r in row.get("references") or []]
+    return refs
+
+
+def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> list[dict]:
+    """Rows of a JSONL file (blank lines skipped); a bad line or a row without a `require`d field is a
+    ValueError naming the file and the line. Rows without an id get their line number."""
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            for name in require:
+                if row.get(name) is None:
+                    raise ValueError(
+                        f"{path}:{lineno}: missing field '{name}' (write {name} with eval.py generate)"
+                    )
+            row.setdefault("id", lineno)
+            row.setdefault("_line", lineno)
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: the file has no rows")
+    return rows
+
+
+def write_jsonl(path: str | Path, rows: Sequence[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:  # keys starting with '_' are bookkeeping (the source line), not data
+            f.write(
+                json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
+            )
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict],
+    *,
+    batch_size: int = 8,
+    num_samples: int = 1,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: Sequence[str] = (),
+    system_prompt: str = "",
+    seed: int = 0,
+    progress: bool = True,
+) -> list[list[str]]:
+    """`num_samples` completions for each row (temperature 0 = greedy), in row order."""
+    import torch
+    from tqdm import tqdm
+
+    from nanogrpo.data import render_prompt
+    from nanogrpo.sampling import generate
+
+    prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
+    # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    eos = set(getattr(model.config, "eos_token_ids", None) or ())
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out: list[list[str]] = [[] for _ in rows]
+    bar = tqdm(total=len(rows), desc="generate", unit="prompt", disable=not progress)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        with torch.no_grad():
+            g = generate(
+                model,
+                [prompts[i] for i in idx],
+                group_size=num_samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                eos_ids=tuple(sorted(eos)),
+                stop_strings=tuple(stop),
+                tokenizer=tokenizer,
+                generator=gen,
+                pad_id=pad_id,
+            )
+        for r, (ids, m) in enumerate(zip(g.completion_ids.tolist(), g.mask.tolist())):
+            text = tokenizer.decode([t for t, keep in zip(ids, m) if keep > 0], skip_special_tokens=True)
+            for st in stop:  # the stop string ends the answer; it is not part of it
+                text = text.split(st, 1)[0] if st and st in text else text
+            out[idx[r // num_samples]].append(text)
+        bar.update(len(idx))
+    bar.close()
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def score_rows(
+    rows: Sequence[dict],
+    completions: Sequence[str] | None = None,
+    *,
+    graders: str = "rouge_l",
+    reward_cfg: Any = None,
+    target: str = "reference",
+    path: str = "data",
+) -> list[dict[str, float | None]]:
+    """Per row {metric: score or None}: em, f1, seqm against the row's references, then each grader.
+
+    `completions` defaults to each row's 'completion'. `graders` is a comma list of rewards/ grader names
+    ('' = none); None means the metric does not apply to that row (no reference, or the grader says so).
+    """
+    texts = [str(r.get("completion", "")) for r in rows] if completions is None else list(completions)
+    assert len(texts) == len(rows), f"{len(texts)} completions for {len(rows)} rows"
+    out: list[dict[str, float | None]] = []
+    for row, text in zip(rows, texts):
+        refs = references(row, target)
+        out.append({m: (fn(text, refs) if refs else None) for m, fn in ANSWER_METRICS.items()})
+    for name, vals in grade(rows, texts, graders, reward_cfg, path).items():
+        for d, v in zip(out, vals):
+            d[name] = v
+    return out
+
+
+def grade(
+    rows: Sequence[dict], texts: Sequence[str], spec: str, reward_cfg: Any = None, path: str = "data"
+) -> dict[str, list[float | None]]:
+    """Scores of each named grader of rewards/ (one component each), e.g. spec 'rouge_l,numbers'.
+    The rows are validated first: a field a grader needs and a row lacks is a ValueError naming `path`."""
+    names = [n.split(":")[0].strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        return {}
+    import rewards
+    from rewards.base import Sample
+    from rewards.options import RewardConfig
+
+    cfg = replace(reward_cfg or RewardConfig(), spec=",".join(f"{n}:1" for n in names))
+    fn = rewards.build_reward(cfg)
+    fn.validate(rows, path)
+    batch = [
+        Sample(prompt=prompt_text(r.get("prompt", "")), completion=t, group=i, row=r)
+        for i, (r, t) in enumerate(zip(rows, texts))
+    ]
+    _, components = fn(batch)
+    return {n: list(components[n]) for n in names}
+
+
+def summarise(scores: Sequence[dict[str, float | None]], n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """Per metric: n rows scored, mean and the 95% bootstrap interval of the mean."""
+    out = {}
+    for m in _metric_names(scores):
+        vals = [s[m] for s in scores if s.get(m) is not None]
+        if not vals:
+            out[m] = {"n": 0, "mean": None, "low": None, "high": None}
+            continue
+        mean, lo, hi = stats.bootstrap_ci(vals, n_resamples, seed)
+        out[m] = {"n": len(vals), "mean": mean, "low": lo, "high": hi}
+    return out
+
+
+def paired_summary(
+    base_scores: Sequence[dict[str, float | None]],
+    trained_scores: Sequence[dict[str, float | None]],
+    seed: int = 0,
+    n_resamples: int = 10_000,
+) -> dict:
+    """Per metric, over rows both systems have a score for: both means, the difference (trained - base)
+    with its paired bootstrap 95% CI, and for EM McNemar's exact test. Row i of both lists is one item."""
+    if len(base_scores) != len(trained_scores):
+        raise ValueError(f"paired scores of different lengths: {len(base_scores)} vs {len(trained_scores)}")
+    out = {}
+    for m in _metric_names(base_scores):
+        pairs = [(a[m], b.get(m)) for a, b in zip(base_scores, trained_scores)]
+        pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if not pairs:
+            continue
+        a, b = zip(*pairs)
+        res = stats.paired_bootstrap(a, b, n_resamples, seed)
+        if m == "em":
+            res["mcnemar"] = stats.mcnemar_exact([x >= 0.5 for x in a], [x >= 0.5 for x in b])
+        out[m] = res
+    return out
+
+
+def _metric_names(scores: Sequence[dict]) -> list[str]:
+    names: dict[str, None] = {}
+    for s in scores:
+        names.update(dict.fromkeys(s))
+    return list(names)
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def format_summary_table(summary: dict) -> str:
+    lines = [f"{'metric':<14}{'n':>6}{'mean':>9}  95% CI"]
+    for m, s in summary.items():
+        lines.append(f"{m:<14}{s['n']:>6}{_f(s['mean']):>9}  [{_f(s['low'])}, {_f(s['high'])}]")
+    return "\n".join(lines)
+
+
+def format_paired_table(summary: dict, names: tuple[str, str] = ("base", "trained")) -> str:
+    """A short text table of `paired_summary`: '*' marks a CI that excludes 0."""
+    a, b = (n[:10] for n in names)
+    lines = [f"{'metric':<12}{'n':>5}{a:>11}{b:>11}{'diff':>9}  {'95% CI':<18}  McNemar p"]
+    for m, s in summary.items():
+        sig = "*" if s["low"] > 0 or s["high"] < 0 else " "
+        ci = f"[{s['low']:+.3f}, {s['high']:+.3f}]{sig}"
+        mc = s.get("mcnemar")
+        p = f"{mc['p']:.3g} ({mc['only_a']}/{mc['only_b']})" if mc else ""
+        lines.append(
+            f"{m:<12}{s['n']:>5}{s['mean_a']:>11.3f}{s['mean_b']:>11.3f}{s['diff']:>+9.3f}  {ci:<18}  {p}"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- train.py's final eval
+
+
+def base_vs_trained(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict],
+    *,
+    graders: str = "rouge_l",
+    reward_cfg: Any = None,
+    seed: int = 0,
+    **gen_kwargs: Any,
+) -> dict:
+    """Greedy (by default) completions of the base (LoRA disabled) and trained model on the same rows,
+    scored and compared. Returns {"base": [...], "trained": [...], "base_scores", "trained_scores",
+    "summary"}; gen_kwargs go to `generate_completions`."""
+    from nanogrpo import lora
+
+    with lora.disabled(model):
+        base = [c[0] for c in generate_completions(model, tokenizer, rows, seed=seed, **gen_kwargs)]
+    trained = [c[0] for c in generate_completions(model, tokenizer, rows, seed=seed, **gen_kwargs)]
+    bs = score_rows(rows, base, graders=graders, reward_cfg=reward_cfg)
+    ts = score_rows(rows, trained, graders=graders, reward_cfg=reward_cfg)
+    return {
+        "base": base,
+        "trained": trained,
+        "base_scores": bs,
+        "trained_scores": ts,
+        "summary": paired_summary(bs, ts, seed=seed),
+    }
+
+
+def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
+    """Write eval_base.jsonl, eval_trained.jsonl and eval.json (the paired summary; the run page shows it)."""
+    run_dir = Path(run_dir)
+    for side in ("base", "trained"):
+        write_jsonl(
+            run_dir / f"eval_{side}.jsonl",
+            [
+                {**r, "completion": c, "scores": s}
+                for r, c, s in zip(rows, result[side], result[f"{side}_scores"])
+            ],
+        )
+    path = run_dir / "eval.json"
+    path.write_text(json.dumps({"n": len(rows), "metrics": result["summary"]}, indent=2))
+    return path

@@ -1,0 +1,310 @@
+"""The run page: one static index.html in the run folder, readable with no server and no network.
+
+`write_report(run_dir)` reads config.json, metrics.jsonl, samples.jsonl (and eval.json when the run
+has a final base-vs-trained evaluation) and writes index.html with everything inline: CSS, a few lines
+of JS, the curves as SVG drawn here (no plotting library, no CDN), and every logged group: prompt,
+reference, each completion with its reward, every grader's score, the judge's marks and reason, and
+the advantage. It tolerates a run in progress (a half-written last line is skipped).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from nanogrpo.evaluate import prompt_text
+
+# Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.
+PANELS: list[tuple[str, list[str]]] = [
+    ("reward", ["reward"]),  # plus every reward/<grader>
+    ("KL", ["kl"]),
+    ("entropy", ["entropy"]),
+    ("length", ["len_mean", "len_max"]),
+    ("loss", ["loss"]),
+    ("zero-std groups / truncation", ["frac_zero_std", "trunc_rate"]),
+    ("clipped fraction", ["clip_low", "clip_high"]),
+    ("grad norm", ["grad_norm"]),
+    ("time per step (s)", ["t_sample", "t_score", "t_train"]),
+]
+COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#bab0ac"]
+W, H, PAD_L, PAD_R, PAD_T, PAD_B = 380, 210, 52, 12, 28, 30
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+header,section{max-width:1280px;margin:0 auto;padding:10px 20px}
+h1{font-size:22px;margin:12px 0 4px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.grid{display:flex;flex-wrap:wrap;gap:12px}.curve{background:#fff;border:1px solid #e3e3e3;border-radius:6px}
+.curve text{font-size:11px;fill:#555}.curve .title{font-size:13px;fill:#222;font-weight:600}
+.series{fill:none;stroke-width:1.6}.axis{stroke:#999;stroke-width:1}.gridline{stroke:#eee}
+details.step{background:#fff;border:1px solid #e3e3e3;border-radius:6px;margin:8px 0;padding:4px 10px}
+details.step>summary{cursor:pointer;font-weight:600;padding:4px 0}
+.group{border-top:1px solid #eee;padding:8px 0}.label{font-weight:600;color:#555;font-size:12px}
+pre{white-space:pre-wrap;word-break:break-word;margin:2px 0 6px;font:13px/1.4 ui-monospace,monospace}
+.prompt{background:#f3f6fa;padding:6px}.reference{background:#f4faf3;padding:6px}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #e3e3e3;padding:3px 6px;vertical-align:top}
+th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.text{min-width:420px;max-width:760px}.reason{color:#555;font-style:italic}
+.muted{color:#888}.controls button{margin-right:6px}.sig{font-weight:700}
+"""
+
+JS = """
+function setAll(open){document.querySelectorAll('details.step').forEach(d=>d.open=open)}
+"""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the trainer may be writing this line right now
+            if isinstance(obj, dict):
+                rows.append(obj)
+    return rows
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    v = _num(x)
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}" if abs(v) >= 1e4 or (v != 0 and abs(v) < 1e-3) else f"{v:.{digits}f}"
+
+
+def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+    step = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(step))
+    step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def svg_chart(title: str, steps: list[float], series: dict[str, list[float | None]]) -> str:
+    """A line chart as an <svg class="curve">; each series is one <path class="series">, gaps where None."""
+    vals = [v for ys in series.values() for v in ys if v is not None]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
+    x1 = x1 if x1 > x0 else x0 + 1
+    px = lambda x: PAD_L + (x - x0) / (x1 - x0) * (W - PAD_L - PAD_R)
+    py = lambda y: H - PAD_B - (y - lo) / (hi - lo) * (H - PAD_T - PAD_B)
+    out = [
+        f'<svg class="curve" width="{W}" height="{H}" viewBox="0 0 {W} {H}" data-title="{html.escape(title)}">',
+        f'<text class="title" x="{PAD_L}" y="16">{html.escape(title)}</text>',
+    ]
+    for t in _ticks(lo, hi):
+        out.append(
+            f'<line class="gridline" x1="{PAD_L}" x2="{W - PAD_R}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
+            f'<text x="{PAD_L - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{_fmt(t, 3)}</text>'
+        )
+    for t in _ticks(x0, x1):
+        out.append(f'<text x="{px(t):.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{t:g}</text>')
+    out.append(f'<path class="axis" d="M{PAD_L},{PAD_T} V{H - PAD_B} H{W - PAD_R}"/>')
+    lx = PAD_L + 4
+    for k, (name, ys) in enumerate(series.items()):
+        color = COLORS[k % len(COLORS)]
+        d, pen = [], False
+        for x, y in zip(steps, ys):
+            if y is None:
+                pen = False
+                continue
+            d.append(f"{'L' if pen else 'M'}{px(x):.1f},{py(y):.1f}")
+            pen = True
+        if len(d) == 1:  # a lone point is invisible as a path: make it a short tick
+            d.append("h0.01")
+        last = next((y for y in reversed(ys) if y is not None), None)
+        out.append(
+            f'<path class="series" stroke="{color}" d="{" ".join(d)}"><title>{html.escape(name)}: last '
+            f"{_fmt(last)}</title></path>"
+        )
+        if len(series) > 1:
+            out.append(
+                f'<text x="{lx}" y="{H - 4}" fill="{color}" style="fill:{color}">{html.escape(name)}</text>'
+            )
+            lx += 7 * len(name) + 14
+    out.append("</svg>")
+    return "".join(out)
+
+
+def curves_html(metrics: list[dict]) -> str:
+    """One chart per panel that has data; the reward panel carries every reward/<grader> line."""
+    if not metrics:
+        return '<p class="muted">No metrics yet (metrics.jsonl is empty or missing).</p>'
+    steps = [m.get("step", i) for i, m in enumerate(metrics)]
+    keys = list(dict.fromkeys(k for m in metrics for k in m if k != "step" and _num(m[k]) is not None))
+    panels = [
+        (t, ks + [k for k in keys if k.startswith("reward/")] if t == "reward" else ks) for t, ks in PANELS
+    ]
+    used = {k for _, ks in panels for k in ks}
+    panels += [(k, [k]) for k in keys if k not in used]
+    charts = []
+    for title, ks in panels:
+        series = {k: [_num(m.get(k)) for m in metrics] for k in ks if k in keys}
+        if series:
+            charts.append(svg_chart(title, steps, series))
+    return f'<div class="grid">{"".join(charts)}</div>'
+
+
+def _score_cell(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return '<td class="num muted">-</td>'
+    hue = 120 * min(1.0, max(0.0, v))  # red (0) to green (1): grader scores live in [0, 1]
+    return f'<td class="num" style="background:hsl({hue:.0f},70%,88%)">{_fmt(v)}</td>'
+
+
+def _judge_cell(j: Any) -> str:
+    if not isinstance(j, dict) or not j:
+        return '<td class="judge muted">-</td>'
+    marks = ", ".join(
+        f"{html.escape(str(k))} {html.escape(_fmt(v) if _num(v) is not None else str(v))}"
+        for k, v in j.items()
+        if k != "reason"
+    )
+    reason = f'<div class="reason">{html.escape(str(j["reason"]))}</div>' if j.get("reason") else ""
+    return f'<td class="judge">{marks}{reason}</td>'
+
+
+def group_html(g: dict) -> str:
+    comps = g.get("completions") or []
+    graders = list(dict.fromkeys(k for c in comps for k in (c.get("scores") or {})))
+    has_judge = any(c.get("judge") for c in comps)
+    head = (
+        "<tr><th>#</th><th>reward</th><th>advantage</th><th>length</th>"
+        + "".join(f"<th>{html.escape(k)}</th>" for k in graders)
+        + ("<th>judge</th>" if has_judge else "")
+        + "<th>completion</th></tr>"
+    )
+    rows = []
+    for i, c in enumerate(comps):
+        adv = _num(c.get("advantage"))
+        adv_style = (
+            ""
+            if adv is None
+            else f' style="color:{"#1a7f37" if adv > 0 else "#c62828" if adv < 0 else "#555"}"'
+        )
+        rows.append(
+            f'<tr class="completion"><td class="num">{i}</td>{_score_cell(c.get("reward"))}'
+            f'<td class="num adv"{adv_style}>{_fmt(adv)}</td><td class="num">{_fmt(c.get("length"), 0)}</td>'
+            + "".join(_score_cell((c.get("scores") or {}).get(k)) for k in graders)
+            + (_judge_cell(c.get("judge")) if has_judge else "")
+            + f'<td class="text"><pre>{html.escape(str(c.get("text", "")))}</pre></td></tr>'
+        )
+    ref = g.get("reference")
+    ref_html = (
+        f'<div class="label">reference</div><pre class="reference">{html.escape(str(ref))}</pre>'
+        if ref is not None
+        else ""
+    )
+    return (
+        f'<div class="group" data-id="{html.escape(str(g.get("id", "")))}">'
+        f'<div class="label">prompt · id {html.escape(str(g.get("id", "")))}</div>'
+        f'<pre class="prompt">{html.escape(prompt_text(g.get("prompt", "")))}</pre>{ref_html}'
+        f'<table class="completions">{head}{"".join(rows)}</table></div>'
+    )
+
+
+def samples_html(samples: list[dict], max_steps: int) -> str:
+    if not samples:
+        return '<p class="muted">No samples logged (samples.jsonl is empty or missing).</p>'
+    note = ""
+    if len(samples) > max_steps:  # keep the first logged step and the most recent ones
+        note = f'<p class="muted">Showing {max_steps} of {len(samples)} logged steps (the first and the latest).</p>'
+        samples = samples[:1] + samples[-(max_steps - 1) :]
+    parts = [
+        '<p class="controls"><button onclick="setAll(true)">expand all</button>'
+        '<button onclick="setAll(false)">collapse all</button></p>',
+        note,
+    ]
+    for n, s in enumerate(samples):
+        groups = s.get("groups") or []
+        rewards = [
+            r for g in groups for c in g.get("completions") or [] if (r := _num(c.get("reward"))) is not None
+        ]
+        mean = f" · mean reward {sum(rewards) / len(rewards):.3f}" if rewards else ""
+        parts.append(
+            f'<details class="step" data-step="{html.escape(str(s.get("step")))}"{" open" if n == len(samples) - 1 else ""}>'
+            f"<summary>step {html.escape(str(s.get('step')))} · {len(groups)} groups{mean}</summary>"
+            + "".join(group_html(g) for g in groups)
+            + "</details>"
+        )
+    return "".join(parts)
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(d, dict):
+        return [kv for k, v in d.items() for kv in _flatten(v, f"{prefix}{k}.")]
+    return [(prefix[:-1], d)]
+
+
+def config_html(cfg: dict | None) -> str:
+    if not cfg:
+        return '<p class="muted">No config.json.</p>'
+    rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(json.dumps(v))}</td></tr>" for k, v in _flatten(cfg)
+    )
+    return f'<table class="config">{rows}</table>'
+
+
+def eval_html(ev: dict | None) -> str:
+    if not ev or not ev.get("metrics"):
+        return ""
+    rows = []
+    for m, s in ev["metrics"].items():
+        sig = s["low"] > 0 or s["high"] < 0
+        mc = s.get("mcnemar")
+        rows.append(
+            f"<tr><th>{html.escape(m)}</th><td class='num'>{s['n']}</td><td class='num'>{_fmt(s['mean_a'])}</td>"
+            f"<td class='num'>{_fmt(s['mean_b'])}</td><td class='num{' sig' if sig else ''}'>{s['diff']:+.3f}</td>"
+            f"<td>[{s['low']:+.3f}, {s['high']:+.3f}]</td><td>{'' if not mc else _fmt(mc['p'])}</td></tr>"
+        )
+    return (
+        "<section id='eval'><h2>Held-out evaluation: base vs trained</h2><table><tr><th>metric</th><th>n</th>"
+        "<th>base</th><th>trained</th><th>diff</th><th>paired bootstrap 95% CI</th><th>McNemar p</th></tr>"
+        + "".join(rows)
+        + "</table><p class='muted'>Bold: the interval excludes 0.</p></section>"
+    )
+
+
+def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
+    """Write run_dir/index.html from the run's files and return its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(
+            f"{run_dir} is not a run folder (expected config.json, metrics.jsonl, samples.jsonl)"
+        )
+    cfg_path, ev_path = run_dir / "config.json", run_dir / "eval.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+    ev = json.loads(ev_path.read_text()) if ev_path.exists() else None
+    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    samples = _read_jsonl(run_dir / "samples.jsonl")
+    last = metrics[-1] if metrics else {}
+    summary = " · ".join(
+        f"{k} {_fmt(last.get(k))}" for k in ("step", "reward", "kl", "entropy", "len_mean") if k in last
+    )
+    data = json.dumps({"metrics": metrics}).replace(
+        "</", "<\\/"
+    )  # the raw numbers, for anyone who wants them
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(run_dir.name)}</title>"
+        f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
+        f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev)}"
+        f"<section id='curves'><h2>Curves</h2>{curves_html(metrics)}</section>"
+        f"<section id='samples'><h2>Samples</h2>{samples_html(samples, max_sample_steps)}</section>"
+        f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"
+        f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"
+    )
+    out = run_dir / "index.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)  # atomic: a browser never sees half a page
+    return out

@@ -1,0 +1,227 @@
+"""Batched generation with a preallocated KV cache: prefill each prompt once, expand to its group, decode.
+
+GRPO samples G completions of each of P prompts. The P prompts are left-padded into one batch (mixed
+lengths: an attention mask hides the pads, position ids count real tokens only), run through the model
+once (prefill), and only then is the KV cache repeated G times, so a prompt's tokens are computed once,
+not G times. Decoding then runs one token for all P*G rows per step; a row that has hit an EOS id or a
+stop string keeps riding along (its outputs are ignored and padded at the end) until every row is done.
+
+What the trainer keeps from a sample (GRPO's old_logp when the policy has not moved since sampling) is
+the log-probability of each sampled token under softmax(logits / temperature) in float32, *before*
+top-k / top-p filtering: the trainer recomputes exactly that distribution, so the importance ratio starts
+at 1. With temperature 0 (greedy) it is the log-prob under softmax(logits).
+
+Departures from transformers' `generate`: only the last position of the prefill goes through the LM head
+(no [B, T, V] logits), sampling is Gumbel-max on the (filtered) logits instead of a softmax + multinomial,
+and there are no logits processors beyond temperature, top-k and top-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Generation:
+    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
+
+    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
+    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
+    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
+    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(1).long()  # (B*G,)
+
+    def texts(self, tokenizer, skip_special_tokens: bool = True) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped)."""
+        ids = self.completion_ids.tolist()
+        return [
+            tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens)
+            for row, n in zip(ids, self.lengths.tolist())
+        ]
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
+
+    logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
+    `logits` may be overwritten.
+    """
+    if temperature == 0:
+        tok = logits.argmax(-1)  # (N,)
+        return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
+    z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    lse = z.logsumexp(-1)  # (N,)
+    zf = z
+    if 0 < top_k < z.shape[-1]:
+        kth = z.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        zf = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        zs, idx = zf.sort(dim=-1, descending=True)  # (N, V)
+        probs = zs.softmax(-1)
+        # drop a token when the mass before it already reaches top_p; the most likely token always stays
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        zf = zf.scatter(1, idx, zs.masked_fill_(drop, float("-inf")))
+    # Gumbel-max: argmax(z - log E) with E ~ Exp(1) is a draw from softmax(z), without normalising z
+    e = torch.empty_like(zf).exponential_(generator=generator)  # (N, V)
+    tok = (zf - e.log_()).argmax(-1)  # (N,)
+    return tok, z.gather(1, tok[:, None]).squeeze(1) - lse
+
+
+class _StopStrings:
+    """Incremental stop-string check: decode only a window of recent tokens per row."""
+
+    def __init__(self, stop_strings: Sequence[str], tokenizer, n_rows: int):
+        self.stops = list(stop_strings)
+        self.tok = tokenizer
+        # a stop string of b UTF-8 bytes spans at most b tokens; 2 more so the window never starts on it
+        self.window = max(len(s.encode()) for s in self.stops) + 2
+        self.hist: list[list[int]] = [[] for _ in range(n_rows)]
+
+    def __call__(self, tokens: list[int], done: list[bool]) -> list[int]:
+        """Append this step's tokens; return the rows whose completion now contains a stop string."""
+        hits = []
+        for i, t in enumerate(tokens):
+            if done[i]:
+                continue
+            h = self.hist[i]
+            h.append(t)
+            text = self.tok.decode(h[-self.window :])
+            if any(s in text for s in self.stops):
+                hits.append(i)
+        return hits
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    prompts: list[list[int]],
+    *,
+    group_size: int = 1,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_ids: Sequence[int] = (),
+    stop_strings: Sequence[str] = (),
+    tokenizer=None,
+    generator: torch.Generator | None = None,
+    pad_id: int = 0,
+) -> Generation:
+    """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError(
+            "generate needs at least one prompt and no empty prompt (give each a token, e.g. BOS)"
+        )
+    if group_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"group_size={group_size}, max_new_tokens={max_new_tokens}: both must be >= 1")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"temperature={temperature} (>= 0), top_p={top_p} (0, 1], top_k={top_k} (>= 0)")
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings need the tokenizer to decode completions: pass tokenizer=")
+    if any(s == "" for s in stop_strings):
+        raise ValueError("an empty stop string would end every completion at once; remove it")
+
+    was_training = model.training
+    model.eval()  # LoRA dropout off while sampling
+    try:
+        return _generate(
+            model, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
+            eos_ids, stop_strings, tokenizer, generator, pad_id,
+        )  # fmt: skip
+    finally:
+        model.train(was_training)
+
+
+def _generate(
+    model, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
+) -> Generation:
+    W = model.lm_head_weight  # (V, H)
+    dev = W.device
+    P, N = len(prompts), len(prompts) * G
+    lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
+    L = int(lens.max())
+    S = L + max_new  # cache length: the longest prompt plus every new token
+
+    # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
+    ids = torch.full((P, L), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+    ids = ids.to(dev)  # (P, L)
+    padded = bool((lens < L).any())
+    attn = None
+    if padded:
+        attn = (torch.arange(S, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, S)
+        pos = (attn[:, :L].cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
+    else:
+        pos = torch.arange(L, device=dev).expand(P, L)
+
+    cache = model.new_kv_cache(P, S)
+    h = model(
+        ids,
+        position_ids=pos,
+        attention_mask=None if attn is None else attn[:, :L],
+        kv_cache=cache,
+        return_hidden=True,
+    )
+    logits = (h[:, -1] @ W.T).float()  # (P, V) only the last position needs the LM head
+
+    # expand the prefilled prompts to their groups: G rows per prompt, adjacent
+    cache = cache.repeat_interleave(G)
+    logits = logits.repeat_interleave(G, 0)  # (N, V)
+    next_pos = lens.repeat_interleave(G)[:, None]  # (N, 1) position of the first new token
+    if attn is not None:
+        attn = attn.repeat_interleave(G, 0)  # (N, S)
+
+    tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
+    logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)
+    length = torch.full((N,), max_new, dtype=torch.long, device=dev)  # (N,) tokens up to and incl. the end
+    finished = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
+    stops = _StopStrings(stop_strings, tokenizer, N) if stop_strings else None
+    check_end = stops is not None or len(eos) > 0
+
+    T = max_new
+    for t in range(max_new):
+        tok, lp = sample_tokens(logits, temperature, top_p, top_k, generator)  # (N,), (N,)
+        tokens[:, t] = tok
+        logps[:, t] = lp
+        if check_end:
+            hit = torch.isin(tok, eos) if len(eos) else torch.zeros_like(finished)  # (N,)
+            if stops is not None:
+                for i in stops(tok.tolist(), finished.tolist()):
+                    hit[i] = True
+            length = torch.where(hit & ~finished, t + 1, length)
+            finished |= hit
+            if bool(finished.all()):
+                T = t + 1
+                break
+        if t == max_new - 1:
+            break  # the last token needs no forward pass
+        h = model(
+            tok[:, None],
+            position_ids=next_pos + t,
+            attention_mask=None if attn is None else attn[:, : L + t + 1],
+            kv_cache=cache,
+            return_hidden=True,
+        )  # (N, 1, H)
+        logits = (h[:, 0] @ W.T).float()  # (N, V)
+
+    mask = torch.arange(T, device=dev)[None, :] < length[:, None]  # (N, T)
+    return Generation(
+        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
+        mask=mask.float(),
+        logp=logps[:, :T].masked_fill(~mask, 0.0),
+        truncated=~finished,
+    )

@@ -1,0 +1,246 @@
+"""The sampler against transformers' generate and against full recomputation without a KV cache."""
+
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from nanogrpo.model import Transformer
+from nanogrpo.model_zoo import resolve_model
+from nanogrpo.sampling import generate, sample_tokens
+
+TEXTS = ["The capital of France is", "What is 12 + 35?", "yes", "<think>I add the numbers.</think> answer"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def lively_dir(tmp_path_factory, tiny_dir):
+    """The zoo's tiny model with larger random weights: its greedy text varies instead of repeating one
+    token, so token-for-token comparisons actually exercise something."""
+    out = tmp_path_factory.mktemp("lively")
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in hf.parameters():
+            if w.ndim == 2:
+                w.normal_(0, 0.15, generator=g)
+    hf.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lively(lively_dir):
+    tok = AutoTokenizer.from_pretrained(lively_dir)
+    return Transformer.from_pretrained(lively_dir), tok, [tok.encode(t) for t in TEXTS]
+
+
+def hf_greedy(hf, prompt: list[int], n: int, eos: int | None) -> list[int]:
+    out = hf.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    ids = out[0, len(prompt) :].tolist()
+    if eos is not None and eos in ids:
+        ids = ids[: ids.index(eos) + 1]
+    return ids
+
+
+def completions(gen) -> list[list[int]]:
+    return [row[:n] for row, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
+
+
+def full_logits(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Logits predicting each completion token, from one forward without a cache and without padding."""
+    ids = torch.tensor([prompt + completion])
+    return model(ids)[0, len(prompt) - 1 : -1].float()  # (T, V)
+
+
+def check_greedy_matches_hf(path, n_new, eos, texts=TEXTS):
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok.encode(t) for t in texts]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours = Transformer.from_pretrained(path)
+    gen = generate(
+        ours, prompts, max_new_tokens=n_new, temperature=0, eos_ids=[eos] if eos is not None else ()
+    )
+    got = completions(gen)
+    for p, g in zip(prompts, got):
+        assert g == hf_greedy(hf, p, n_new, eos)
+    return got
+
+
+def test_greedy_matches_transformers_tiny(tiny_dir, lively_dir):
+    check_greedy_matches_hf(tiny_dir, 24, None)
+    got = check_greedy_matches_hf(lively_dir, 24, None)
+    assert len({tuple(g) for g in got}) == len(got) and len(set(got[0])) > 5, "too trivial a test model"
+
+
+def test_greedy_matches_transformers_with_eos(lively, lively_dir):
+    _, _, prompts = lively
+    plain = check_greedy_matches_hf(lively_dir, 16, None)
+    eos = plain[0][5]  # a token the first completion produces: it must end there, in both
+    got = check_greedy_matches_hf(lively_dir, 16, eos)
+    assert got[0] == plain[0][: plain[0].index(eos) + 1]
+
+
+@pytest.mark.slow
+def test_greedy_matches_transformers_smollm2():
+    path = resolve_model("smollm2")
+    tok = AutoTokenizer.from_pretrained(path)
+    chats = [[{"role": "user", "content": q}] for q in ("What is the capital of France?", "Name a color.")]
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+    t0 = time.time()
+    check_greedy_matches_hf(path, 24, tok.eos_token_id, texts=texts)
+    assert time.time() - t0 < 300
+
+
+def test_mixed_length_batch_equals_alone(lively):
+    model, _, prompts = lively
+    batch = completions(generate(model, prompts, max_new_tokens=20, temperature=0, group_size=2))
+    for i, p in enumerate(prompts):
+        alone = completions(generate(model, [p], max_new_tokens=20, temperature=0))[0]
+        assert batch[2 * i] == alone and batch[2 * i + 1] == alone
+
+
+def test_kv_cache_greedy_equals_recompute(lively):
+    model, _, prompts = lively
+    gen = generate(model, prompts, max_new_tokens=20, temperature=0)
+    for i, (p, c) in enumerate(zip(prompts, completions(gen))):
+        logits = full_logits(model, p, c)  # (T, V)
+        assert logits.argmax(-1).tolist() == c
+        ref = logits.log_softmax(-1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+        torch.testing.assert_close(gen.logp[i, : len(c)], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9), (1.3, 0, 0.5)])
+def test_sampled_logp_equals_recompute(lively, temperature, top_k, top_p):
+    """logp is under softmax(logits / T) before filtering, as the trainer recomputes it; tokens obey top-k."""
+    model, _, prompts = lively
+    gen = generate(
+        model,
+        prompts,
+        group_size=3,
+        max_new_tokens=12,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=torch.Generator().manual_seed(1),
+    )
+    assert gen.logp.dtype == torch.float32 and gen.completion_ids.shape == (3 * len(prompts), 12)
+    for row, c in enumerate(completions(gen)):
+        logits = full_logits(model, prompts[row // 3], c) / temperature  # (T, V)
+        ref = logits.log_softmax(-1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+        torch.testing.assert_close(gen.logp[row, : len(c)], ref, atol=1e-4, rtol=0)
+        if top_k:
+            kth = logits.topk(top_k, -1).values[:, -1]
+            assert (logits.gather(1, torch.tensor(c)[:, None]).squeeze(1) >= kth - 1e-4).all()
+
+
+def test_seeded_sample_is_reproducible(lively):
+    model, _, prompts = lively
+    run = lambda seed: generate(
+        model,
+        prompts,
+        group_size=4,
+        max_new_tokens=10,
+        top_p=0.95,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    a, b, c = run(7), run(7), run(8)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logp, b.logp)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    # the G completions of a prompt are separate samples, not copies
+    assert len({tuple(r) for r in a.completion_ids[:4].tolist()}) > 1
+
+
+def test_eos_ends_completion_and_mask(lively):
+    model, _, prompts = lively
+    plain = completions(generate(model, prompts, max_new_tokens=16, temperature=0, group_size=2))
+    eos = plain[0][6]
+    gen = generate(
+        model, prompts, max_new_tokens=16, temperature=0, group_size=2, eos_ids=[9999, eos], pad_id=3
+    )
+    for row, full in enumerate(plain):
+        n = full.index(eos) + 1 if eos in full else 16
+        assert gen.lengths[row] == n and bool(gen.truncated[row]) == (eos not in full)
+        assert gen.completion_ids[row, :n].tolist() == full[:n]
+        assert (gen.completion_ids[row, n:] == 3).all() and (gen.logp[row, n:] == 0).all()
+        assert gen.mask[row].tolist() == [1.0] * n + [0.0] * (gen.mask.shape[1] - n)
+    assert gen.completion_ids.shape[1] == max(gen.lengths.tolist())  # trimmed to the longest
+
+
+def test_stop_string_ends_at_completing_token(lively):
+    model, tok, prompts = lively
+    plain = completions(generate(model, prompts, max_new_tokens=16, temperature=0))
+    text0 = tok.decode(plain[0])
+    stop = text0[len(tok.decode(plain[0][:4])) + 1 :][:3]  # starts inside token 5: ends mid-token or not
+    assert len(stop) == 3
+    gen = generate(
+        model, prompts, max_new_tokens=16, temperature=0, stop_strings=["@@@never", stop], tokenizer=tok
+    )
+    for row, full in enumerate(plain):
+        ends = [n for n in range(1, 17) if stop in tok.decode(full[:n])]
+        n = ends[0] if ends else 16
+        assert gen.lengths[row] == n and bool(gen.truncated[row]) == (not ends)
+        assert gen.completion_ids[row, :n].tolist() == full[:n]
+    assert not gen.truncated[0] and stop in gen.texts(tok)[0]
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(lively):
+    model, _, prompts = lively
+    greedy = generate(model, prompts, max_new_tokens=10, temperature=0).completion_ids
+    for kw in ({"top_k": 1}, {"top_p": 1e-6}):
+        g = generate(
+            model,
+            prompts,
+            max_new_tokens=10,
+            temperature=0.8,
+            generator=torch.Generator().manual_seed(0),
+            **kw,
+        )
+        assert torch.equal(g.completion_ids, greedy)
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 4, 1.0), (1.5, 0, 0.7), (0.9, 4, 0.8)]
+)
+def test_sample_tokens_distribution(temperature, top_k, top_p):
+    """Empirical frequencies of 40k draws match the filtered, renormalised softmax (float64 oracle)."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -3.0])
+    z = logits.double() / temperature
+    keep = torch.ones(6, dtype=torch.bool)
+    if top_k:
+        keep &= z >= z.topk(top_k).values[-1]
+    p = torch.where(keep, z, -torch.inf).softmax(0)
+    if top_p < 1:
+        ps, idx = p.sort(descending=True)
+        before = ps.cumsum(0) - ps
+        keep[idx[before >= top_p]] = False
+    expected = torch.where(keep, z, -torch.inf).softmax(0)
+    n = 40_000
+    tok, lp = sample_tokens(logits.repeat(n, 1), temperature, top_p, top_k, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tok, minlength=6).double() / n
+    torch.testing.assert_close(freq, expected, atol=0.01, rtol=0)
+    torch.testing.assert_close(lp.double(), z.log_softmax(0)[tok], atol=1e-5, rtol=0)  # unfiltered logp
+
+
+def test_bad_arguments_and_training_flag(lively):
+    model, _, prompts = lively
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, [[]])
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, prompts, stop_strings=["x"])
+    model.train()
+    generate(model, prompts[:1], max_new_tokens=2)
+    assert model.training
+    model.eval()

@@ -1,0 +1,259 @@
+"""GRPO as pure tensor functions: group advantages, the clipped surrogate, KL estimators and placements.
+
+No model code lives here: the trainer hands in per-token log-probs and gets back a scalar loss.
+
+    adv, zero_std = compute_advantages(rewards, cfg)                      # (B*G,), (B,)
+    loss, stats = grpo_loss(logp, old_logp, ref_logp, adv, mask, cfg,
+                            num_seqs=..., num_tokens=..., max_len=...)    # per micro-batch; sum = full batch
+
+Where this departs from the GRPO paper (Shao et al. 2024) and why:
+- The group std is the unbiased one (Bessel, as torch.std and TRL); a group whose rewards are all equal gets
+  exactly 0 advantage and is flagged, instead of 0 / eps.
+- The loss is normalised by GLOBAL counts of the whole optimizer step (num_seqs, num_tokens, max_len) passed
+  in by the caller, so summing grpo_loss over micro-batches or ranks gives exactly the full-batch loss and
+  gradient. The paper's per-sequence 1/|o_i| is 'seq-mean-token-mean'; 'token-mean' is DAPO's;
+  'seq-mean-token-sum-norm' (divide by max_len) is Dr. GRPO's.
+- KL: k1/k2/k3 on l = logp - ref_logp, in the reward (detached, summed over the sequence: the correct
+  reverse-KL gradient) or in the loss. The paper's choice (k3 per token in the loss) has the expected gradient
+  of the FORWARD KL(ref || pi) with contexts sampled from pi (see docs/KL.md, checked exactly by
+  nanogrpo.klcheck). `kl_reward_to_go` makes the in-loss term sequence level; `kl_is_weight` multiplies it by
+  the live ratio pi/pi_old (DeepSeek-V3.2), which turns k1/k3 into unbiased reverse-KL gradients.
+- GSPO (ratio_level='sequence'): the ratio is exp(mean_t log(pi/pi_old)) of the whole sequence, broadcast to
+  its tokens, so every token of a sequence is clipped together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanogrpo.config import GRPOConfig
+
+# ----------------------------------------------------------------------------- advantages
+
+
+def compute_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-completion advantages from rewards laid out as B groups of G consecutive rows.
+
+    'grpo': r - mean(group), divided by (std + adv_eps) when adv_std_norm (std: unbiased, as torch.std).
+    'rloo': r - mean of the other G-1 rewards (unbiased baseline), then the same optional std division.
+    Returns (adv (B*G,), zero_std (B,) bool): zero-spread groups get exactly 0 and are flagged.
+    """
+    G = cfg.group_size
+    if G < 2:
+        raise ValueError(f"group_size must be >= 2 (got {G}): advantages compare completions within a group")
+    if rewards.dim() != 1 or rewards.numel() % G:
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of group_size={G} entries, got {tuple(rewards.shape)}"
+        )
+    r = rewards.view(-1, G)  # (B, G)
+    zero_std = r.amax(1) == r.amin(1)  # (B,) exact equality: a tolerance would silently drop tiny KL spreads
+    mean = r.mean(1, keepdim=True)  # (B, 1)
+    if cfg.adv_estimator == "grpo":
+        adv = r - mean  # (B, G)
+    elif cfg.adv_estimator == "rloo":
+        adv = (r - mean) * (G / (G - 1))  # == r_i - mean_{j != i} r_j
+    else:
+        raise ValueError(f"unknown adv_estimator {cfg.adv_estimator!r}: use 'grpo' or 'rloo'")
+    if cfg.adv_std_norm:
+        adv = adv / (r.std(1, keepdim=True) + cfg.adv_eps)  # (B, G)
+    adv = torch.where(zero_std[:, None], torch.zeros_like(adv), adv)  # exactly 0, not rounding noise
+    return adv.reshape(-1), zero_std
+
+
+# ----------------------------------------------------------------------------- KL estimators
+
+
+def kl_estimate(l: torch.Tensor, estimator: str) -> torch.Tensor:
+    """k1 = l, k2 = l^2/2, k3 = exp(-l) - 1 + l, elementwise on l = log pi - log pi_ref (Schulman 2020).
+
+    Under y ~ pi, k1 and k3 are unbiased estimates of KL(pi || ref); k3 is also >= 0. Their GRADIENTS are a
+    different story (module docstring, docs/KL.md).
+    """
+    if estimator == "k1":
+        return l
+    if estimator == "k2":
+        return 0.5 * l * l
+    if estimator == "k3":
+        return torch.expm1(-l) + l  # expm1: no cancellation near l = 0
+    raise ValueError(f"unknown kl_estimator {estimator!r}: use 'k1', 'k2' or 'k3'")
+
+
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """Placement 'reward': per-sequence sum_t k(l_t), detached. The trainer subtracts it before advantages:
+
+        rewards = rewards - cfg.beta * kl_penalty(old_logp, ref_logp, mask, cfg)   # (B*G,)
+
+    With k1 this is log pi(y)/pi_ref(y), whose score-function gradient is exactly grad KL(pi || ref).
+    """
+    l = torch.where(mask > 0, logp - ref_logp, 0.0).detach()  # (N, T)
+    return (kl_estimate(l, cfg.kl_estimator) * mask).sum(-1)  # (N,)
+
+
+def _rev_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1).cumsum(-1).flip(-1)  # out[t] = sum_{s >= t} x[s]
+
+
+def _kl_loss_terms(
+    logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """Per-token KL terms (N, T) for placement 'loss'; the aggregation weights them like the policy terms.
+
+    Per token (default): k(l_t), times the live ratio pi_t/pi_old_t when kl_is_weight. pi_old is a constant,
+    so d(rho k)/dtheta = rho (k + k') dlogp: with k1 or k3, k + k' = l + (1 or 0), whose expectation under
+    pi_old is E_pi[l dlogp] = the reverse-KL gradient of that token's distribution (contexts as sampled).
+
+    Sequence level (kl_reward_to_go): the gradient of k(L), L = sum_t l_t, of the whole sequence, written per
+    token as c_t * dlogp_t with c_t detached and terms of zero expectation dropped (causality):
+      k1: c_t = 1                                   (E = 0: k1 has no gradient at any level)
+      k2: c_t = sum_{s>=t} l_s                      (E = grad KL(pi || ref), the KL reward-to-go)
+      k3: c_t = 1 - exp(-sum_{s<=t} l_s)            (E = grad KL(ref || pi): E_pi[exp(-L_{>t}) | y_<=t] = 1)
+    and with kl_is_weight the gradient of E_pi[k(L)] from pi_old samples, per-decision importance weights
+    R_s = prod_{u<=s} pi_u/pi_old_u:
+      k1, k3: c_t = sum_{s>=t} R_s l_s              (E = grad KL(pi || ref) exactly, off-policy too)
+      k2:     c_t = R_T (L^2/2 + L)                 (E = grad E_pi[L^2/2]: k2 is not a KL estimate)
+    The value of the term is k(l_t) (times rho_t) so the logged loss stays a KL-sized number.
+    """
+    l = logp - ref_logp  # (N, T), already 0 at masked tokens
+    log_rho = logp - old_logp  # (N, T)
+    k = kl_estimate(l, cfg.kl_estimator)  # (N, T)
+    if not cfg.kl_reward_to_go:
+        return k * torch.exp(log_rho) if cfg.kl_is_weight else k
+    ld = l.detach() * mask  # (N, T)
+    if cfg.kl_is_weight:
+        R = torch.exp(log_rho.detach().cumsum(-1))  # (N, T) prod_{u<=s} rho_u (masked tokens have rho = 1)
+        if cfg.kl_estimator == "k2":
+            L = ld.sum(-1, keepdim=True)  # (N, 1)
+            c = (R[:, -1:] * (0.5 * L * L + L)).expand_as(ld)  # (N, T)
+        else:
+            c = _rev_cumsum(R * ld)  # (N, T)
+        value = (k * torch.exp(log_rho)).detach()
+    else:
+        if cfg.kl_estimator == "k1":
+            c = torch.ones_like(ld)
+        elif cfg.kl_estimator == "k2":
+            c = _rev_cumsum(ld)
+        else:
+            c = -torch.expm1(-ld.cumsum(-1))
+        value = k.detach()
+    return value + c * (logp - logp.detach())  # value k, gradient c * dlogp
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOConfig,
+    *,
+    num_seqs: float,
+    num_tokens: float,
+    max_len: int,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate (+ beta * KL when kl_placement='loss') of N completions, T tokens each.
+
+    logp (N, T) differentiable; old_logp (N, T) the sampler's (or the previous pass's) log-probs; ref_logp
+    (N, T) or None (needed for placement 'loss'); adv (N,) or (N, T); mask (N, T), 1 on completion tokens.
+    num_seqs / num_tokens: completions / mask sum of the WHOLE optimizer step (all micro-batches and ranks);
+    max_len: the step's max_new_tokens (Dr. GRPO's constant). Rows are independent, so the loss of a step is
+    the sum of grpo_loss over any split of its rows.
+
+    stats (detached 0-d tensors) are SUMS over this micro-batch, to add up across micro-batches and ranks:
+    'tokens' (mask sum), 'clip_low' / 'clip_high' (tokens whose clipped branch is active: ratio < 1-eps_low
+    with adv < 0 / ratio > 1+eps_high with adv > 0), 'kl' (sum of k3 over tokens: a non-negative estimate of
+    the per-token KL(pi || ref), whatever the configured estimator), 'pg_loss' / 'kl_loss' (this micro-batch's
+    share of the loss), and 'ratio_max' (a max: combine with max). `finalize_stats` turns totals into means.
+    """
+    if logp.shape != mask.shape or old_logp.shape != mask.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask must share (N, T)"
+        )
+    if cfg.kl_placement == "loss" and ref_logp is None:
+        raise ValueError("kl_placement='loss' needs ref_logp (the reference model's log-probs)")
+    mask = mask.to(logp.dtype)
+    on = mask > 0
+    # Padding may hold garbage (-inf, nan): zero it through where() so it gets exactly zero gradient.
+    logp = torch.where(on, logp, 0.0)  # (N, T)
+    old_logp = torch.where(on, old_logp.to(logp.dtype), 0.0)  # (N, T)
+    if ref_logp is not None:
+        ref_logp = torch.where(on, ref_logp.to(logp.dtype), 0.0)  # (N, T)
+    adv = (adv[:, None] if adv.dim() == 1 else adv).to(logp.dtype).expand_as(logp)  # (N, T)
+
+    log_ratio = logp - old_logp  # (N, T)
+    if cfg.ratio_level == "sequence":
+        n_i = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+        log_ratio = ((log_ratio * mask).sum(-1, keepdim=True) / n_i).expand_as(logp)  # (N, T) GSPO
+    elif cfg.ratio_level != "token":
+        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: use 'token' or 'sequence'")
+    ratio = torch.exp(log_ratio)  # (N, T)
+    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)  # (N, T)
+    pg = -torch.minimum(ratio * adv, clipped * adv)  # (N, T)
+
+    kl = torch.zeros_like(pg)
+    if cfg.kl_placement == "loss" and cfg.beta != 0.0:
+        kl = _kl_loss_terms(logp, old_logp, ref_logp, mask, cfg)  # (N, T)
+    elif cfg.kl_placement not in ("none", "loss", "reward"):
+        raise ValueError(f"unknown kl_placement {cfg.kl_placement!r}: use 'none', 'loss' or 'reward'")
+
+    w = _token_weights(
+        mask, cfg.loss_agg, num_seqs=num_seqs, num_tokens=num_tokens, max_len=max_len
+    )  # (N, T)
+    pg_loss = (pg * w).sum()
+    kl_loss = cfg.beta * (kl * w).sum()
+
+    with torch.no_grad():
+        low = (ratio < 1.0 - cfg.eps_low) & (adv < 0) & on
+        high = (ratio > 1.0 + cfg.eps_high) & (adv > 0) & on
+        k3 = kl_estimate(logp - ref_logp, "k3") if ref_logp is not None else torch.zeros_like(logp)
+        stats = {
+            "tokens": mask.sum(),
+            "clip_low": low.sum().to(logp.dtype),
+            "clip_high": high.sum().to(logp.dtype),
+            "ratio_max": torch.where(on, ratio, 0.0).max() if on.any() else ratio.new_zeros(()),
+            "kl": (k3 * mask).sum(),
+            "pg_loss": pg_loss.detach(),
+            "kl_loss": kl_loss.detach(),
+        }
+    return pg_loss + kl_loss, stats
+
+
+def _token_weights(
+    mask: torch.Tensor, agg: str, *, num_seqs: float, num_tokens: float, max_len: int
+) -> torch.Tensor:
+    """Weight of each token in the loss (N, T); every token of one row gets the same weight."""
+    if agg == "token-mean":
+        return mask / num_tokens
+    if agg == "seq-mean-token-mean":
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * num_seqs)
+    if agg == "seq-mean-token-sum-norm":
+        return mask / (max_len * num_seqs)
+    raise ValueError(
+        f"unknown loss_agg {agg!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
+    )
+
+
+def finalize_stats(totals: dict[str, float]) -> dict[str, float]:
+    """Summed stats of a step (micro-batches added, ratio_max maxed) -> the logged means and fractions."""
+    n = max(float(totals["tokens"]), 1.0)
+    return {
+        "clip_low": float(totals["clip_low"]) / n,
+        "clip_high": float(totals["clip_high"]) / n,
+        "ratio_max": float(totals["ratio_max"]),
+        "kl": float(totals["kl"]) / n,
+        "pg_loss": float(totals["pg_loss"]),
+        "kl_loss": float(totals["kl_loss"]),
+    }
+
+
+def accumulate_stats(totals: dict[str, float] | None, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Add one micro-batch's stats to the running totals (ratio_max by max)."""
+    if totals is None:
+        return {k: float(v) for k, v in stats.items()}
+    out = {k: totals[k] + float(v) for k, v in stats.items() if k != "ratio_max"}
+    out["ratio_max"] = max(totals["ratio_max"], float(stats["ratio_max"]))
+    return out

@@ -1,0 +1,166 @@
+"""The entropy-normalised judge of seed 002, and an expected-score variant.
+
+The judge sees the group as in rewards/judge.py but gives each answer one overall mark from 0 to 5,
+written as the JSON object {"Answer 1": m1, "Answer 2": m2, ...}. At the position where it writes
+answer k's mark we read its probabilities p_0..p_5 of the six score tokens: from the logits with the
+local backend, from `top_logprobs` with an OpenAI-compatible server (a server that returns none is
+an error, with the fix). Then, per answer:
+
+- `judge_entropy`: 1 - H(p) / log2 6, H(p) = -sum_k p_k log2 p_k  (seed 002, Eq. for R_judge);
+- `judge_entropy_expected`: E[mark] / 5 = sum_k k p_k / 5.
+
+Read what the first one measures: the judge's certainty, not the answer's quality. A judge sure that
+an answer deserves 0 gives it reward 1. Seed 002 uses it inside a composite with concept overlap and
+a consistency term (SEED002_SPEC below); the expected-score variant is the one that rewards quality,
+with the judge's uncertainty softening the mark instead of being rewarded for its own sake.
+
+Departures: the score-token probabilities are renormalised over the six digits found among the
+returned alternatives (the mass on other tokens is dropped; its mean is logged as `.../digit_mass`);
+tokens that decode to the same digit (" 4", "4") are summed. An answer whose mark position cannot be
+found in the reply scores None, counted as unparsable, after one repair request.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from rewards.base import Grader
+from rewards.judge import GroupJudge, extract_json
+from rewards.llm_client import ChatRequest, JudgeServerError, Reply, TokenLogprob
+from rewards.options import RewardConfig
+from rewards.registry import register
+
+SEED002_SPEC = "judge_entropy:0.6,concepts:0.3,consistency:0.1"
+"""Seed 002's composite reward: 0.6 entropy-normalised judge, 0.3 concept overlap, 0.1 consistency."""
+
+MARKS = 6  # the score tokens 0..5
+
+TASK = """Below are a conversation, a reference reply written by an expert, and {n} candidate answers to the conversation's last message. The answers are in random order and their authors are anonymous.
+
+Give every answer one overall mark from 0 to 5 for correctness, helpfulness, tone and format together, judged against the reference reply: 0 = useless or wrong, 3 = acceptable, 5 = as good as the reference. An answer worded differently from the reference can still deserve 5."""
+
+REPLY_FORMAT = """Reply with only a JSON object that maps each of the {n} answers to its mark:
+{example}"""
+
+_DIGIT = re.compile(r"""[\s:="'{},]*([0-9])[\s:="'{},]*""")
+_BEFORE_MARK = re.compile(r"""answer\s*(\d+)\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
+
+
+def _digit(token: str) -> int | None:
+    m = _DIGIT.fullmatch(token)
+    return int(m.group(1)) if m else None
+
+
+def mark_distributions(tokens: list[TokenLogprob], n: int) -> tuple[list[list[float] | None], list[float]]:
+    """For answers 1..n, p_0..p_5 at the token where the reply writes that answer's mark.
+
+    A mark token is a token that is one digit (give or take spaces, quotes and punctuation) right
+    after 'Answer k":'. Returns the distributions (None where not found) and the digit mass found.
+    """
+    out: list[list[float] | None] = [None] * n
+    mass: list[float] = []
+    text = ""
+    for t in tokens:
+        d = _digit(t.token)
+        if d is not None:
+            lead = t.token[: t.token.index(str(d))]
+            m = _BEFORE_MARK.search(text + lead)
+            k = int(m.group(1)) if m else 0
+            if 1 <= k <= n and out[k - 1] is None:
+                p = [0.0] * MARKS
+                alts = dict(t.top) or {t.token: t.logprob}
+                for alt, lp in alts.items():
+                    a = _digit(alt)
+                    if a is not None and a < MARKS and lp > -math.inf:
+                        p[a] += math.exp(lp)
+                total = sum(p)
+                if total > 0:
+                    out[k - 1] = [x / total for x in p]
+                    mass.append(total)
+        text += t.token
+    return out, mass
+
+
+def entropy_score(p: list[float]) -> float:
+    """Seed 002: 1 - H(p) / log2 6 (1 = a certain judge, 0 = a uniform one)."""
+    h = -sum(x * math.log2(x) for x in p if x > 0)
+    return 1.0 - h / math.log2(MARKS)
+
+
+def expected_score(p: list[float]) -> float:
+    return sum(k * x for k, x in enumerate(p)) / (MARKS - 1)
+
+
+class EntropyJudge(GroupJudge):
+    """One 0-5 mark per answer; the score is read from the judge's probabilities of the mark tokens."""
+
+    name = "judge_entropy"
+
+    def __init__(self, cfg, client=None, expected: bool = False):
+        super().__init__(cfg, client)
+        self.expected = expected
+        if expected:
+            self.name = "judge_entropy_expected"
+        self.digit_mass: list[float] = []
+
+    task = TASK
+
+    def reply_format(self, n: int) -> str:
+        example = "{" + ", ".join(f'"Answer {k}": <0-5>' for k in range(1, n + 1)) + "}"
+        return REPLY_FORMAT.format(n=n, example=example)
+
+    def request(self, messages: list[dict[str, str]], n: int) -> ChatRequest:
+        # marks only: a few tokens per answer; the alternatives of every token come back with them
+        k = max(1, self.cfg.top_logprobs)
+        return ChatRequest(
+            messages, max_tokens=min(self.cfg.max_tokens, 12 * n + 16), json_mode=True, top_logprobs=k
+        )
+
+    def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:
+        if reply.tokens is None:
+            raise JudgeServerError(
+                f"{self.name} needs the log-probs of the judge's tokens, and the judge server returned none "
+                "(no logprobs.content in the reply). Use a server that returns top_logprobs (vLLM, SGLang, "
+                "llama-cpp-python's server started with --logits_all true, OpenAI), or "
+                "--reward.judge.backend local."
+            )
+        dists, mass = mark_distributions(reply.tokens, n)
+        self.digit_mass += mass
+        obj = extract_json(reply.text or "")
+        written = {}
+        if isinstance(obj, dict):
+            for key, v in obj.items():
+                m = re.fullmatch(r"\s*answer\s*(\d+)\s*", str(key), re.I)
+                if m and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    written[int(m.group(1))] = v
+        out: list[dict | None] = []
+        for k, p in enumerate(dists, 1):
+            if p is None:
+                out.append(None)
+                continue
+            score = expected_score(p) if self.expected else entropy_score(p)
+            h = -sum(x * math.log2(x) for x in p if x > 0)
+            out.append(
+                {"mark": written.get(k), "probs": [round(x, 4) for x in p], "entropy": h, "score": score}
+            )
+        missing = [str(k) for k, d in enumerate(out, 1) if d is None]
+        problem = f"no mark from 0 to 5 for answer(s) {', '.join(missing)}" if missing else ""
+        return out, problem
+
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        if self.digit_mass:
+            out["digit_mass"] = sum(self.digit_mass) / len(self.digit_mass)
+        self.digit_mass = []
+        return out
+
+
+@register("judge_entropy")
+def _judge_entropy(cfg: RewardConfig) -> Grader:
+    return EntropyJudge(cfg.judge)
+
+
+@register("judge_entropy_expected")
+def _judge_entropy_expected(cfg: RewardConfig) -> Grader:
+    return EntropyJudge(cfg.judge, expected=True)

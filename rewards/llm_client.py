@@ -1,0 +1,305 @@
+"""Chat clients for the judges: an OpenAI-compatible HTTP client and an in-process local model.
+
+Both take a list of `ChatRequest`s and return one `Reply` per request, in order, and never raise on
+a bad or missing reply: a call that fails after its retries comes back as `Reply(text=None, error=...)`
+and the judge turns it into None scores. Configuration mistakes that no retry can fix (401, 403,
+404: a wrong key, URL or model name) raise `JudgeServerError` at once, with the fix in the message.
+
+The HTTP client is asyncio over the standard library's urllib (one worker thread per request in
+flight), so nanogrpo needs no HTTP package: a semaphore bounds the requests in flight, each try has
+a timeout, and timeouts, connection errors, 408, 429 and 5xx are retried with exponential backoff,
+honouring a Retry-After header. The API key is read from the environment variable named by
+`JudgeConfig.api_key_env` at request time, sent only in the Authorization header, and scrubbed from
+every error message: it is never logged, never stored in a sample and never in a saved config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import http.client
+import json
+import logging
+import math
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from rewards.options import JudgeConfig
+
+log = logging.getLogger(__name__)
+
+
+class JudgeServerError(RuntimeError):
+    """The judge server refused the request in a way no retry can fix (wrong URL, model or key)."""
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict[str, str]]
+    max_tokens: int
+    json_mode: bool = False
+    top_logprobs: int = 0
+    """> 0 asks for the log-probs of each generated token and of this many alternatives."""
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: dict[str, float] = field(default_factory=dict)
+    """Alternative token text -> log-prob at this position (the generated token included)."""
+
+
+@dataclass
+class Reply:
+    text: str | None
+    """The reply's content; None when the call failed after its retries."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens: list[TokenLogprob] | None = None
+    """Per generated token log-probs, when asked for and returned."""
+    error: str = ""
+    retries: int = 0
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion, also from code already inside an event loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    """Seconds asked for by a Retry-After header (delta-seconds or an HTTP date), if any."""
+    value = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_logprobs(choice: dict[str, Any]) -> list[TokenLogprob] | None:
+    """The chat-completions `logprobs.content` list as TokenLogprobs (None if the server sent none)."""
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    out = []
+    for item in content:
+        top = {t["token"]: float(t["logprob"]) for t in item.get("top_logprobs") or [] if "token" in t}
+        out.append(TokenLogprob(item.get("token", ""), float(item.get("logprob", -math.inf)), top))
+    return out
+
+
+class OpenAIClient:
+    """Any OpenAI-compatible chat-completions server: vLLM, SGLang, llama.cpp server, a hosted API."""
+
+    def __init__(self, cfg: JudgeConfig):
+        if not cfg.model:
+            raise ValueError(
+                "the judge needs a model name: set --reward.judge.model (the name the server serves)"
+            )
+        self.cfg = cfg
+        self.url = cfg.base_url.rstrip("/") + "/chat/completions"
+
+    def _key(self) -> str:
+        return os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
+
+    def _scrub(self, text: str) -> str:
+        key = self._key()
+        return text.replace(key, "***") if key else text
+
+    def _post(self, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        headers = {"Content-Type": "application/json"}
+        if key := self._key():
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(self.url, json.dumps(payload).encode(), headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers or {}), e.read()
+
+    def _payload(self, req: ChatRequest) -> dict[str, Any]:
+        p: dict[str, Any] = {
+            "model": self.cfg.model,
+            "messages": req.messages,
+            "max_tokens": req.max_tokens,
+            "temperature": self.cfg.temperature,
+        }
+        if req.json_mode and self.cfg.json_mode:
+            p["response_format"] = {"type": "json_object"}
+        if req.top_logprobs > 0:
+            p["logprobs"] = True
+            p["top_logprobs"] = req.top_logprobs
+        return p
+
+    async def _one(self, req: ChatRequest, sem: asyncio.Semaphore) -> Reply:
+        cfg, payload, error = self.cfg, self._payload(req), ""
+        async with sem:  # held through backoff sleeps too: a rate-limited server gets fewer requests
+            for attempt in range(cfg.max_retries + 1):
+                wait = None
+                try:
+                    status, headers, body = await asyncio.to_thread(self._post, payload)
+                except (OSError, http.client.HTTPException) as e:  # timeouts, refused or dropped connections
+                    error = f"{type(e).__name__}: {e}"
+                else:
+                    if status == 200:
+                        try:
+                            data = json.loads(body)
+                            choice = data["choices"][0]
+                            usage = data.get("usage") or {}
+                            return Reply(
+                                text=choice["message"].get("content") or "",
+                                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                                completion_tokens=int(usage.get("completion_tokens") or 0),
+                                tokens=parse_logprobs(choice),
+                                retries=attempt,
+                            )
+                        except (ValueError, KeyError, IndexError, TypeError) as e:
+                            error = f"malformed response body ({type(e).__name__}: {e})"
+                    else:
+                        error = f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+                        if status in (401, 403, 404):
+                            raise JudgeServerError(
+                                self._scrub(
+                                    f"judge server {self.url} answered {error}. Check --reward.judge.base-url, "
+                                    f"--reward.judge.model and the key in ${cfg.api_key_env}."
+                                )
+                            )
+                        if status not in (408, 409, 429) and status < 500:
+                            break  # a request the server will never accept: do not retry it
+                        wait = _retry_after(headers)
+                if attempt == cfg.max_retries:
+                    break
+                if wait is None:  # exponential backoff with a little jitter so clients do not stampede
+                    wait = cfg.backoff_s * 2**attempt * (1 + 0.1 * random.random())
+                await asyncio.sleep(min(wait, cfg.max_backoff_s))
+        error = self._scrub(error)
+        log.warning("judge request to %s failed after %d tries: %s", self.url, attempt + 1, error)
+        return Reply(text=None, error=error, retries=attempt)
+
+    async def _gather(self, reqs: list[ChatRequest]) -> list[Reply]:
+        sem = asyncio.Semaphore(max(1, self.cfg.concurrency))
+        return await asyncio.gather(*(self._one(r, sem) for r in reqs))
+
+    def chat(self, reqs: list[ChatRequest]) -> list[Reply]:
+        return run_sync(self._gather(reqs)) if reqs else []
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The prompt text a chat model expects (its chat template, or plain 'role: content' lines)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+class LocalClient:
+    """A model folder run in-process: nanogrpo.model, greedy decoding with nanogrpo.sampling.
+
+    Log-probs come from one extra forward pass over prompt + reply (the sampler keeps only the
+    chosen token's log-prob); the alternatives are the top-k of the full softmax at each position.
+    """
+
+    def __init__(self, cfg: JudgeConfig):
+        import torch
+        from transformers import AutoTokenizer
+
+        from nanogrpo.model import Transformer
+        from nanogrpo.model_zoo import resolve_model
+
+        if not cfg.model:
+            raise ValueError(
+                "the local judge needs a model folder: set --reward.judge.model (a path, 'smollm2' or 'tiny')"
+            )
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+        if cfg.dtype not in dtypes:
+            raise ValueError(f"--reward.judge.dtype must be one of {sorted(dtypes)}, got {cfg.dtype!r}")
+        path = resolve_model(cfg.model)
+        self.cfg = cfg
+        self.model = Transformer.from_pretrained(path, dtype=dtypes[cfg.dtype], device=cfg.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        eos = self.model.config.eos_token_ids
+        self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.tokenizer(render_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"]
+
+    def chat(self, reqs: list[ChatRequest]) -> list[Reply]:
+        import torch
+
+        from nanogrpo.sampling import generate
+
+        out = []
+        for req in reqs:  # one at a time: judge prompts differ a lot in length, padding would waste more
+            ids = self.encode(req.messages)
+            with torch.no_grad():
+                gen = generate(
+                    self.model,
+                    [ids],
+                    max_new_tokens=req.max_tokens,
+                    temperature=0.0,
+                    eos_ids=self.eos_ids,
+                    pad_id=self.pad_id,
+                )
+            n = int(gen.mask[0].sum())
+            reply_ids = gen.completion_ids[0, :n].tolist()
+            tokens = self.token_logprobs(ids, reply_ids, req.top_logprobs) if req.top_logprobs > 0 else None
+            text = self.tokenizer.decode(reply_ids, skip_special_tokens=True)
+            out.append(Reply(text=text, prompt_tokens=len(ids), completion_tokens=n, tokens=tokens))
+        return out
+
+    @property
+    def device(self) -> Any:
+        return self.model.lm_head_weight.device
+
+    def token_logprobs(self, prompt_ids: list[int], reply_ids: list[int], k: int) -> list[TokenLogprob]:
+        """Log-probs of each reply token and the top-k alternatives, from one forward pass."""
+        import torch
+
+        if not reply_ids:
+            return []
+        x = torch.tensor([prompt_ids + reply_ids], device=self.device)  # (1, T)
+        with torch.no_grad():
+            logits = self.model(x)[
+                0, len(prompt_ids) - 1 : -1
+            ].float()  # (n, V): position t predicts token t+1
+        logp = torch.log_softmax(logits, dim=-1)  # (n, V)
+        top_lp, top_id = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (n, k)
+        out = []
+        for i, tok in enumerate(reply_ids):
+            top = {}
+            for lp, j in zip(top_lp[i].tolist(), top_id[i].tolist()):
+                text = self.tokenizer.decode([j])
+                top[text] = _logaddexp(top[text], lp) if text in top else lp  # same text: add the mass
+            out.append(TokenLogprob(self.tokenizer.decode([tok]), float(logp[i, tok]), top))
+        return out
+
+
+def _logaddexp(a: float, b: float) -> float:
+    hi, lo = max(a, b), min(a, b)
+    return hi + math.log1p(math.exp(lo - hi))
+
+
+def make_client(cfg: JudgeConfig) -> OpenAIClient | LocalClient:
+    if cfg.backend == "openai":
+        return OpenAIClient(cfg)
+    if cfg.backend == "local":
+        return LocalClient(cfg)
+    raise ValueError(f"--reward.judge.backend must be 'openai' or 'local', got {cfg.backend!r}")

@@ -1,0 +1,429 @@
+"""The group judge against a real HTTP server on 127.0.0.1 that speaks chat completions.
+
+The server reads the answers the judge was shown (shuffled) and marks them by their content, so the
+tests also check that marks go back to the right completions. Replies are scripted per call: good,
+malformed (repair, then None), slow (timeout), 429 with Retry-After, 500 then success.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rewards import RewardConfig, Sample, build_reward
+from rewards.judge import Judge, JudgeMix, extract_json, parse_group_marks, with_run_dir
+from rewards.judge_entropy import EntropyJudge, entropy_score, expected_score, mark_distributions
+from rewards.llm_client import JudgeServerError, TokenLogprob
+from rewards.options import JudgeConfig
+
+KEY = "sk-test-5f3a9c1e7b2d4e6f"
+ANSWER = re.compile(r'<answer id="(\d+)">\n(.*?)\n</answer>', re.S)
+
+
+def quality(text: str) -> int:
+    """The fake judge's opinion: 'great' 5, 'good' 4, 'meh' 3, 'bad' 1, else 2."""
+    for word, m in (("great", 5), ("good", 4), ("meh", 3), ("bad", 1)):
+        if word in text:
+            return m
+    return 2
+
+
+def shown_answers(payload: dict) -> list[str]:
+    user = next(m["content"] for m in payload["messages"] if m["role"] == "user")
+    return [a for _, a in ANSWER.findall(user)]
+
+
+def good_marks(payload: dict) -> dict:
+    items = [
+        {
+            "answer": k,
+            **{c: quality(a) for c in ("correctness", "helpfulness", "tone", "format")},
+            "reason": f"it is {a}",
+        }
+        for k, a in enumerate(shown_answers(payload), 1)
+    ]
+    return {"answers": items}
+
+
+def chat_body(content: str, logprobs: list | None = None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": logprobs}
+    return {"choices": [choice], "usage": {"prompt_tokens": 100, "completion_tokens": 20}}
+
+
+class FakeServer:
+    """`script(payload, call_index) -> (status, headers, body, delay_s)`; every request is recorded."""
+
+    def __init__(self, script):
+        self.script, self.requests, self.lock = script, [], threading.Lock()
+        self.inflight = self.max_inflight = 0
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with srv.lock:
+                    n = len(srv.requests)
+                    srv.requests.append({"payload": payload, "headers": dict(self.headers), "t": time.time()})
+                    srv.inflight += 1
+                    srv.max_inflight = max(srv.max_inflight, srv.inflight)
+                try:
+                    status, headers, body, delay = srv.script(payload, n)
+                    time.sleep(delay)
+                    data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up on a slow reply (the timeout test)
+                finally:
+                    with srv.lock:
+                        srv.inflight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    servers = []
+
+    def start(script):
+        servers.append(FakeServer(script))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def cfg_for(srv: FakeServer, **kw) -> JudgeConfig:
+    base = dict(base_url=srv.url, model="fake-judge", api_key_env="NANOGRPO_TEST_JUDGE_KEY", timeout_s=5.0)
+    base.update(backoff_s=0.01, max_retries=2)
+    return JudgeConfig(**{**base, **kw})
+
+
+def batch_of(groups: list[list[str]], reference: str = "the reference") -> list[Sample]:
+    return [
+        Sample(prompt=f"user: question {g}", completion=c, group=g, row={"reference": reference})
+        for g, comps in enumerate(groups)
+        for c in comps
+    ]
+
+
+GROUPS = [["a great answer", "a bad answer", "a good answer", "meh"], ["bad", "great", "good", "other"]]
+EXPECTED = [(quality(c) - 1) / 4 for g in GROUPS for c in g]
+
+
+def test_good_reply_marks_each_answer_and_unshuffles(server):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    judge = Judge(cfg_for(srv))
+    batch = batch_of(GROUPS)
+    assert judge(batch) == EXPECTED
+    assert len(srv.requests) == 2  # one call per prompt
+    # the judge saw every completion of the group, in some shuffled order, in one request
+    for g, req in zip(GROUPS, srv.requests):
+        assert sorted(shown_answers(req["payload"])) == sorted(g)
+        assert req["payload"]["response_format"] == {"type": "json_object"}
+    assert any(shown_answers(r["payload"]) != g for g, r in zip(GROUPS, srv.requests)), "answers are shuffled"
+    d = judge.last_details[0]
+    assert d["marks"] == dict.fromkeys(("correctness", "helpfulness", "tone", "format"), 5)
+    assert d["reason"] == "it is a great answer" and 1 <= d["position"] <= 4
+    m = judge.metrics()
+    assert m["calls"] == 2 and m["prompt_tokens"] == 200 and m["completion_tokens"] == 40
+    assert m["unparsable"] == 0 and m["seconds"] > 0
+    assert judge.metrics()["calls"] == 0, "metrics are per step: reset when read"
+
+
+def test_malformed_reply_is_repaired(server):
+    def script(p, n):
+        return (200, {}, chat_body("Sure! Answer 1 is great." if n == 0 else json.dumps(good_marks(p))), 0)
+
+    srv = server(script)
+    judge = Judge(cfg_for(srv))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    repair = srv.requests[1]["payload"]["messages"]
+    assert repair[-2] == {"role": "assistant", "content": "Sure! Answer 1 is great."}
+    assert "could not be used" in repair[-1]["content"]
+    m = judge.metrics()
+    assert m["repairs"] == 1 and m["unparsable"] == 0
+
+
+def test_still_malformed_gives_none_and_partial_marks_are_kept(server):
+    def script(p, n):
+        if n == 0:  # only the first shown answer has valid marks; one mark is out of range
+            items = good_marks(p)["answers"]
+            items[1]["tone"] = 7
+            return 200, {}, chat_body(json.dumps({"answers": items[:2]})), 0
+        return 200, {}, chat_body("{not json"), 0
+
+    srv = server(script)
+    judge = Judge(cfg_for(srv))
+    batch = batch_of(GROUPS[:1])
+    scores = judge(batch)
+    assert len(srv.requests) == 2, "exactly one repair attempt"
+    shown = shown_answers(srv.requests[0]["payload"])
+    first = batch[[s.completion for s in batch].index(shown[0])]
+    assert scores[batch.index(first)] == (quality(shown[0]) - 1) / 4
+    assert sum(s is None for s in scores) == 3, "no made-up score for the answers without valid marks"
+    assert judge.metrics()["unparsable"] == 3
+
+
+def test_timeout_then_success(server):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 2.0 if n == 0 else 0))
+    judge = Judge(cfg_for(srv, timeout_s=0.3))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    assert judge.metrics()["retries"] == 1
+
+
+def test_timeouts_exhausted_give_none(server):
+    srv = server(lambda p, n: (200, {}, chat_body("{}"), 1.0))
+    judge = Judge(cfg_for(srv, timeout_s=0.2, max_retries=1))
+    assert judge(batch_of(GROUPS[:1])) == [None] * 4
+    m = judge.metrics()
+    assert m["failed"] == 4 and m["unparsable"] == 0 and len(srv.requests) == 2
+
+
+def test_429_honours_retry_after(server):
+    def script(p, n):
+        if n == 0:
+            return 429, {"Retry-After": "1"}, {"error": "slow down"}, 0
+        return 200, {}, chat_body(json.dumps(good_marks(p))), 0
+
+    srv = server(script)
+    judge = Judge(cfg_for(srv, backoff_s=0.01))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    gap = srv.requests[1]["t"] - srv.requests[0]["t"]
+    assert gap >= 0.95, f"retried after {gap:.2f}s, the server asked for 1s"
+
+
+def test_500_then_success_with_backoff(server):
+    def script(p, n):
+        if n < 2:
+            return 500, {}, "internal error", 0
+        return 200, {}, chat_body(json.dumps(good_marks(p))), 0
+
+    srv = server(script)
+    judge = Judge(cfg_for(srv, backoff_s=0.2, max_retries=3))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    t = [r["t"] for r in srv.requests]
+    assert t[1] - t[0] >= 0.19 and t[2] - t[1] >= 0.38, "exponential backoff: 0.2 s, then 0.4 s"
+    assert judge.metrics()["retries"] == 2
+
+
+def test_400_is_not_retried_and_404_is_a_clear_error(server):
+    srv = server(lambda p, n: (400, {}, {"error": "bad request"}, 0))
+    assert Judge(cfg_for(srv))(batch_of(GROUPS[:1])) == [None] * 4
+    assert len(srv.requests) == 1
+    srv = server(lambda p, n: (404, {}, {"error": "model not found"}, 0))
+    with pytest.raises(JudgeServerError, match="--reward.judge.model"):
+        Judge(cfg_for(srv))(batch_of(GROUPS[:1]))
+
+
+def test_concurrency_limit(server):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0.2))
+    judge = Judge(cfg_for(srv, concurrency=2))
+    groups = [[f"good {g}", f"bad {g}"] for g in range(6)]
+    judge(batch_of(groups))
+    assert srv.max_inflight == 2, f"{srv.max_inflight} requests in flight with concurrency=2"
+
+
+def test_api_key_never_leaks(server, monkeypatch, caplog, capsys, tmp_path):
+    monkeypatch.setenv("NANOGRPO_TEST_JUDGE_KEY", KEY)
+
+    def script(p, n):  # a hostile server echoes the Authorization header in its errors
+        auth = srv.requests[n]["headers"].get("Authorization", "")
+        if n == 0:
+            return 500, {}, f"upstream failed for {auth}", 0
+        return 200, {}, chat_body(json.dumps(good_marks(p))), 0
+
+    srv = server(script)
+    caplog.set_level(logging.DEBUG)
+    cfg = cfg_for(srv, cache=str(tmp_path / "judge_cache.jsonl"), max_retries=0)
+    judge = Judge(cfg)
+    judge(batch_of(GROUPS[:1]))  # the only try fails: the error (with the echoed key) is logged
+    assert srv.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}", "the key is sent to the server"
+    judge = Judge(dataclasses.replace(cfg, max_retries=1))
+    scores = judge(batch_of(GROUPS[:1]))
+    assert scores == EXPECTED[:4]
+    bad = Judge(dataclasses.replace(cfg, cache=""))
+    srv.script = lambda p, n: (401, {}, f"invalid key {srv.requests[n]['headers'].get('Authorization')}", 0)
+    with pytest.raises(JudgeServerError) as err:
+        bad(batch_of(GROUPS[:1]))
+    out = capsys.readouterr()
+    saved = json.dumps(dataclasses.asdict(with_run_dir(RewardConfig(judge=cfg), tmp_path)))
+    places = {
+        "logs": caplog.text,
+        "stdout/stderr": out.out + out.err,
+        "samples": json.dumps(judge.last_details),
+        "metrics": json.dumps(judge.metrics()),
+        "saved config": saved,
+        "cache": (tmp_path / "judge_cache.jsonl").read_text(),
+        "error": str(err.value),
+    }
+    assert "upstream failed" in caplog.text, "the failure was logged (scrubbed)"
+    for where, text in places.items():
+        assert KEY not in text, f"the API key leaked into the {where}"
+
+
+def test_cache_persists_across_instances(server, tmp_path):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    cfg = cfg_for(srv, cache=str(tmp_path / "cache.jsonl"))
+    batch = batch_of(GROUPS)
+    first = Judge(cfg)(batch)
+    again = Judge(cfg)  # a resumed run: a new process reads the file
+    assert again(batch) == first and len(srv.requests) == 2, "nothing paid twice"
+    assert again.metrics()["cached"] == 8 and again.last_details[0]["cached"]
+    # a new completion in a group re-judges that whole group (marks are relative within it)
+    changed = batch_of([GROUPS[0], GROUPS[1][:3] + ["great too"]])
+    again(changed)
+    assert len(srv.requests) == 3
+    Judge(dataclasses.replace(cfg, model="another-judge"))(batch)  # other judge settings: other keys
+    assert len(srv.requests) == 5
+
+
+def test_with_run_dir_keeps_an_explicit_cache(tmp_path):
+    assert with_run_dir(RewardConfig(), tmp_path).judge.cache == str(tmp_path / "judge_cache.jsonl")
+    cfg = RewardConfig(judge=JudgeConfig(cache="/elsewhere.jsonl"))
+    assert with_run_dir(cfg, tmp_path).judge.cache == "/elsewhere.jsonl"
+
+
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        (
+            '{"answers": [{"answer": 1, "correctness": 5, "helpfulness": "4", "tone": 4.0, "format": 3}]}',
+            True,
+        ),
+        ('```json\n{"answers": [{"correctness": 5, "helpfulness": 4, "tone": 4, "format": 3}]}\n```', True),
+        ('Here: [{"answer": 1, "correctness": 5, "helpfulness": 4, "tone": 4, "format": 3}] done', True),
+        ('{"answers": [{"answer": 1, "correctness": 4.5, "helpfulness": 4, "tone": 4, "format": 3}]}', False),
+        ('{"answers": [{"answer": 1, "correctness": 0, "helpfulness": 4, "tone": 4, "format": 3}]}', False),
+        ('{"answers": [{"answer": 2, "correctness": 5, "helpfulness": 4, "tone": 4, "format": 3}]}', False),
+        (
+            '{"answers": [{"answer": 1, "correctness": true, "helpfulness": 4, "tone": 4, "format": 3}]}',
+            False,
+        ),
+        ("", False),
+        ("null", False),
+    ],
+)
+def test_parse_group_marks(text, ok):
+    out, problem = parse_group_marks(text, 1)
+    assert (out[0] is not None) == ok and (problem == "") == ok
+    if ok:
+        assert out[0]["score"] == pytest.approx(((5 + 4 + 4 + 3) / 4 - 1) / 4)
+
+
+def test_extract_json_takes_the_outer_object():
+    assert extract_json('noise {"a": {"b": 1}} tail') == {"a": {"b": 1}}
+    assert extract_json("no json here") is None
+
+
+class Stub:
+    def __init__(self, name, scores):
+        self.name, self.scores, self.requires = name, scores, ()
+
+    def __call__(self, batch):
+        return self.scores
+
+    def metrics(self):
+        return {}
+
+
+def test_judge_numbers_blend_rule():
+    mix = JudgeMix(
+        "judge+numbers", [(Stub("judge", [1.0, None, 0.5]), 0.5), (Stub("numbers", [0.0, 1.0, None]), 0.5)]
+    )
+    assert mix(batch_of([["a", "b", "c"]])) == [0.5, None, 0.5]  # judge None -> None; numbers None -> judge
+
+
+def test_composites_and_cli_flags_through_build_reward(server):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    cfg = RewardConfig(spec="judge+similarity:1", judge=cfg_for(srv))
+    reward = build_reward(cfg)
+    batch = batch_of([["the reference", "a bad answer"]])
+    rewards, comps = reward(batch)
+    g = reward.graders["judge+similarity"]
+    rouge = g.last_components["rouge_l"]
+    assert rouge[0] == pytest.approx(1.0)
+    assert rewards[0] == pytest.approx(0.7 * (2 - 1) / 4 + 0.3 * 1.0)
+    assert rewards[1] == pytest.approx(0.7 * 0.0 + 0.3 * rouge[1])
+    assert g.last_details[1]["marks"]["tone"] == 1
+    assert reward.metrics()["judge+similarity/judge/calls"] == 1
+
+
+# -- judge_entropy against the fake server ------------------------------------------------------
+
+
+def tok(text: str, probs: dict[str, float] | None = None) -> dict:
+    top = [{"token": t, "logprob": math.log(p)} for t, p in (probs or {text: 1.0}).items()]
+    return {"token": text, "logprob": top[0]["logprob"], "top_logprobs": top}
+
+
+def entropy_reply(payload: dict) -> dict:
+    """Marks written as {"Answer k": m}, with a distribution over mark tokens at each mark."""
+    toks = [tok("{")]
+    for k, a in enumerate(shown_answers(payload), 1):
+        m = quality(a)
+        dist = {f" {m}": 0.7, f" {m - 1}": 0.2, "4": 0.05, " x": 0.05} if m > 1 else {" 1": 1.0}
+        toks += [tok(", " if k > 1 else ""), tok('"Answer'), tok(f" {k}"), tok('":'), tok(f" {m}", dist)]
+    toks.append(tok("}"))
+    return chat_body("".join(t["token"] for t in toks), toks)
+
+
+def test_judge_entropy_reads_top_logprobs(server):
+    srv = server(lambda p, n: (200, {}, entropy_reply(p), 0))
+    batch = batch_of(GROUPS[:1])
+    ent = EntropyJudge(cfg_for(srv))(batch)
+    exp = EntropyJudge(cfg_for(srv), expected=True)(batch)
+    assert srv.requests[0]["payload"]["logprobs"] is True and srv.requests[0]["payload"]["top_logprobs"] == 20
+    for c, e, x in zip(GROUPS[0], ent, exp):
+        m = quality(c)
+        p = [0.0] * 6
+        if m > 1:
+            p[m] += 0.7
+            p[m - 1] += 0.2
+            p[4] += 0.05
+            p = [v / 0.95 for v in p]  # ' x' is not a mark token: renormalised away
+        else:
+            p[1] = 1.0
+        h = -sum(v * math.log2(v) for v in p if v > 0)
+        assert e == pytest.approx(1 - h / math.log2(6))
+        assert x == pytest.approx(sum(k * v for k, v in enumerate(p)) / 5)
+
+
+def test_judge_entropy_without_logprobs_is_a_clear_error(server):
+    srv = server(lambda p, n: (200, {}, chat_body('{"Answer 1": 3}'), 0))
+    with pytest.raises(JudgeServerError, match="top_logprobs"):
+        EntropyJudge(cfg_for(srv))(batch_of([["x"]]))
+
+
+def test_mark_distributions_and_scores():
+    toks = [TokenLogprob(t, 0.0, {t: 0.0}) for t in ['{"', "Answer", " ", "1", '":', " "]]
+    toks.append(TokenLogprob("3", math.log(0.5), {"3": math.log(0.5), "2": math.log(0.5)}))
+    toks += [TokenLogprob(t, 0.0, {t: 0.0}) for t in [',"Answer 2": ', "5", "}"]]
+    dists, mass = mark_distributions(toks, 2)
+    assert dists[0] == [0, 0, 0.5, 0.5, 0, 0] and dists[1] == [0, 0, 0, 0, 0, 1.0]
+    assert entropy_score([1 / 6] * 6) == pytest.approx(0.0) and entropy_score([0, 0, 0, 0, 0, 1]) == 1.0
+    assert expected_score([0, 0, 0.5, 0.5, 0, 0]) == pytest.approx(0.5)

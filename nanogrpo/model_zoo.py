@@ -11,6 +11,7 @@ so concurrent processes never see half a model. Nothing here touches the network
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -150,13 +151,26 @@ def smollm2_gguf() -> Path:
 
 def _build_smollm2(out: Path) -> None:
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
     # transformers dequantises the Q4_1 weights to float32 and un-permutes q/k back to HF's layout
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.save_pretrained(out)
+    # save_pretrained refuses a model loaded through the GGUF quantizer, although its weights are plain
+    # float32 by now: write the state dict and a config without quantization_config by hand
+    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    assert all(v.dtype == torch.float32 for v in sd.values()), "GGUF weights were not dequantised"
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    for k in ("quantization_config", "_model_name_or_path", "transformers_version"):
+        cfg.pop(k, None)
+    cfg["architectures"] = [type(model).__name__]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    model.generation_config.save_pretrained(out)
     tok.save_pretrained(out)
 
 

@@ -38,7 +38,7 @@ header,section{max-width:1280px;margin:0 auto;padding:10px 20px}
 h1{font-size:22px;margin:12px 0 4px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .grid{display:flex;flex-wrap:wrap;gap:12px}.curve{background:#fff;border:1px solid #e3e3e3;border-radius:6px}
 .curve text{font-size:11px;fill:#555}.curve .title{font-size:13px;fill:#222;font-weight:600}
-.series{fill:none;stroke-width:1.6}.axis{stroke:#999;stroke-width:1}.gridline{stroke:#eee}
+.series{fill:none;stroke-width:1.6}.axis{fill:none;stroke:#999;stroke-width:1}.gridline{stroke:#eee}
 details.step{background:#fff;border:1px solid #e3e3e3;border-radius:6px;margin:8px 0;padding:4px 10px}
 details.step>summary{cursor:pointer;font-weight:600;padding:4px 0}
 .group{border-top:1px solid #eee;padding:8px 0}.label{font-weight:600;color:#555;font-size:12px}
@@ -93,6 +93,7 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
     if hi - lo < 1e-12:
         lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    lo, hi = lo - 0.04 * (hi - lo), hi + 0.04 * (hi - lo)  # keep lines off the frame
     x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
     x1 = x1 if x1 > x0 else x0 + 1
     px = lambda x: PAD_L + (x - x0) / (x1 - x0) * (W - PAD_L - PAD_R)
@@ -104,7 +105,7 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
     for t in _ticks(lo, hi):
         out.append(
             f'<line class="gridline" x1="{PAD_L}" x2="{W - PAD_R}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
-            f'<text x="{PAD_L - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{_fmt(t, 3)}</text>'
+            f'<text x="{PAD_L - 4}" y="{py(t) + 4:.1f}" text-anchor="end">{t:.4g}</text>'
         )
     for t in _ticks(x0, x1):
         out.append(f'<text x="{px(t):.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{t:g}</text>')
@@ -130,7 +131,7 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
             out.append(
                 f'<text x="{lx}" y="{H - 4}" fill="{color}" style="fill:{color}">{html.escape(name)}</text>'
             )
-            lx += 7 * len(name) + 14
+            lx += 7 * len(name) + 16
     out.append("</svg>")
     return "".join(out)
 
@@ -166,7 +167,7 @@ def _judge_cell(j: Any) -> str:
     if not isinstance(j, dict) or not j:
         return '<td class="judge muted">-</td>'
     marks = ", ".join(
-        f"{html.escape(str(k))} {html.escape(_fmt(v) if _num(v) is not None else str(v))}"
+        f"{html.escape(str(k))} {html.escape(f'{v:g}' if _num(v) is not None else str(v))}"
         for k, v in j.items()
         if k != "reason"
     )
@@ -289,7 +290,9 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
     samples = _read_jsonl(run_dir / "samples.jsonl")
     last = metrics[-1] if metrics else {}
     summary = " · ".join(
-        f"{k} {_fmt(last.get(k))}" for k in ("step", "reward", "kl", "entropy", "len_mean") if k in last
+        f"{k} {last[k] if k == 'step' else _fmt(last.get(k))}"
+        for k in ("step", "reward", "kl", "entropy", "len_mean")
+        if k in last
     )
     data = json.dumps({"metrics": metrics}).replace(
         "</", "<\\/"

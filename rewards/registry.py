@@ -52,7 +52,7 @@ def make(name: str, cfg: RewardConfig) -> Grader:
     return grader
 
 
-def parse_spec(spec: str) -> list[tuple[str, float]]:
+def parse_spec(spec: str, flag: str = "--reward.spec") -> list[tuple[str, float]]:
     """'judge:0.6,concepts:0.3' -> [('judge', 0.6), ('concepts', 0.3)]; a bare name weighs 1."""
     out: list[tuple[str, float]] = []
     for part in spec.split(","):
@@ -64,20 +64,24 @@ def parse_spec(spec: str) -> list[tuple[str, float]]:
         try:
             weight = float(w) if w.strip() else 1.0
         except ValueError:
-            raise ValueError(f"--reward.spec: weight {w!r} of '{name}' is not a number; write e.g. '{name}:0.5'") from None
+            raise ValueError(
+                f"{flag}: weight {w!r} of '{name}' is not a number; write e.g. '{name}:0.5'"
+            ) from None
         if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"--reward.spec: weight of '{name}' must be a number >= 0, got {w!r}")
+            raise ValueError(f"{flag}: weight of '{name}' must be a number >= 0, got {w!r}")
         if any(n == name for n, _ in out):
-            raise ValueError(f"--reward.spec: grader '{name}' appears twice; give it once with its total weight")
+            raise ValueError(f"{flag}: grader '{name}' appears twice; give it once with its total weight")
         out.append((name, weight))
     if not out:
-        raise ValueError(f"--reward.spec {spec!r} names no grader; e.g. 'rouge_l:1' (known: {', '.join(known())})")
+        raise ValueError(f"{flag} {spec!r} names nothing; write 'name:weight,name:weight', e.g. 'rouge_l:1'")
     if sum(w for _, w in out) <= 0:
-        raise ValueError(f"--reward.spec {spec!r}: the weights sum to 0; give at least one grader a weight > 0")
+        raise ValueError(f"{flag} {spec!r}: the weights sum to 0; give at least one grader a weight > 0")
     return out
 
 
-def combine(scores: Sequence[float | None], weights: Sequence[float], total: float | None = None) -> float | None:
+def combine(
+    scores: Sequence[float | None], weights: Sequence[float], total: float | None = None
+) -> float | None:
     """Weighted sum of the available scores, the weights rescaled to keep their total (default: the sum
     of all weights); None when no score with a positive weight is available."""
     avail = [(s, w) for s, w in zip(scores, weights) if s is not None and w > 0]
@@ -141,7 +145,9 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
     spec = parse_spec(cfg.spec)
     unknown = [n for n, _ in spec if n not in _REGISTRY]
     if unknown:
-        raise ValueError(f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}")
+        raise ValueError(
+            f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}"
+        )
     return RewardFunction({n: make(n, cfg) for n, _ in spec}, dict(spec))
 
 
@@ -154,7 +160,9 @@ class Mix(Grader):
 
     def __init__(self, name: str, parts: Sequence[tuple[Grader, float]], on_none: str = "renormalise"):
         assert on_none in ("renormalise", "none"), f"on_none must be 'renormalise' or 'none', got {on_none!r}"
-        assert parts and all(w >= 0 for _, w in parts) and sum(w for _, w in parts) > 0, "weights >= 0, sum > 0"
+        assert parts and all(w >= 0 for _, w in parts) and sum(w for _, w in parts) > 0, (
+            "weights >= 0, sum > 0"
+        )
         self.name, self.parts, self.on_none = name, list(parts), on_none
         self.requires = tuple(sorted({f for g, _ in parts for f in g.requires}))
         self.last_components: dict[str, list[float | None]] = {}
@@ -187,6 +195,8 @@ class Mix(Grader):
         return {f"{g.name}/{k}": v for g, _ in self.parts for k, v in g.metrics().items()}
 
 
-def mix(name: str, cfg: RewardConfig, parts: Sequence[tuple[str, float]], on_none: str = "renormalise") -> Mix:
+def mix(
+    name: str, cfg: RewardConfig, parts: Sequence[tuple[str, float]], on_none: str = "renormalise"
+) -> Mix:
     """Build a named composite from registered graders: `mix('judge+numbers', cfg, [('judge', .5), ('numbers', .5)])`."""
     return Mix(name, [(make(n, cfg), w) for n, w in parts], on_none)

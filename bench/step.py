@@ -1,0 +1,438 @@
+"""Seconds per GRPO step and peak memory: nanogrpo's train.py against TRL's GRPOTrainer.
+
+    python bench/step.py                              # SmolLM2-135M + LoRA r=16, P=2 x G=8, 32 new tokens
+    python bench/step.py --model tiny --steps 2       # seconds, to check that both sides run
+    python bench/step.py --repeat 2                   # run both sides twice (noisy, shared machines)
+
+Both sides train the same model folder with the same LoRA (rank, alpha, target layers), dtype (bf16 on a
+GPU or a bf16-capable CPU, as nanogrpo.runtime.resolve_device_dtype picks), prompts (the built-in demo
+task, same order), group size, batch (P prompts x G completions, one optimizer step each), sampling
+(temperature 1, no top-k/top-p), reward (ROUGE-L against the reference) and loss (token-mean clipped
+surrogate, eps 0.2, group-std advantages, no KL). Completions are forced to exactly --new-tokens tokens
+on both sides (nanogrpo: EOS ignored; TRL: min_new_tokens), so the work per step is the same; the table
+prints the mean prompt and completion lengths each side saw so that this can be checked.
+
+A step is timed from the start of sampling to the end of the optimizer step, after --warmup untimed
+steps. Each side runs in its own subprocess, so memory is not shared: "peak RSS" is the process
+high-water mark (loading included), "step RSS" the highest RSS sampled during the steps minus the RSS
+just before the first step (what a step adds on top of the loaded model), and on CUDA the peak of
+torch.cuda.max_memory_allocated over the steps.
+
+TRL is not a dependency of nanogrpo: the bench asks for it and prints the pip line when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FILLER = (
+    "Background notes follow; they do not change the question. The quick brown fox jumps over the lazy "
+    "dog while the river runs past old mills, green fields and quiet villages under a grey sky. "
+).split()
+
+
+def trl_install_line() -> str:
+    import torch
+
+    base = torch.__version__.split("+")[0]
+    # pinning torch to the installed version keeps pip from swapping it (e.g. a CPU build for a CUDA one)
+    return f"{sys.executable} -m pip install trl 'torch=={base}'"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# memory: a background thread samples RSS; the step window starts at the first sampling call
+
+
+class MemoryMonitor:
+    def __init__(self, every_s: float = 0.01):
+        import psutil
+
+        self.proc, self.every_s = psutil.Process(), every_s
+        self.base = self.peak = 0
+        self._on = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if self._on:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def start(self) -> None:
+        """Called once, right before the first step (after the model and optimizer exist)."""
+        import torch
+
+        if self._on:
+            return
+        self.base = self.peak = self.proc.memory_info().rss
+        self._on = True
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def result(self) -> dict:
+        import torch
+
+        self._stop.set()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        out = {
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
+            "step_rss_gib": (self.peak - self.base) / 2**30,
+        }
+        if torch.cuda.is_available():
+            out["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return out
+
+
+def write_prompts(path: Path, n: int, filler_words: int) -> None:
+    """The demo task's train rows (repeated to n), each prompt optionally lengthened by filler words."""
+    from nanogrpo.data import demo_rows
+
+    rows = demo_rows("train")
+    pad = " ".join(FILLER[i % len(FILLER)] for i in range(filler_words))
+    with path.open("w") as f:
+        for i in range(n):
+            r = rows[i % len(rows)]
+            text = (pad + "\n\n" if pad else "") + r["prompt"][-1]["content"]
+            row = {"id": f"{r['id']}-{i}", "prompt": [{"role": "user", "content": text}]}
+            f.write(json.dumps({**row, "reference": r["reference"]}) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the two sides; each runs in its own process and returns a dict
+
+
+def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
+    import train
+    from nanogrpo.config import (
+        DataConfig,
+        GRPOConfig,
+        LoraConfig,
+        ModelConfig,
+        OptimConfig,
+        SamplingConfig,
+        TrainConfig,
+    )
+    from rewards.options import RewardConfig
+
+    mem = MemoryMonitor()
+    prompt_lens: list[float] = []
+    generate = train.generate
+
+    def fixed_length_generate(model, prompts, **kw):
+        # no EOS and no stop strings: every completion is exactly max_new_tokens long, as on the TRL side
+        mem.start()
+        prompt_lens.append(sum(map(len, prompts)) / len(prompts))
+        return generate(model, prompts, **{**kw, "eos_ids": (), "stop_strings": ()})
+
+    train.generate = fixed_length_generate
+    cfg = TrainConfig(
+        steps=a.warmup + a.steps,
+        prompts_per_step=a.prompts,
+        seed=0,
+        out_dir=str(out_dir),
+        log_samples_every=0,
+        eval_prompts=0,
+        model=ModelConfig(
+            path=a.model, dtype=a.dtype, device=a.device, activation_checkpointing=a.checkpointing
+        ),
+        lora=LoraConfig(r=a.lora_r, alpha=2.0 * a.lora_r, targets=TARGETS),
+        sampling=SamplingConfig(max_new_tokens=a.new_tokens, temperature=1.0),
+        grpo=GRPOConfig(group_size=a.group),
+        optim=OptimConfig(lr=1e-4),
+        data=DataConfig(train=str(data), shuffle=False),
+        reward=RewardConfig(spec="rouge_l:1"),
+    )
+    train.main(cfg)
+    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = steps[a.warmup :]
+    return {
+        "version": "nanogrpo",
+        "t_step": [s["t_step"] for s in timed],
+        "t_sample": [s["t_sample"] for s in timed],
+        "len_mean": statistics.mean(s["len_mean"] for s in timed),
+        "prompt_len": statistics.mean(prompt_lens[a.warmup :]),
+        "reward": statistics.mean(s["reward"] for s in timed),
+        **mem.result(),
+    }
+
+
+def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
+    import torch
+    import trl
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from nanogrpo.config import ModelConfig
+    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.runtime import resolve_device_dtype
+    from rewards import Sample, build_reward
+    from rewards.options import RewardConfig
+
+    torch.manual_seed(0)
+    mem = MemoryMonitor()
+    device, dtype = resolve_device_dtype(ModelConfig(path=a.model, dtype=a.dtype, device=a.device))
+    model_dir = resolve_model(a.model)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
+    grader = build_reward(RewardConfig(spec="rouge_l:1"))
+
+    def rouge_l(prompts, completions, reference, **_) -> list[float | None]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        batch = [
+            Sample(prompt=str(p), completion=t, group=i // a.group, row={"reference": ref})
+            for i, (p, t, ref) in enumerate(zip(prompts, texts, reference))
+        ]
+        return grader(batch)[0]
+
+    args = trl.GRPOConfig(
+        output_dir=str(out_dir),
+        max_steps=a.warmup + a.steps,
+        per_device_train_batch_size=a.prompts * a.group,
+        gradient_accumulation_steps=1,
+        num_generations=a.group,
+        max_completion_length=a.new_tokens,
+        generation_kwargs={"min_new_tokens": a.new_tokens},  # no early EOS: fixed length, as in nanogrpo
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",  # token-mean over the batch: nanogrpo's default aggregation
+        scale_rewards="group",
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        gradient_checkpointing=a.checkpointing,  # TRL's default is on; nanogrpo's is off
+        use_vllm=False,
+        use_cpu=device.type == "cpu",
+        shuffle_dataset=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    peft_cfg = LoraConfig(
+        r=a.lora_r,
+        lora_alpha=2 * a.lora_r,
+        lora_dropout=0.0,
+        target_modules=list(TARGETS),
+        task_type="CAUSAL_LM",
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=rouge_l,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        peft_config=peft_cfg,
+    )
+
+    t_step: list[float] = []
+    t_sample: list[float] = []
+    prompt_lens: list[float] = []
+    logged: list[dict] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            mem.start()
+            self.t0 = time.perf_counter()
+            t_sample.append(0.0)
+
+        def on_step_end(self, args, state, control, **kw):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            t_step.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                logged.append(dict(logs))
+
+    gen = trainer._generate_single_turn
+
+    def timed_generate(prompt_ids, *args, **kw):
+        t0 = time.perf_counter()
+        out = gen(prompt_ids, *args, **kw)
+        t_sample[-1] += time.perf_counter() - t0
+        prompt_lens.append(sum(map(len, prompt_ids)) / len(prompt_ids))
+        return out
+
+    trainer._generate_single_turn = timed_generate
+    trainer.add_callback(Timer())
+    trainer.train()
+    w = a.warmup
+    return {
+        "version": f"TRL {trl.__version__}",
+        "t_step": t_step[w:],
+        "t_sample": t_sample[w:],
+        "len_mean": statistics.mean(x["completions/mean_length"] for x in logged[w:]),
+        "prompt_len": statistics.mean(prompt_lens[w:]),
+        "reward": statistics.mean(x["reward"] for x in logged[w:]),
+        **mem.result(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the driver: one subprocess per side and run, then a table
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2", help="'smollm2', 'tiny' or an HF model folder")
+    p.add_argument("--prompts", type=int, default=2, help="P: prompts per step")
+    p.add_argument("--group", type=int, default=8, help="G: completions per prompt")
+    p.add_argument("--new-tokens", type=int, default=32, help="completion length (forced on both sides)")
+    p.add_argument(
+        "--filler-words", type=int, default=0, help="words prepended to each prompt (longer prompts)"
+    )
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2r) on q,k,v,o,gate,up,down")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ...")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing on both sides")
+    p.add_argument("--steps", type=int, default=3, help="timed steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    p.add_argument("--repeat", type=int, default=1, help="run both sides this many times, alternating")
+    p.add_argument("--side", default="both", choices=["both", "nanogrpo", "trl"])
+    p.add_argument("--json", default="", help="also write every measurement to this file")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    p.add_argument("--data", default="", help=argparse.SUPPRESS)
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+BENCH_FLAGS = (
+    "model",
+    "prompts",
+    "group",
+    "new_tokens",
+    "filler_words",
+    "lora_r",
+    "dtype",
+    "device",
+    "steps",
+)
+BENCH_FLAGS += ("warmup",)
+
+
+def flag_list(a: argparse.Namespace) -> list[str]:
+    out = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in BENCH_FLAGS]
+    return out + (["--checkpointing"] if a.checkpointing else [])
+
+
+def run_side(a: argparse.Namespace, side: str, data: Path, tmp: Path, rep: int) -> dict:
+    result, log = tmp / f"{side}-{rep}.json", tmp / f"{side}-{rep}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), *flag_list(a), "--worker", side]
+    cmd += ["--data", str(data), "--result", str(result)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    print(f"[{rep + 1}/{a.repeat}] {side} ... (log: {log})", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        sys.exit(f"{side} failed (exit {rc}); end of {log}:\n{tail}")
+    return {**json.loads(result.read_text()), "wall_s": time.perf_counter() - t0}
+
+
+def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str) -> str:
+    sides = [s for s in ("nanogrpo", "trl") if s in runs[0]]
+    head = [runs[0][s]["version"] for s in sides] + (["nanogrpo/TRL"] if len(sides) == 2 else [])
+    lines = [
+        f"GRPO step: {a.model}, LoRA r={a.lora_r}, P={a.prompts} prompts x G={a.group}, {a.new_tokens} new "
+        f"tokens; {hardware}; mean of {a.steps} steps after {a.warmup} warm-up",
+        f"{'':34}" + "".join(f"{h:>16}" for h in head),
+    ]
+
+    def row(name: str, r: dict, key, digits: int = 2, ratio: bool = True) -> None:
+        vals = [key(r[s]) for s in sides]
+        if any(v is None for v in vals):
+            return
+        cells = [v if isinstance(v, str) else f"{v:.{digits}f}" for v in vals]
+        if ratio and len(sides) == 2:
+            cells.append(f"{vals[0] / vals[1]:.2f}x")
+        lines.append(f"{name:34}" + "".join(f"{c:>16}" for c in cells))
+
+    def mean(x: list[float]) -> float:
+        return statistics.mean(x)
+
+    for i, r in enumerate(runs):
+        if len(runs) > 1:
+            lines.append(f"run {i + 1}")
+        row("seconds / step", r, lambda x: mean(x["t_step"]))
+        row("  min .. max", r, lambda x: f"{min(x['t_step']):.2f} .. {max(x['t_step']):.2f}", ratio=False)
+        row("  sampling", r, lambda x: mean(x["t_sample"]))
+        row("  scoring, loss, backward, optim", r, lambda x: mean(x["t_step"]) - mean(x["t_sample"]))
+        row("peak RSS of the process (GiB)", r, lambda x: x["peak_rss_gib"])
+        row("RSS added during the steps (GiB)", r, lambda x: x["step_rss_gib"])
+        row("CUDA peak allocated (GiB)", r, lambda x: x.get("cuda_peak_gib"))
+        row("prompt tokens (mean)", r, lambda x: x["prompt_len"], 1, ratio=False)
+        row("completion tokens (mean)", r, lambda x: x["len_mean"], 1, ratio=False)
+        row("reward (mean ROUGE-L)", r, lambda x: x["reward"], 3, ratio=False)
+    return "\n".join(lines)
+
+
+def hardware_line(a: argparse.Namespace) -> str:
+    import torch
+
+    from nanogrpo.config import ModelConfig
+    from nanogrpo.runtime import resolve_device_dtype
+
+    device, dtype = resolve_device_dtype(ModelConfig(path=a.model, dtype=a.dtype, device=a.device))
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device)
+    else:
+        where = f"CPU x{torch.get_num_threads()} threads"
+    return f"{str(dtype).removeprefix('torch.')} on {where}, torch {torch.__version__}"
+
+
+def main() -> None:
+    a = parse_args()
+    if a.worker:
+        out_dir = Path(a.result).with_suffix("")
+        run = run_nanogrpo if a.worker == "nanogrpo" else run_trl
+        Path(a.result).write_text(json.dumps(run(a, Path(a.data), out_dir)))
+        return
+    sides = ["nanogrpo", "trl"] if a.side == "both" else [a.side]
+    if "trl" in sides:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            sys.exit(
+                "TRL is not installed (it is not a nanogrpo dependency; the bench compares against it).\n"
+                f"Install it next to the torch you have:\n    {trl_install_line()}\n"
+                "(check first with --dry-run that pip keeps your torch), or run --side nanogrpo."
+            )
+    tmp = Path(tempfile.mkdtemp(prefix="nanogrpo-bench-step-"))
+    data = tmp / "prompts.jsonl"
+    write_prompts(data, max(64, a.prompts * (a.warmup + a.steps)), a.filler_words)
+    runs = [{s: run_side(a, s, data, tmp, rep) for s in sides} for rep in range(a.repeat)]
+    table = fmt_table(a, runs, hardware_line(a))
+    print(table)
+    cmd = "python bench/step.py " + " ".join(shlex.quote(f) for f in flag_list(a))
+    print(f"reproduce: {cmd}" + (f" --repeat={a.repeat}" if a.repeat > 1 else ""))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "table": table, "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

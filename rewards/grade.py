@@ -44,6 +44,8 @@ class GradeArgs:
     """Completions per grader call (whole groups are kept together)."""
     top: int = 5
     """How many of the rows where grader and human disagree most to list."""
+    json: str = ""
+    """Also write the agreement with `human` (n, kendall_tau, pairwise_accuracy, pairs, disagreements) to this JSON file."""
 
 
 def _where(path: Path, line: int) -> str:
@@ -153,38 +155,53 @@ def percentile_ranks(values: list[float]) -> list[float]:
     return [r / (n - 1) if n > 1 else 0.5 for r in ranks]
 
 
-def agreement(rows, scores, groups, top: int) -> list[str]:
-    """Report lines: Kendall tau-b, pairwise accuracy within groups, the largest disagreements."""
+def agreement(rows, scores, groups, top: int) -> dict[str, Any]:
+    """Kendall tau-b, pairwise accuracy within groups and the largest disagreements (None/nan if n/a)."""
     from nanogrpo.stats import kendall_tau_b, pairwise_accuracy
 
     both = [i for i, r in enumerate(rows) if r.get("human") is not None and scores[i] is not None]
-    lines = [f"agreement with `human` on {len(both)} rows (rows without a score or a human mark left out)"]
+    out: dict[str, Any] = {"n": len(both), "kendall_tau": None, "pairwise_accuracy": None, "pairs": 0}
+    out["disagreements"] = []
     if len(both) < 2:
-        return [*lines, "  too few rows to compare: score at least two answers yourself"]
+        return out
     g = [scores[i] for i in both]
     h = [float(rows[i]["human"]) for i in both]
     tau = kendall_tau_b(g, h)
     acc, pairs = pairwise_accuracy(g, h, [groups[i] for i in both])
-    lines.append(
-        f"  kendall tau-b        {tau:+.3f}"
-        if tau == tau
-        else "  kendall tau-b        n/a (a constant column)"
-    )
-    if pairs:
-        lines.append(f"  pairwise accuracy    {acc:.3f} over {pairs} pairs within groups (0.5 = chance)")
-    else:
-        lines.append("  pairwise accuracy    n/a (no group has two rows you scored differently)")
+    out.update(kendall_tau=tau if tau == tau else None, pairwise_accuracy=acc if pairs else None, pairs=pairs)
     pg, ph = percentile_ranks(g), percentile_ranks(h)
     gaps = {k: abs(pg[k] - ph[k]) for k in range(len(both))}
-    worst = [k for k in sorted(gaps, key=lambda k: -gaps[k]) if gaps[k] > 0][: max(top, 0)]
-    if worst:
-        lines.append("  largest disagreements (percentile rank: grader vs human):")
-    for k in worst:
+    for k in [k for k in sorted(gaps, key=lambda k: -gaps[k]) if gaps[k] > 0][: max(top, 0)]:
         row = rows[both[k]]
-        text = " ".join(row["completion"].split())
+        out["disagreements"].append(
+            {"id": row["id"], "line": row["_line"], "score": g[k], "human": h[k], "rank_gap": gaps[k]}
+        )
+    return out
+
+
+def agreement_lines(agree: dict[str, Any], rows: list[dict]) -> list[str]:
+    """The agreement report as text for the terminal."""
+    lines = [f"agreement with `human` on {agree['n']} rows (rows without a score or a human mark left out)"]
+    if agree["n"] < 2:
+        return [*lines, "  too few rows to compare: score at least two answers yourself"]
+    tau, acc = agree["kendall_tau"], agree["pairwise_accuracy"]
+    lines.append(
+        f"  Kendall tau-b        {tau:+.3f}" if tau is not None else "  Kendall tau-b        n/a (constant)"
+    )
+    if acc is not None:
+        lines.append(
+            f"  pairwise accuracy    {acc:.3f} over {agree['pairs']} pairs within groups (0.5 = chance)"
+        )
+    else:
+        lines.append("  pairwise accuracy    n/a (no group has two rows you scored differently)")
+    if agree["disagreements"]:
+        lines.append("  largest disagreements (score, human, gap between their percentile ranks):")
+    by_line = {r["_line"]: r for r in rows}
+    for d in agree["disagreements"]:
+        text = " ".join(by_line[d["line"]]["completion"].split())
         text = text[:70] + ("..." if len(text) > 70 else "")
         lines.append(
-            f"    id {row['id']!s:>6}  grader {g[k]:.3f} ({pg[k]:.2f})  human {h[k]:g} ({ph[k]:.2f})  {text!r}"
+            f"    id {d['id']!s:>6}  {d['score']:.3f}  {d['human']:g}  gap {d['rank_gap']:.2f}  {text!r}"
         )
     return lines
 
@@ -211,7 +228,12 @@ def run(args: GradeArgs) -> int:
     ]
     report += [f"  {k} {v:g}" for k, v in reward.metrics().items()]
     if any(r.get("human") is not None for r in rows):
-        report += agreement(rows, scores, groups, args.top)
+        agree = agreement(rows, scores, groups, args.top)
+        report += agreement_lines(agree, rows)
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(agree, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+            )
     print("\n".join(report), file=sys.stderr)
     return 0
 

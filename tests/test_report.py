@@ -1,0 +1,220 @@
+"""The run page: rendered by a real headless browser (Debian's chromium, installed by .ci/run), with the
+DOM's groups, completions and curves counted against what the run folder holds, and a screenshot that
+is not blank. The browser tests run over every entry of RUNS (a factory that returns a run folder);
+NANOGRPO_REPORT_RUN=path adds an existing run folder."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanogrpo.report import write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's chromium)"
+)
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]  # fmt: skip
+
+
+def make_fake_run(root: Path) -> Path:
+    """A run folder like train.py writes: 12 steps of metrics (one half-written line at the end, a
+    missing value), 3 logged steps of groups with judge marks on some completions, and a config."""
+    run = root / "fake-run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"steps": 12, "grpo": {"group_size": 4}, "reward": {"spec": "rouge_l:1"}})
+    )
+    lines = []
+    for s in range(1, 13):
+        m = {"step": s, "loss": 0.1 / s, "reward": 0.2 + 0.03 * s, "reward_std": 0.1, "reward/rouge_l": 0.2 + 0.03 * s,
+             "reward/exact": 0.1 * (s % 3), "frac_zero_std": 0.25, "kl": 0.001 * s if s != 5 else None,
+             "entropy": 2.0 - 0.05 * s, "clip_low": 0.0, "clip_high": 0.01, "ratio_max": 1.1, "len_mean": 30 - s,
+             "len_max": 64, "trunc_rate": 0.0, "grad_norm": 0.5, "lr": 1e-4, "tok_per_s": 4000.0, "t_sample": 1.0,
+             "t_score": 0.1, "t_train": 0.7}  # fmt: skip
+        lines.append(json.dumps(m))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 13, "loss": 0.0')  # a run in progress
+    rng = np.random.default_rng(0)
+    samples = []
+    for step in (1, 6, 11):
+        groups = []
+        for g in range(2 + step % 2):
+            comps = []
+            for k in range(4):
+                r = float(rng.random())
+                c = {"text": f"answer {k} <b>not bold</b> & <script>alert({k})</script>", "reward": r,
+                     "scores": {"rouge_l": r, "exact": None if k == 0 else float(r > 0.5)},
+                     "advantage": r - 0.5, "length": 5 + k}  # fmt: skip
+                if g == 0:
+                    c["judge"] = {"correctness": 4, "tone": 3, "reason": "close to the reference"}
+                comps.append(c)
+            prompt = [{"role": "user", "content": f"q {g}?"}] if g % 2 else f"question {g}?"
+            groups.append(
+                {
+                    "id": f"s{step}g{g}",
+                    "prompt": prompt,
+                    "reference": None if g == 1 else "ref",
+                    "completions": comps,
+                }
+            )
+        samples.append({"step": step, "groups": groups})
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return run
+
+
+RUNS = {"fake": make_fake_run}
+if os.environ.get("NANOGRPO_REPORT_RUN"):
+    RUNS["env"] = lambda root: Path(os.environ["NANOGRPO_REPORT_RUN"])
+
+
+@pytest.fixture(params=list(RUNS))
+def run_dir(request, tmp_path):
+    return RUNS[request.param](tmp_path)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def expected(run: Path) -> dict:
+    """What the page must show, read from the run's files independently of nanogrpo.report."""
+    metrics, samples = _jsonl(run / "metrics.jsonl"), _jsonl(run / "samples.jsonl")
+    series = {}
+    for m in metrics:
+        for k, v in m.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                series[k] = series.get(k, 0) + 1  # points of each curve
+    return {
+        "steps": len(samples),
+        "groups": sum(len(s["groups"]) for s in samples),
+        "completions": sum(len(g["completions"]) for s in samples for g in s["groups"]),
+        "series": series,
+    }
+
+
+class DomCounter(HTMLParser):
+    """Counts elements by tag.class and collects each curve's path and its <title>."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts, self.paths, self.stack, self.titles = {}, [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for cls in (a.get("class") or "").split() or [""]:
+            key = f"{tag}.{cls}" if cls else tag
+            self.counts[key] = self.counts.get(key, 0) + 1
+        if tag == "path" and "series" in (a.get("class") or ""):
+            self.paths.append(a["d"])
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if self.stack and self.stack[-1] == tag:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if self.stack[-2:] == ["path", "title"]:
+            self.titles.append(data)
+
+
+def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+
+
+@needs_chromium
+def test_page_renders_in_chromium(run_dir, tmp_path):
+    page = write_report(run_dir, max_sample_steps=10_000)
+    want = expected(run_dir)
+    res = chromium("--dump-dom", page.as_uri(), tmp=tmp_path)
+    assert res.returncode == 0 and "</html>" in res.stdout, res.stderr[-2000:]
+    dom = DomCounter()
+    dom.feed(res.stdout)
+    c = dom.counts
+    assert c.get("details.step", 0) == want["steps"]
+    assert c.get("div.group", 0) == want["groups"] > 0
+    assert c.get("tr.completion", 0) == want["completions"]
+    # every numeric metric is one curve, with one vertex per finite value
+    assert c.get("path.series", 0) == len(want["series"]) and len(dom.titles) == len(dom.paths)
+    for title, d in zip(dom.titles, dom.paths):
+        key = title.split(": last")[0]
+        assert d.count("M") + d.count("L") == want["series"][key], key
+    assert c.get("svg.curve", 0) >= 4  # reward, KL, entropy, length at least
+    assert c.get("script", 0) == 2  # the data and the page's own script: completions stay text
+    assert c.get("table.config", 0) == 1
+    for name in ("reward", "KL", "entropy", "length"):
+        assert f'data-title="{name}"' in res.stdout
+
+    shot = tmp_path / "page.png"
+    res = chromium(f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri(), tmp=tmp_path)
+    assert shot.exists(), res.stderr[-2000:]
+    import matplotlib.image
+
+    img = matplotlib.image.imread(shot)[..., :3]  # (H, W, 3) in [0, 1]
+    assert img.shape[:2] == (1600, 1280)
+    background = np.median(img.reshape(-1, 3), axis=0)
+    ink = np.abs(img - background).sum(-1) > 0.1  # pixels that differ from the page background
+    assert ink.mean() > 0.02, f"screenshot looks blank ({ink.mean():.4f} of the pixels drawn)"
+    colours = len(np.unique((img.reshape(-1, 3) * 255).astype(np.uint8), axis=0))
+    assert colours > 20  # curves in several colours, text, tinted score cells
+
+
+def test_page_is_self_contained_and_escaped(tmp_path):
+    page = write_report(make_fake_run(tmp_path)).read_text()
+    for needle in ("http://", "https://", "src=", "@import", "url("):
+        assert needle not in page, f"the page must load nothing ({needle!r} found)"
+    assert "<script>alert(" not in page and "&lt;script&gt;alert(" in page
+    assert "<b>not bold</b>" not in page
+    assert "close to the reference" in page and "correctness 4" in page  # judge marks and reason
+
+
+def test_page_of_an_empty_or_missing_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    page = write_report(tmp_path / "empty").read_text()
+    assert "No metrics yet" in page and "No samples logged" in page
+    with pytest.raises(ValueError, match="not a run folder"):
+        write_report(tmp_path / "absent")
+
+
+def test_page_keeps_first_and_latest_steps(tmp_path):
+    run = make_fake_run(tmp_path)
+    page = write_report(run, max_sample_steps=2).read_text()
+    assert page.count('<details class="step"') == 2
+    assert 'data-step="1"' in page and 'data-step="11"' in page and 'data-step="6"' not in page
+
+
+def test_eval_section_from_eval_json(tmp_path):
+    from nanogrpo import evaluate
+
+    run = make_fake_run(tmp_path)
+    base = [{"em": 0.0, "f1": 0.2}] * 5 + [{"em": 1.0, "f1": 1.0}] * 5
+    trained = [{"em": 1.0, "f1": 0.9}] * 8 + [{"em": 0.0, "f1": 0.1}] * 2
+    summary = evaluate.paired_summary(base, trained, seed=0, n_resamples=500)
+    (run / "eval.json").write_text(json.dumps({"n": 10, "metrics": summary}))
+    page = write_report(run).read_text()
+    assert "base vs trained" in page and f"{summary['em']['diff']:+.3f}" in page
+
+
+def test_report_cli(tmp_path):
+    run = make_fake_run(tmp_path)
+    res = subprocess.run([sys.executable, str(ROOT / "eval.py"), "report", str(run)], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(run / "index.html") and (run / "index.html").stat().st_size > 1000

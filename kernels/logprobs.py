@@ -123,8 +123,29 @@ def _check_inputs(hidden, weight, targets, temperature) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Triton. The logits tile loop is written out in both kernels: nested @triton.jit helpers do not run
-# in the interpreter that the CPU tests use.
+# Triton
+
+
+@triton.jit
+def _logits_tile(
+    h_rows, w_cols, mask_n, mask_v, H,  # (BLOCK_N, 1) and (1, BLOCK_V) row pointers, their masks
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """hidden[rows] @ weight[cols].T as a float32 [BLOCK_N, BLOCK_V] tile, in BLOCK_H steps over H."""
+    offs_h = tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        mask_h = (h0 + offs_h) < H
+        a = tl.load(h_rows + (h0 + offs_h)[None, :], mask=mask_n[:, None] & mask_h[None, :], other=0.0)
+        b = tl.load(w_cols + (h0 + offs_h)[:, None], mask=mask_h[:, None] & mask_v[None, :], other=0.0)
+        if DOT_F32:  # the interpreter's bf16 dot is wrong
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:  # float32 inputs: true fp32 products, not TF32
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -136,7 +157,6 @@ def _logprobs_fwd_kernel(
 ):  # fmt: skip
     pid_s = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_h = tl.arange(0, BLOCK_H)
     mask_n = offs_n < N
     tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
     h_rows = h_ptr + offs_n.to(tl.int64)[:, None] * stride_h  # (BLOCK_N, 1) pointers
@@ -153,17 +173,7 @@ def _logprobs_fwd_kernel(
         offs_v = v0 + tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
         w_cols = w_ptr + offs_v.to(tl.int64)[None, :] * stride_w  # (1, BLOCK_V) pointers
-        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            mask_h = (h0 + offs_h) < H
-            a = tl.load(h_rows + (h0 + offs_h)[None, :], mask=mask_n[:, None] & mask_h[None, :], other=0.0)
-            b = tl.load(w_cols + (h0 + offs_h)[:, None], mask=mask_h[:, None] & mask_v[None, :], other=0.0)
-            if DOT_F32:  # the interpreter's bf16 dot is wrong
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            if IEEE:  # float32 inputs: true fp32 products, not TF32
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+        acc = _logits_tile(h_rows, w_cols, mask_n, mask_v, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_F32, IEEE)
         z = tl.where(mask_v[None, :], acc * inv_temp, float("-inf"))  # (BLOCK_N, BLOCK_V); pads: p = 0
         m_new = tl.maximum(m, tl.max(z, axis=1))
         alpha = tl.exp(m - m_new)
@@ -191,22 +201,11 @@ def _logprobs_bwd_kernel(
 ):  # fmt: skip
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_h = tl.arange(0, BLOCK_H)
     mask_n = offs_n < C
     mask_v = offs_v < V
     h_rows = h_ptr + offs_n.to(tl.int64)[:, None] * stride_h  # (BLOCK_N, 1) pointers
     w_cols = w_ptr + offs_v.to(tl.int64)[None, :] * stride_w  # (1, BLOCK_V) pointers
-    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        mask_h = (h0 + offs_h) < H
-        a = tl.load(h_rows + (h0 + offs_h)[None, :], mask=mask_n[:, None] & mask_h[None, :], other=0.0)
-        b = tl.load(w_cols + (h0 + offs_h)[:, None], mask=mask_h[:, None] & mask_v[None, :], other=0.0)
-        if DOT_F32:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+    acc = _logits_tile(h_rows, w_cols, mask_n, mask_v, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_F32, IEEE)
     tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
     lse = tl.load(lse_ptr + offs_n, mask=mask_n, other=0.0)
     p = tl.exp(acc * inv_temp - lse[:, None])  # softmax, from the saved log-sum-exp
@@ -246,19 +245,9 @@ def _logprobs_fwd_triton(hidden, weight, targets, temperature, splits=None):
     splits = triton.cdiv(n_tiles, tiles_per_split)  # no split is left empty
     part = torch.empty(4, splits, n, dtype=torch.float32, device=hidden.device)  # (4, SPLITS, N)
     _logprobs_fwd_kernel[(n_blocks, splits)](
-        hidden,
-        weight,
-        targets,
-        part,
-        n,
-        v,
-        hdim,
-        hidden.stride(0),
-        weight.stride(0),
-        1.0 / temperature,
-        tiles_per_split,
-        **cfg,
-    )
+        hidden, weight, targets, part, n, v, hdim, hidden.stride(0), weight.stride(0),
+        1.0 / temperature, tiles_per_split, **cfg,
+    )  # fmt: skip
     m, s, t, zt = part  # each (SPLITS, N)
     m_all = m.amax(0)  # (N,)
     scale = torch.exp(m - m_all)  # (SPLITS, N)
@@ -286,20 +275,9 @@ def _logprobs_bwd_triton(hidden, weight, targets, lse, grad_logp, temperature, n
         h_c = hidden[s : s + rows]  # (C, H)
         grid = (triton.cdiv(rows, cfg["BLOCK_N"]), triton.cdiv(v, cfg["BLOCK_V"]))
         _logprobs_bwd_kernel[grid](
-            h_c,
-            weight,
-            targets[s : s + rows],
-            lse[s : s + rows],
-            dz,
-            rows,
-            v,
-            hdim,
-            hidden.stride(0),
-            weight.stride(0),
-            dz.stride(0),
-            1.0 / temperature,
-            **cfg,
-        )
+            h_c, weight, targets[s : s + rows], lse[s : s + rows], dz, rows, v, hdim,
+            hidden.stride(0), weight.stride(0), dz.stride(0), 1.0 / temperature, **cfg,
+        )  # fmt: skip
         d = dz[:rows]  # (C, V)
         g_c = g[s : s + rows, None]  # (C, 1)
         if need_h:
@@ -323,16 +301,9 @@ class LogprobsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h, grad_w = _logprobs_bwd_triton(
-            hidden,
-            weight,
-            targets,
-            lse,
-            grad_logp,
-            ctx.temperature,
-            ctx.needs_input_grad[0],
-            ctx.needs_input_grad[1],
-            ctx.chunk_elems,
+            hidden, weight, targets, lse, grad_logp, ctx.temperature, need_h, need_w, ctx.chunk_elems
         )
         return grad_h, grad_w, None, None, None
 
@@ -349,7 +320,8 @@ def token_logprobs(
     _check_inputs(hidden, weight, targets, temperature)
     targets = targets.long()
     if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
-        hidden, weight = hidden.contiguous(), weight.contiguous()
+        # one dtype for tl.dot (the trainer already casts hidden states to the head's dtype)
+        hidden, weight = hidden.to(weight.dtype).contiguous(), weight.contiguous()
         return LogprobsFunction.apply(
             hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
         )

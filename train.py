@@ -212,7 +212,7 @@ def main(cfg: TrainConfig) -> dict:
                     if it == 0:  # metrics describe the on-policy pass
                         ent_sum += float((ent * mb.mask).sum())
                         stats_sum = grpo.accumulate_stats(stats_sum, stats)
-                        loss_sum += float(loss)
+                        loss_sum += float(loss.detach())
             # ---------------------------------------------------- metrics of the step (summed over ranks)
             valid = ~reward.isnan()
             sums = {

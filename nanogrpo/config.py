@@ -196,10 +196,11 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             log_samples_every=1,
             model=ModelConfig(path="tiny", dtype="float32"),
             lora=LoraConfig(r=4, alpha=8),
-            sampling=SamplingConfig(max_new_tokens=8),
+            # top-k keeps a random model's words repeating, so consistency spreads within a group
+            sampling=SamplingConfig(max_new_tokens=12, top_k=12),
             grpo=GRPOConfig(group_size=4),
             optim=OptimConfig(lr=1e-3),
-            reward=RewardConfig(spec="rouge_l:1"),
+            reward=RewardConfig(spec="rouge_l:0.5,consistency:0.5", consistency_n=1),
         ),
     ),
 }

@@ -9,6 +9,7 @@ keeps float32 weights and runs the forward under autocast). Log-softmax and the 
 from __future__ import annotations
 
 import copy
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from . import dist, lora
 from .checkpoint import load_full_weights, save_full_weights
 from .config import ModelConfig, TrainConfig
-from .model import Transformer
+from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
 from .policy import Batch, completion_logprobs
 
@@ -122,6 +123,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
     from transformers import AutoTokenizer
 
     model_dir = resolve_model(cfg.model.path)
+    ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     use_lora = cfg.lora.r > 0
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.

@@ -31,7 +31,7 @@ class Generate:
     """Completions of a model on a held-out JSONL; writes each row with a `completion` field."""
 
     data: str
-    """Held-out JSONL (the training data format: prompt, reference, ...)."""
+    """Held-out JSONL (the training data format: prompt, reference, ...), or 'demo' (the built-in task's held-out split)."""
     model: str = "smollm2"
     """HF-format model folder, or 'smollm2' / 'tiny' (see train.py --model.path)."""
     adapter: str = ""
@@ -175,12 +175,12 @@ def run_generate(args: Generate) -> None:
 
     from nanogrpo import lora
     from nanogrpo.config import ModelConfig
-    from nanogrpo.data import load_rows
+    from nanogrpo.data import load_task
     from nanogrpo.model import Transformer
     from nanogrpo.model_zoo import resolve_model
     from nanogrpo.runtime import resolve_device_dtype
 
-    rows = load_rows(args.data)  # validated before any model is loaded
+    rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
     device, dtype = resolve_device_dtype(ModelConfig(path=args.model, dtype=args.dtype, device=args.device))
     path = resolve_model(args.model)

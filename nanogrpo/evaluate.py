@@ -1,13 +1,13 @@
-"""Held-out evaluation: generate, score, compare two systems, and judge them pairwise for Elo.
+"""Held-out evaluation: generate completions, score them, and compare two systems on the same rows.
 
 eval.py is the command line over these functions; train.py calls `base_vs_trained` at the end of a run
-(the same model with LoRA disabled is the base), `save_eval` to keep the result in the run folder.
+(the same model with LoRA disabled is the base) and `save_eval` to keep the result in the run folder.
+Pairwise judging and Elo live in nanogrpo/pairwise.py.
 
-Scores per row: EM, token F1 and SeqM against the row's reference(s) (seed 002), plus any graders of
-rewards/ by name (ROUGE-L by default). Pairwise judging follows seed 000: a judge sees the question,
-the reference and two anonymous answers, picks one or calls a tie; every pair is asked in both orders so
-position bias cancels. Seed 000 only says the judges were LLMs; `MetricJudge` is a deterministic judge
-(higher metric wins) for tests and for a judge-free sanity check.
+Scores per row (seed 002): EM, token F1 and SeqM against the row's reference(s), plus any graders of
+rewards/ by name (ROUGE-L by default). A metric that does not apply to a row (no reference, a grader's
+None) is None and drops out of that metric's mean and of the paired comparison, never a 0. Seed 002
+evaluates greedily; so does `generate_completions` by default.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ ANSWER_METRICS: dict[str, Callable[[str, list[str]], float]] = {
     "f1": stats.token_f1,
     "seqm": stats.seq_match,
 }
-Judge = Callable[[str, "str | None", str, str], str]
-"""prefer(prompt, reference, answer_a, answer_b) -> 'A' | 'B' | 'tie'."""
 
 # ----------------------------------------------------------------------------- rows and prompts
 

@@ -8,7 +8,9 @@ to LoRA and to PEFT's key names; a Phi-3 adapter saved by nanogrpo targets q_pro
 
 Departures from transformers: sliding-window attention (Mistral, Qwen2) is ignored, which is exact for
 sequences shorter than the window (4096+ in the released configs); 'dynamic' NTK RoPE picks its base from
-the longest position of the current call (transformers keeps the largest seen so far). With `attn="flash"`
+the longest position of the current call (transformers keeps the largest seen so far); like 'longrope' (which
+picks short or long factors the same way) it means a KV cache that grows past the original context holds
+keys rotated with the old frequencies (transformers re-encodes the prompt at that point). With `attn="flash"`
 a batch with padding (attention_mask holding zeros) falls back to SDPA, since flash_attn_func has no mask.
 """
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import random
+from pathlib import Path
 
 import torch
 
@@ -70,6 +71,11 @@ class Semantic(Grader):
             )
         if cfg.semantic_batch_size < 1:
             raise ValueError(f"--reward.semantic-batch-size must be >= 1, got {cfg.semantic_batch_size}")
+        if cfg.semantic_model and not Path(cfg.semantic_model).is_dir():
+            raise ValueError(
+                f"--reward.semantic-model {cfg.semantic_model}: not a folder; give a local sentence-transformers "
+                "folder (nothing is downloaded), or '' for the bundled all-MiniLM-L6-v2"
+            )
         self.cfg = cfg
         self.path = cfg.semantic_model or default_model_path()
         self.device = cfg.semantic_device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,8 +17,6 @@ with lengths, and returns the LCS length of each pair. It is the one function th
 
 import numpy as np
 import torch
-from rapidfuzz import process
-from rapidfuzz.distance import LCSseq
 
 from kernels import get_backend, interpreting, tl, triton, use_triton
 
@@ -31,6 +29,9 @@ def lcs_rapidfuzz(a: Seqs, b: Seqs, workers: int = -1) -> list[int]:
         raise ValueError(f"lcs_lengths needs as many sequences in a as in b (got {len(a)} and {len(b)})")
     if not a:
         return []
+    from rapidfuzz import process  # imported here: GPU-only environments may lack it
+    from rapidfuzz.distance import LCSseq
+
     # cpdist scores pairs element-wise (cdist would score every a against every b)
     return process.cpdist(a, b, scorer=LCSseq.similarity, workers=workers, dtype=np.int32).tolist()
 

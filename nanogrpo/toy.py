@@ -6,13 +6,20 @@ terms: KL(pi || ref), entropy, expected reward and the EXPECTED gradient of any 
 
 A sequence is named by its index 0..V^T-1 (base-V digits, first token most significant). Parameters are a
 plain tensor `theta` (n_ctx, V) passed to every function, so callers choose what is differentiated.
+
+The toy task (used by nanogrpo.ablate): one prompt, reward = fraction of tokens that are not the last token
+id (16 of 81 sequences score 1), plus Gaussian noise per sample, as a noisy judge would give.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
+
+from nanogrpo.config import GRPOConfig
+from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
 
 
 class TabularPolicy:
@@ -84,3 +91,98 @@ def optimal_policy_logp(
     """log pi*(y) of the KL-regularised optimum pi* = argmax E[r] - beta KL(pi || ref) ∝ ref(y) exp(r(y)/beta)."""
     z = policy.seq_logp(theta_ref).detach() + reward.to(policy.dtype) / beta  # (V^T,)
     return z - torch.logsumexp(z, 0)
+
+
+# ----------------------------------------------------------------------------- the toy task
+
+
+@dataclass(frozen=True)
+class ToySettings:
+    """The toy task: reward = fraction of tokens that are not the last token id, plus N(0, noise^2) per sample."""
+
+    steps: int = 300
+    lr: float = 0.05
+    groups: int = 2  # prompts per step (all the same: the toy has one prompt)
+    group_size: int = 8
+    noise: float = 0.1
+    mu: int = 4  # num_iterations of the off-policy runs
+    ref_scale: float = 1.0  # logits of the reference ~ N(0, ref_scale^2)
+
+
+def toy_reference(pol: TabularPolicy, s: ToySettings) -> torch.Tensor:
+    """The reference (and initial) policy of every toy run: fixed logits ~ N(0, ref_scale^2)."""
+    return pol.init(s.ref_scale, torch.Generator().manual_seed(1234))
+
+
+def toy_reward(pol: TabularPolicy) -> torch.Tensor:
+    """Expected reward of every sequence (V^T,): 16 of the 81 sequences (no token V-1) score 1."""
+    return (pol.seqs != pol.V - 1).to(pol.dtype).mean(-1)
+
+
+def toy_optimum(betas: list[float], s: ToySettings) -> dict[str, dict[str, float]]:
+    """Where a KL-regularised run should end: KL(pi* || ref), H(pi*) / H(ref) and E_pi*[r] for each beta."""
+    pol = TabularPolicy(V=3, T=4)
+    theta_ref = toy_reference(pol, s)
+    lref, r, out = pol.seq_logp(theta_ref), toy_reward(pol), {}
+    for b in betas:
+        ls = optimal_policy_logp(pol, theta_ref, r, b)
+        p = torch.exp(ls)
+        h0 = -(torch.exp(lref) * lref).sum()
+        out[f"{b:g}"] = {
+            "kl": float((p * (ls - lref)).sum()),
+            "entropy_frac": float(-(p * ls).sum() / h0),
+            "reward": float((p * r).sum()),
+        }
+    return out
+
+
+def train_toy(cfg: GRPOConfig, seed: int, s: ToySettings) -> dict[str, list[float]]:
+    """Stochastic GRPO on the toy with grpo.py's own advantages and loss, as train.py runs it (the KL reward
+    penalty from the sampler's log-probs, num_iterations passes over each batch); Adam on the logits.
+    Returns exact curves: kl, entropy, reward, dist (KL(pi || pi*)) before each step and after the last;
+    grad_norm (first pass) and zero_std (fraction of groups) per step."""
+    pol = TabularPolicy(V=3, T=4)
+    theta_ref = toy_reference(pol, s)
+    gen = torch.Generator().manual_seed(seed)
+    theta = theta_ref.clone().requires_grad_(True)  # GRPO starts at the reference
+    opt = torch.optim.Adam([theta], lr=s.lr)
+    assert cfg.group_size == s.group_size, "cfg.group_size must equal ToySettings.group_size"
+    r_base = toy_reward(pol)  # (V^T,)
+    logp_star = optimal_policy_logp(pol, theta_ref, r_base, cfg.beta)  # (V^T,)
+    N, T = s.groups * s.group_size, pol.T
+    mask = torch.ones(N, T, dtype=pol.dtype)
+    curves: dict[str, list[float]] = {
+        k: [] for k in ("kl", "entropy", "reward", "dist", "grad_norm", "zero_std")
+    }
+
+    def exact():
+        with torch.no_grad():
+            lp = pol.seq_logp(theta)  # (V^T,)
+            curves["kl"].append(pol.kl(theta, theta_ref).item())
+            curves["entropy"].append(pol.entropy(theta).item())
+            curves["reward"].append((torch.exp(lp) * r_base).sum().item())
+            curves["dist"].append((torch.exp(lp) * (lp - logp_star)).sum().item())  # KL(pi || pi*)
+
+    for _ in range(s.steps):
+        exact()
+        idx = pol.sample(theta, N, gen)  # (N,)
+        with torch.no_grad():
+            old_logp = pol.token_logp(theta, idx)  # (N, T)
+            ref_logp = pol.token_logp(theta_ref, idx)  # (N, T)
+        rewards = r_base[idx] + s.noise * torch.randn(N, generator=gen, dtype=pol.dtype)  # (N,)
+        if cfg.kl_placement == "reward":
+            rewards = rewards - cfg.beta * kl_penalty(old_logp, ref_logp, mask, cfg)
+        adv, zero_std = compute_advantages(rewards, cfg)
+        for it in range(cfg.num_iterations):
+            logp = pol.token_logp(theta, idx)  # (N, T)
+            loss, _ = grpo_loss(
+                logp, old_logp, ref_logp, adv, mask, cfg, num_seqs=N, num_tokens=N * T, max_len=T
+            )
+            opt.zero_grad()
+            loss.backward()
+            if it == 0:
+                curves["grad_norm"].append(theta.grad.norm().item())
+            opt.step()
+        curves["zero_std"].append(zero_std.double().mean().item())
+    exact()
+    return curves

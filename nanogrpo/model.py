@@ -11,7 +11,7 @@ sequences shorter than the window (4096+ in the released configs); 'dynamic' NTK
 the longest position of the current call (transformers keeps the largest seen so far); like 'longrope' (which
 picks short or long factors the same way) it means a KV cache that grows past the original context holds
 keys rotated with the old frequencies (transformers re-encodes the prompt at that point). With `attn="flash"`
-a batch with padding (attention_mask holding zeros) falls back to SDPA, since flash_attn_func has no mask.
+a call with an attention_mask (left padding) runs SDPA instead, since flash_attn_func takes no mask.
 """
 
 from __future__ import annotations
@@ -100,18 +100,14 @@ class ModelArgs:
             for t in [e] if isinstance(e, int) else (e or []):
                 if t not in eos:
                     eos.append(t)
+        same = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps")
+        same += ("max_position_embeddings", "bos_token_id", "pad_token_id", "tie_word_embeddings")
         return cls(
+            **{k: cfg[k] for k in same if k in cfg},
             model_type=mtype,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
             o_bias=bias and mtype in ("llama", "qwen3"),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
@@ -119,8 +115,6 @@ class ModelArgs:
             rope_theta=float(theta),
             rope_scaling=rope,
             partial_rotary_factor=float(partial),
-            bos_token_id=cfg.get("bos_token_id"),
-            pad_token_id=cfg.get("pad_token_id"),
             eos_token_ids=eos,
         )
 
@@ -246,9 +240,9 @@ class Attention(nn.Module):
         if a.qk_norm:
             self.q_norm = RMSNorm(self.hd, a.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
-        self.attn_impl = "sdpa"
 
     def forward(self, x, cos, sin, mask, kv_cache: KVCache | None, layer: int) -> torch.Tensor:
+        """x (B, T, H); mask as built in Transformer.forward."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd)  # (B, T, nh, D)
         k = self.k_proj(x).view(B, T, self.nkv, self.hd)  # (B, T, n_kv, D)
@@ -259,20 +253,17 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, D)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D)
-        causal = isinstance(mask, str)  # "causal": no padding, no cache
-        if self.attn_impl == "flash" and not isinstance(mask, torch.Tensor):
+        if isinstance(mask, str) and mask == "flash":
             from flash_attn import flash_attn_func
 
-            # flash's causal mask is aligned bottom-right, which is what a query block after a cache needs
-            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
-            y = y.reshape(B, T, -1)  # (B, T, nh*D)
+            # flash aligns its causal mask bottom-right, as a query block after a cache needs
+            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)
         else:
-            attn_mask = mask if isinstance(mask, torch.Tensor) else None
+            causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=self.nkv != self.nh
-            )  # (B, nh, T, D)
-            y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh*D)
-        return self.o_proj(y)
+                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.nkv != self.nh
+            ).transpose(1, 2)  # (B, T, nh, D)
+        return self.o_proj(y.reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -331,8 +322,7 @@ class Transformer(nn.Module):
                 raise ValueError(
                     "attn='flash' needs flash-attn: pip install 'nanogrpo[gpu]', or use attn='sdpa'"
                 ) from e
-        for layer in self.model.layers:
-            layer.self_attn.attn_impl = attn
+        self.attn = attn
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -384,9 +374,11 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         cos, sin = self._rope(position_ids, x.dtype)
 
-        # mask: "causal" (no padding, no cache), None (one new token sees everything), or a boolean
-        # (B, 1, T, S) tensor; each query also sees itself so that pad rows are never fully masked (no NaN)
-        if attention_mask is None and past == 0:
+        # mask: "flash" (no padding), "causal" (SDPA, no padding, no cache), None (one new token sees all), or
+        # a boolean (B, 1, T, S) tensor; each query also sees itself so pad rows are never fully masked (NaN)
+        if self.attn == "flash" and attention_mask is None:
+            mask = "flash"
+        elif attention_mask is None and past == 0:
             mask = "causal" if T > 1 else None
         elif attention_mask is None and T == 1:
             mask = None

@@ -124,7 +124,7 @@ def parse_group_marks(text: str, n: int) -> tuple[list[dict | None], str]:
 
 
 class JudgeCache:
-    """Judgements by key, in memory and (when a path is given) appended to a JSONL file."""
+    """Judgements by key, kept in memory and appended to a JSONL file; no path, no cache (nothing kept)."""
 
     def __init__(self, path: str = ""):
         self.path = Path(path) if path else None
@@ -141,11 +141,12 @@ class JudgeCache:
         return self.mem.get(key)
 
     def put(self, items: dict[str, dict]) -> None:
+        if self.path is None or not items:
+            return
         self.mem.update(items)
-        if self.path and items:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as f:
-                f.writelines(json.dumps({"key": k, "value": v}) + "\n" for k, v in items.items())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"key": k, "value": v}) + "\n" for k, v in items.items())
 
 
 def with_run_dir(cfg: RewardConfig, run_dir: str | Path) -> RewardConfig:

@@ -58,11 +58,20 @@ def trl_install_line() -> str:
 # memory: a background thread samples RSS; the step window starts at the first sampling call
 
 
-class MemoryMonitor:
-    def __init__(self, every_s: float = 0.01):
+def rss_bytes() -> int:
+    """Resident set size of this process now (/proc on Linux, else psutil)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
         import psutil
 
-        self.proc, self.every_s = psutil.Process(), every_s
+        return psutil.Process().memory_info().rss
+
+
+class MemoryMonitor:
+    def __init__(self, every_s: float = 0.01):
+        self.every_s = every_s
         self.base = self.peak = 0
         self._on = False
         self._stop = threading.Event()
@@ -71,7 +80,7 @@ class MemoryMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             if self._on:
-                self.peak = max(self.peak, self.proc.memory_info().rss)
+                self.peak = max(self.peak, rss_bytes())
 
     def start(self) -> None:
         """Called once, right before the first step (after the model and optimizer exist)."""
@@ -79,7 +88,7 @@ class MemoryMonitor:
 
         if self._on:
             return
-        self.base = self.peak = self.proc.memory_info().rss
+        self.base = self.peak = rss_bytes()
         self._on = True
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -88,7 +97,7 @@ class MemoryMonitor:
         import torch
 
         self._stop.set()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.peak = max(self.peak, rss_bytes())
         out = {
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
             "step_rss_gib": (self.peak - self.base) / 2**30,
@@ -133,13 +142,23 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     prompt_lens: list[float] = []
     generate = train.generate
 
+    cpu0: list[float] = []
+    cpu_step: list[float] = []
+    console_line = train.console_line
+
     def fixed_length_generate(model, prompts, **kw):
         # no EOS and no stop strings: every completion is exactly max_new_tokens long, as on the TRL side
         mem.start()
+        cpu0.append(time.process_time())
         prompt_lens.append(sum(map(len, prompts)) / len(prompts))
         return generate(model, prompts, **{**kw, "eos_ids": (), "stop_strings": ()})
 
+    def console_line_mark(m: dict) -> str:
+        cpu_step.append(time.process_time() - cpu0[-1])  # called once a step, after the optimizer step
+        return console_line(m)
+
     train.generate = fixed_length_generate
+    train.console_line = console_line_mark
     cfg = TrainConfig(
         steps=a.warmup + a.steps,
         prompts_per_step=a.prompts,
@@ -164,9 +183,11 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "version": "nanogrpo",
         "t_step": [s["t_step"] for s in timed],
         "t_sample": [s["t_sample"] for s in timed],
+        "cpu_step": cpu_step[a.warmup :],
         "len_mean": statistics.mean(s["len_mean"] for s in timed),
         "prompt_len": statistics.mean(prompt_lens[a.warmup :]),
         "reward": statistics.mean(s["reward"] for s in timed),
+        "checkpointing": cfg.model.activation_checkpointing,
         **mem.result(),
     }
 
@@ -250,19 +271,21 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
 
     t_step: list[float] = []
     t_sample: list[float] = []
+    cpu_step: list[float] = []
     prompt_lens: list[float] = []
     logged: list[dict] = []
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             mem.start()
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
             t_sample.append(0.0)
 
         def on_step_end(self, args, state, control, **kw):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             t_step.append(time.perf_counter() - self.t0)
+            cpu_step.append(time.process_time() - self.c0)
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
@@ -285,9 +308,11 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "version": f"TRL {trl.__version__}",
         "t_step": t_step[w:],
         "t_sample": t_sample[w:],
+        "cpu_step": cpu_step[w:],
         "len_mean": statistics.mean(x["completions/mean_length"] for x in logged[w:]),
         "prompt_len": statistics.mean(prompt_lens[w:]),
         "reward": statistics.mean(x["reward"] for x in logged[w:]),
+        "checkpointing": bool(trainer.args.gradient_checkpointing),
         **mem.result(),
     }
 
@@ -308,6 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2r) on q,k,v,o,gate,up,down")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ...")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per side (0 = torch's default)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing on both sides")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
@@ -331,7 +357,7 @@ BENCH_FLAGS = (
     "device",
     "steps",
 )
-BENCH_FLAGS += ("warmup",)
+BENCH_FLAGS += ("warmup", "threads")
 
 
 def flag_list(a: argparse.Namespace) -> list[str]:
@@ -382,6 +408,7 @@ def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str)
         row("  min .. max", r, lambda x: f"{min(x['t_step']):.2f} .. {max(x['t_step']):.2f}", ratio=False)
         row("  sampling", r, lambda x: mean(x["t_sample"]))
         row("  scoring, loss, backward, optim", r, lambda x: mean(x["t_step"]) - mean(x["t_sample"]))
+        row("CPU seconds / step (all threads)", r, lambda x: mean(x["cpu_step"]))
         row("peak RSS of the process (GiB)", r, lambda x: x["peak_rss_gib"])
         row("RSS added during the steps (GiB)", r, lambda x: x["step_rss_gib"])
         row("CUDA peak allocated (GiB)", r, lambda x: x.get("cuda_peak_gib"))
@@ -401,13 +428,17 @@ def hardware_line(a: argparse.Namespace) -> str:
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        where = f"CPU x{torch.get_num_threads()} threads"
+        where = f"CPU, {a.threads or torch.get_num_threads()} threads"
     return f"{str(dtype).removeprefix('torch.')} on {where}, torch {torch.__version__}"
 
 
 def main() -> None:
     a = parse_args()
     if a.worker:
+        if a.threads > 0:
+            import torch
+
+            torch.set_num_threads(a.threads)
         out_dir = Path(a.result).with_suffix("")
         run = run_nanogrpo if a.worker == "nanogrpo" else run_trl
         Path(a.result).write_text(json.dumps(run(a, Path(a.data), out_dir)))

@@ -304,7 +304,7 @@ def fmt_b(x):
 
 
 def table(results: dict) -> str:
-    rows = [("what", "value")]
+    rows = [("what", "value"), ("command", results["command"]), ("date", results["date"])]
     c = results.get("ceilings", {})
     if "device" in c:
         rows += [("device", c["device"]), ("copy bandwidth", f"{c['copy_GBps']:.0f} GB/s")]

@@ -26,7 +26,6 @@ from typing import Any
 from rewards.base import Grader, Sample
 from rewards.options import RewardConfig
 from rewards.registry import register
-from rewards.rouge import lcs_lengths
 from rewards.text import reply_text, words
 
 _NOWHERE = 1 << 62
@@ -81,6 +80,8 @@ def keyword_scores(texts: list[str], key_points: list[list[list[tuple[str, ...]]
                 pairs_a.append(ids)
                 pairs_b.append(gen)
                 where.append((i, j, max(len(ids), len(gen))))
+    from kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
+
     lcs = lcs_lengths(pairs_a, pairs_b)
     sums: dict[tuple[int, int], list[float]] = {}
     for (i, j, denom), n in zip(where, lcs):

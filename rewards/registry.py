@@ -89,7 +89,7 @@ def combine(
     if wsum <= 0:
         return None
     total = sum(weights) if total is None else total
-    return total * sum(s * w for s, w in avail) / wsum
+    return total * sum(s * (w / wsum) for s, w in avail)  # normalise first: tiny weights stay exact
 
 
 def _row_errors(graders: dict[str, Grader], rows: Sequence[dict], path: str) -> None:

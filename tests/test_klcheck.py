@@ -74,6 +74,11 @@ def test_per_token_terms_give_only_the_per_prefix_part(recs):
             assert r["rev/rel_err"] > 1e-3
 
 
+def test_k3_in_the_reward_is_the_difference_of_the_two(recs):
+    for r in rows(recs, "on", "reward k3 sum, no baseline"):
+        assert r["rev-tokfwd/rel_err"] < EXACT and r["rev/rel_err"] > 0.5
+
+
 def test_group_mean_baseline_shrinks_by_g_minus_1_over_g(recs):
     for r in rows(recs, "on", "reward k1 sum, grpo G=2"):
         assert r["rev/cos"] == pytest.approx(1.0, abs=1e-12) and r["rev/norm_ratio"] == pytest.approx(0.5)

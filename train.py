@@ -374,8 +374,13 @@ def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:
     dist.barrier()
 
 
-def cli() -> TrainConfig:
-    return tyro.extras.overridable_config_cli({k: (desc, c) for k, (desc, c) in PRESETS.items()})
+def cli(argv: list[str] | None = None) -> TrainConfig:
+    """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv.pop(0) if argv and argv[0] in PRESETS else "demo"
+    presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
+    description = f"nanogrpo: GRPO (or SFT) for language models. Presets (first argument): {presets}. Defaults below are the '{name}' preset's."
+    return tyro.cli(TrainConfig, default=PRESETS[name][1], args=argv, description=description)
 
 
 if __name__ == "__main__":

@@ -319,9 +319,9 @@ def token_logprobs(
     """
     _check_inputs(hidden, weight, targets, temperature)
     targets = targets.long()
+    hidden = hidden.to(weight.dtype)  # one dtype for the matmul (the trainer already casts)
     if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
-        # one dtype for tl.dot (the trainer already casts hidden states to the head's dtype)
-        hidden, weight = hidden.to(weight.dtype).contiguous(), weight.contiguous()
+        hidden, weight = hidden.contiguous(), weight.contiguous()
         return LogprobsFunction.apply(
             hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
         )

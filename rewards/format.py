@@ -28,7 +28,9 @@ class Format(Grader):
     def __init__(self, cfg: RewardConfig):
         tags = tuple(t.strip() for t in cfg.format_tags if t.strip())
         if not tags:
-            raise ValueError("--reward.format-tags is empty; name the tags, e.g. --reward.format-tags think answer")
+            raise ValueError(
+                "--reward.format-tags is empty; name the tags, e.g. --reward.format-tags think answer"
+            )
         if len(set(tags)) != len(tags):
             raise ValueError(f"--reward.format-tags {tags} repeats a tag; give each tag once, in order")
         self.tags = tags

@@ -32,12 +32,16 @@ class _AnswerGrader(Grader):
     def __init__(self, cfg: RewardConfig):
         bad = set(cfg.normalize) - set(NORMALIZE_STEPS)
         if bad:
-            raise ValueError(f"--reward.normalize: unknown steps {sorted(bad)}; choose from {NORMALIZE_STEPS}")
+            raise ValueError(
+                f"--reward.normalize: unknown steps {sorted(bad)}; choose from {NORMALIZE_STEPS}"
+            )
         if cfg.answer_regex:
             try:
                 re.compile(cfg.answer_regex)
             except re.error as e:
-                raise ValueError(f"--reward.answer-regex {cfg.answer_regex!r} does not compile: {e}") from None
+                raise ValueError(
+                    f"--reward.answer-regex {cfg.answer_regex!r} does not compile: {e}"
+                ) from None
         self.cfg = cfg
 
     def answer_part(self, completion: str) -> str | None:
@@ -118,7 +122,11 @@ class Label(_AnswerGrader):
         labels = row.get("labels")
         if labels is None:
             return "labels", "is missing (or pass the label set with --reward.labels)"
-        if not isinstance(labels, list) or not labels or not all(isinstance(x, (str, int, float)) for x in labels):
+        if (
+            not isinstance(labels, list)
+            or not labels
+            or not all(isinstance(x, (str, int, float)) for x in labels)
+        ):
             return "labels", 'must be a non-empty list of strings, e.g. ["yes", "no", "maybe"]'
         return None
 

@@ -87,7 +87,9 @@ class Numbers(Grader):
                 out.append(None)
                 continue
             got = key_figures(reply_text(s.completion, cfg.text_tag, cfg.think_tag))
-            out.append(sum(figure_credit(r, got, cfg.numbers_full, cfg.numbers_half) for r in figs) / len(figs))
+            out.append(
+                sum(figure_credit(r, got, cfg.numbers_full, cfg.numbers_half) for r in figs) / len(figs)
+            )
         return out
 
 

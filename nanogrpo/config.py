@@ -88,9 +88,11 @@ class GRPOConfig:
     beta: float = 0.04
     """KL coefficient."""
     kl_is_weight: bool = False
-    """Multiply the in-loss KL term by pi/pi_old (unbiased off-policy, as in DeepSeek-V3.2)."""
+    """Multiply the in-loss KL term by pi/pi_old (as in DeepSeek-V3.2); per token it corrects the token, not
+    the prefix distribution (exact with kl_reward_to_go); it changes the gradient even with num_iterations=1."""
     kl_reward_to_go: bool = False
-    """In-loss KL at sequence level: token t carries the (detached) sum of the log-ratios from t on."""
+    """In-loss KL at sequence level: the gradient of k(L) for the whole sequence (k2: token t carries the
+    detached sum of the log-ratios from t on). See docs/KL.md for which placement gives which gradient."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number; seq-mean-token-sum-norm divides by max_new_tokens (Dr. GRPO)."""
 

@@ -120,7 +120,7 @@ def main(cfg: TrainConfig) -> dict:
                 mb = batch.rows(sl)
                 logp, _ = completion_logprobs(model, mb, 1.0, policy.autocast)
                 loss = -(logp * mb.mask).sum() / n_tok
-                loss.backward()
+                policy.backward(loss)
                 loss_sum += loss.item()
             m.update(loss=dist.sum_floats({"l": loss_sum})["l"], t_sample=0.0, t_score=0.0, tokens=n_tok)
             m["len_mean"] = n_tok / cfg.prompts_per_step
@@ -208,7 +208,7 @@ def main(cfg: TrainConfig) -> dict:
                         num_tokens=counts["tokens"],
                         max_len=cfg.sampling.max_new_tokens,
                     )
-                    loss.backward()
+                    policy.backward(loss)
                     if it == 0:  # metrics describe the on-policy pass
                         ent_sum += float((ent * mb.mask).sum())
                         stats_sum = grpo.accumulate_stats(stats_sum, stats)

@@ -58,30 +58,60 @@ def make_batch(
     return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float())
 
 
+class LogprobHead(torch.nn.Module):
+    """The Transformer and the fused log-prob head in one forward.
+
+    DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
+    not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        prompt_len: int,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
+        Tp, Tc = prompt_len, targets.shape[1]
+        hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+        sel = mask.bool()  # (N, Tc)
+        h = hidden[sel]  # (n_tok, H)
+        weight = self.model.lm_head_weight  # (V, H)
+        if h.dtype != weight.dtype:
+            h = h.to(weight.dtype)
+        lp, ent = token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
+        entropy = torch.zeros_like(logp)  # (N, Tc)
+        logp = logp.masked_scatter(sel, lp.float())
+        entropy[sel] = ent.detach().float()
+        return logp, entropy
+
+
 def completion_logprobs(
-    model, batch: Batch, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(y_t | y_<t, x) and the entropy of pi(. | y_<t, x) for every completion token.
 
-    Returns logp (N, Tc) float32 (differentiable) and entropy (N, Tc) float32 (detached); both are 0
-    where mask is 0. Only masked-in positions go through the LM head.
+    `model` is a Transformer or a LogprobHead (possibly inside DDP/FSDP). Returns logp (N, Tc) float32
+    (differentiable) and entropy (N, Tc) float32 (detached); both are 0 where mask is 0. Only masked-in
+    positions go through the LM head, so no [N, V] float32 logits tensor is ever built.
     """
-    device = batch.ids.device
-    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+    if not isinstance(getattr(model, "module", model), LogprobHead):
+        model = LogprobHead(model)
+    ctx = (
+        torch.autocast(batch.ids.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else nullcontext()
+    )
     with ctx:
-        hidden = model(
-            batch.ids, attention_mask=batch.attn, position_ids=batch.pos, return_hidden=True
-        )  # (N, T, H)
-    Tp, Tc = batch.prompt_len, batch.targets.shape[1]
-    hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
-    sel = batch.mask.bool()  # (N, Tc)
-    h = hidden[sel]  # (n_tok, H)
-    weight = (model.module if hasattr(model, "module") else model).lm_head_weight  # (V, H), DDP-unwrapped
-    if h.dtype != weight.dtype:
-        h = h.to(weight.dtype)
-    lp, ent = token_logprobs(h, weight, batch.targets[sel], temperature)  # (n_tok,), (n_tok,)
-    logp = torch.zeros(batch.mask.shape, dtype=torch.float32, device=device)  # (N, Tc)
-    entropy = torch.zeros_like(logp)  # (N, Tc)
-    logp = logp.masked_scatter(sel, lp.float())
-    entropy[sel] = ent.detach().float()
-    return logp, entropy
+        return model(
+            batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature
+        )

@@ -22,7 +22,7 @@ from .checkpoint import load_full_weights, save_full_weights
 from .config import ModelConfig, TrainConfig
 from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
-from .policy import Batch, completion_logprobs
+from .policy import Batch, LogprobHead, completion_logprobs
 
 
 def cpu_has_bf16() -> bool:
@@ -61,15 +61,16 @@ def micro_slices(n: int, micro: int) -> list[slice]:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The Transformer inside a DDP wrapper (or the model itself)."""
-    return model.module if hasattr(model, "module") else model
+    """The Transformer inside a LogprobHead, itself maybe inside DDP."""
+    model = model.module if hasattr(model, "module") else model
+    return model.model if isinstance(model, LogprobHead) else model
 
 
 @dataclass
 class Policy:
     """The trained model and what goes with it."""
 
-    model: torch.nn.Module  # the Transformer, or DDP around it under torchrun
+    model: torch.nn.Module  # LogprobHead(Transformer): what the loss calls; inside DDP under torchrun
     tokenizer: object
     ref_model: torch.nn.Module | None  # frozen copy for a full fine-tune with KL; None with LoRA
     pad_id: int
@@ -90,6 +91,11 @@ class Policy:
                 return completion_logprobs(self.core, batch, temperature)[0]
         assert self.ref_model is not None, "KL needs a reference model"
         return completion_logprobs(self.ref_model, batch, temperature, self.autocast)[0]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
+        the right gradient is the SUM over ranks; DDP averages, hence the factor world()."""
+        (loss * dist.world()).backward()
 
     def step(self, opt, sched, grad_clip: float) -> float:
         """Clip, step, schedule, zero; returns the grad norm before clipping."""
@@ -152,8 +158,9 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
         )
     )
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    head = LogprobHead(model)
     if dist.world() > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return Policy(model, tok, ref_model, pad_id, eos_ids, autocast, use_lora, model_dir)
+        head = DDP(head, device_ids=[device.index] if device.type == "cuda" else None)
+    return Policy(head, tok, ref_model, pad_id, eos_ids, autocast, use_lora, model_dir)

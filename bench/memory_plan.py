@@ -1,0 +1,135 @@
+"""Memory plan for one GRPO step: how many GB each part takes on one GPU, computed from the model config.
+
+    python bench/memory_plan.py                                  # Llama-3-8B and Qwen2.5-7B, the default plan
+    python bench/memory_plan.py --model /models/Qwen2.5-7B-Instruct --group-size 16 --max-new-tokens 1024
+    python bench/memory_plan.py --json
+
+The parts (bf16 frozen weights, float32 LoRA adapters with AdamW; bytes per element in brackets):
+- weights: every parameter of the base model [2];
+- LoRA: adapter weights [4] + grads [4] + AdamW moments [8];
+- KV cache while sampling: 2 x layers x kv_heads x head_dim x (P*G) x (prompt + max_new_tokens) [2];
+- activations of one training micro-batch of M sequences of T tokens: with activation checkpointing each
+  layer keeps its input [M, T, H] [2] and one layer at a time is recomputed (q, k, v, o, the MLP's three
+  [M, T, I] tensors, norms: ~ (4H + 3I + 2H) per token [2]), LoRA inputs included; SDPA/flash attention
+  needs no [T, T] matrix; without checkpointing every layer keeps its recompute set;
+- log-probs: the fused kernel holds one [chunk, V] float32 tile per token chunk (default 4096 rows x
+  V) instead of the naive [M*T, V] float32 logits plus its log_softmax (two such tensors).
+The reference pass runs without grad and needs no more than the policy's forward.
+It prints a table, and the sum is compared with the card's memory. Measured peaks: docs/SCALING.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GB = 1024**3
+
+# the two configs of the plan, copied from their config.json (shapes only)
+KNOWN = {
+    "llama-3-8b": dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+    ),
+    "qwen2.5-7b": dict(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def load_config(name_or_path: str) -> dict:
+    if name_or_path in KNOWN:
+        return dict(KNOWN[name_or_path])
+    cfg = json.loads((Path(name_or_path) / "config.json").read_text())
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    return cfg
+
+
+def linear_shapes(c: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) of each projection of one layer."""
+    H, I, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    return {
+        "q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+        "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H),
+    }  # fmt: skip
+
+
+def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
+    H, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    shapes = linear_shapes(c)
+    layer_params = sum(i * o for i, o in shapes.values()) + 2 * H
+    n_params = L * layer_params + V * H * (1 if c.get("tie_word_embeddings") else 2) + H
+    lora_params = L * sum(a.lora_r * (i + o) for name, (i, o) in shapes.items() if name in TARGETS)
+    N = a.prompts_per_step * a.group_size  # completions per step
+    T = a.prompt_len + a.max_new_tokens
+    M = a.micro_batch or N
+    kv = 2 * L * c["num_key_value_heads"] * c["head_dim"] * N * T * 2
+    per_token_layer = (4 * H + 3 * I + 2 * H) * 2 + sum(
+        i for n, (i, o) in shapes.items()
+    ) * 2  # recompute set
+    keep = M * T * H * 2 * L  # checkpointed layer inputs
+    acts = keep + M * T * per_token_layer if a.checkpointing else M * T * per_token_layer * L
+    tok = M * a.max_new_tokens  # completion tokens through the LM head
+    fused = min(tok, a.logprob_chunk) * V * 4 * 2  # one tile + its grad in backward
+    naive = tok * V * 4 * 2  # logits + log_softmax, float32
+    parts = {
+        "weights (bf16)": n_params * 2,
+        "LoRA + grads + AdamW (fp32)": lora_params * 16,
+        "KV cache (sampling)": kv,
+        "activations (train micro-batch)": acts,
+        "log-probs, fused": fused,
+    }
+    out = {k: v / GB for k, v in parts.items()}
+    out["total, fused"] = sum(parts.values()) / GB
+    out["log-probs, naive (for reference)"] = naive / GB
+    out["total, naive log-probs"] = (sum(parts.values()) - fused + naive) / GB
+    out["params (B)"] = n_params / 1e9
+    out["LoRA params (M)"] = lora_params / 1e6
+    # sampling and training do not overlap: the KV cache is freed before the loss pass
+    out["peak, fused (sampling and training apart)"] = (
+        parts["weights (bf16)"] + parts["LoRA + grads + AdamW (fp32)"] + max(kv, acts + fused)
+    ) / GB
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--model", nargs="*", default=["llama-3-8b", "qwen2.5-7b"], help="known name or HF folder"
+    )
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--prompts-per-step", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (0 = all)")
+    ap.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    ap.add_argument("--logprob-chunk", type=int, default=4096, help="token rows per fused log-prob tile")
+    ap.add_argument("--card-gb", type=float, default=80.0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    results = {m: plan(load_config(m), a) for m in a.model}
+    if a.json:
+        print(json.dumps({"args": vars(a), "plan": results}, indent=2))
+        return
+    names = list(results)
+    print(
+        f"LoRA r={a.lora_r}, P={a.prompts_per_step} x G={a.group_size}, prompt {a.prompt_len} + "
+        f"{a.max_new_tokens} new tokens, micro-batch {a.micro_batch or 'all'}, "
+        f"checkpointing {'on' if a.checkpointing else 'off'}; GiB"
+    )
+    print(f"{'':42}" + "".join(f"{n:>14}" for n in names))
+    for k in results[names[0]]:
+        print(f"{k:42}" + "".join(f"{results[n][k]:>14.2f}" for n in names))
+    for n in names:
+        fits = results[n]["peak, fused (sampling and training apart)"] <= a.card_gb
+        print(f"{n}: {'fits' if fits else 'does NOT fit'} in {a.card_gb:g} GB")
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,9 @@ class ModelConfig:
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     attn: Literal["sdpa", "flash"] = "sdpa"
     """Attention implementation: PyTorch SDPA, or flash-attn when it is installed."""
+    kernels: Literal["auto", "triton", "torch"] = "auto"
+    """Kernel backend: 'auto' (NANOGRPO_KERNELS, else Triton for CUDA tensors and the PyTorch reference on
+    the CPU), or force 'triton' / 'torch'."""
     activation_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
 

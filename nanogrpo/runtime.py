@@ -35,6 +35,10 @@ def cpu_has_bf16() -> bool:
 
 
 def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+    import kernels
+
+    if cfg.kernels != "auto":  # 'auto' leaves NANOGRPO_KERNELS in charge
+        kernels.set_backend(cfg.kernels)  # once, before the first kernel call
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     else:

@@ -112,6 +112,7 @@ class RewardFunction:
         assert graders.keys() == weights.keys(), "one weight per grader"
         self.graders = graders
         self.weights = weights
+        self._last_n = -1
 
     @property
     def requires(self) -> tuple[str, ...]:
@@ -126,6 +127,7 @@ class RewardFunction:
             g.prepare(list(rows))
 
     def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+        self._last_n = len(batch)
         components = {name: g(batch) for name, g in self.graders.items()}
         names = list(self.graders)
         weights = [self.weights[n] for n in names]
@@ -135,6 +137,16 @@ class RewardFunction:
     def metrics(self) -> dict[str, float]:
         """Every grader's extra numbers, keyed 'grader/metric'."""
         return {f"{name}/{k}": v for name, g in self.graders.items() for k, v in g.metrics().items()}
+
+    def details(self) -> dict[str, list]:
+        """Per-completion details of the last call, from graders that keep `last_details` (the judge's
+        marks and reason, a rubric's verdicts): {'judge': [...], 'rubric': [...]}, one entry per sample."""
+        out: dict[str, list] = {}
+        for name, g in self.graders.items():
+            d = getattr(g, "last_details", None)
+            if isinstance(d, list) and len(d) == self._last_n:
+                out.setdefault("judge" if name.startswith("judge") else name, d)
+        return out
 
     def __repr__(self) -> str:
         return "RewardFunction(" + ", ".join(f"{n}:{w:g}" for n, w in self.weights.items()) + ")"

@@ -143,3 +143,14 @@ def test_bad_flags_are_value_errors():
     ]:
         with pytest.raises(ValueError, match=msg):
             build_reward(dataclasses.replace(cfg, spec=spec, **opts))
+
+
+def test_details_of_the_last_call():
+    g = Fixed("judge", [1.0, 0.0])
+    g.last_details = [{"reason": "right"}, None]
+    fn = rewards.RewardFunction(
+        {"judge+similarity": g, "b": Fixed("b", [0.5, 0.5])}, {"judge+similarity": 1, "b": 1}
+    )
+    assert fn.details() == {}  # nothing called yet
+    fn(batch(2))
+    assert fn.details() == {"judge": [{"reason": "right"}, None]}

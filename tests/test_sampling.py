@@ -211,26 +211,52 @@ def test_top_k_1_and_tiny_top_p_are_greedy(lively):
         assert torch.equal(g.completion_ids, greedy)
 
 
-@pytest.mark.parametrize(
-    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 4, 1.0), (1.5, 0, 0.7), (0.9, 4, 0.8)]
-)
-def test_sample_tokens_distribution(temperature, top_k, top_p):
-    """Empirical frequencies of 40k draws match the filtered, renormalised softmax (float64 oracle)."""
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -3.0])
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """float64 oracle: softmax(logits / T), top-k, then top-p on the renormalised rest, renormalised."""
     z = logits.double() / temperature
-    keep = torch.ones(6, dtype=torch.bool)
+    keep = torch.ones_like(z, dtype=torch.bool)
     if top_k:
         keep &= z >= z.topk(top_k).values[-1]
     p = torch.where(keep, z, -torch.inf).softmax(0)
     if top_p < 1:
         ps, idx = p.sort(descending=True)
-        before = ps.cumsum(0) - ps
-        keep[idx[before >= top_p]] = False
-    expected = torch.where(keep, z, -torch.inf).softmax(0)
-    n = 40_000
-    tok, lp = sample_tokens(logits.repeat(n, 1), temperature, top_p, top_k, torch.Generator().manual_seed(0))
-    freq = torch.bincount(tok, minlength=6).double() / n
-    torch.testing.assert_close(freq, expected, atol=0.01, rtol=0)
+        keep[idx[ps.cumsum(0) - ps >= top_p]] = False
+    return torch.where(keep, z, -torch.inf).softmax(0)
+
+
+SMALL = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -3.0])
+# a vocabulary that is not a multiple of the draw's block size, with mass spread over many blocks; the
+# top-p cases need more than the first partial sort (256 tokens) holds
+LARGE = torch.linspace(3.0, -3.0, 5003)[torch.randperm(5003, generator=torch.Generator().manual_seed(0))]
+
+
+@pytest.mark.parametrize(
+    "logits,temperature,top_k,top_p",
+    [
+        (SMALL, 1.0, 0, 1.0),
+        (SMALL, 0.8, 4, 1.0),
+        (SMALL, 1.5, 0, 0.7),
+        (SMALL, 0.9, 4, 0.8),
+        (LARGE, 1.0, 0, 1.0),
+        (LARGE, 0.7, 0, 0.9),
+        (LARGE, 2.0, 3000, 0.6),
+    ],
+)
+def test_sample_tokens_distribution(logits, temperature, top_k, top_p):
+    """Empirical frequencies of 20k draws match the filtered, renormalised softmax (float64 oracle)."""
+    V, n = len(logits), 20_000
+    expected = filtered_probs(logits, temperature, top_k, top_p)
+    gen = torch.Generator().manual_seed(0)
+    draws = [sample_tokens(logits.repeat(2000, 1), temperature, top_p, top_k, gen) for _ in range(n // 2000)]
+    tok, lp = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
+    assert (expected[tok] > 0).all(), "drew a filtered-out token"
+    # compare in 20 bins of equal expected mass (rank order), so large vocabularies are tested too
+    order = expected.argsort(descending=True)
+    bins = torch.empty(V, dtype=torch.long)
+    bins[order] = (expected[order].cumsum(0) * 20).long().clamp(max=19)
+    freq = torch.bincount(bins[tok], minlength=20).double() / n
+    torch.testing.assert_close(freq, torch.bincount(bins, weights=expected, minlength=20), atol=0.01, rtol=0)
+    z = logits.double() / temperature
     torch.testing.assert_close(lp.double(), z.log_softmax(0)[tok], atol=1e-5, rtol=0)  # unfiltered logp
 
 

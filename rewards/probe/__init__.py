@@ -27,10 +27,10 @@ import math
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays light
+    import torch
 
 TEXT_FORMAT = "rubric-criterion-v1"  # bump when criterion_messages changes: old probes then refuse to load
 
@@ -71,6 +71,7 @@ class FrozenLM:
     """Hidden states of every layer at the last non-padding token, from a frozen HF model folder."""
 
     def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", max_len: int = 2048):
+        import torch
         from transformers import AutoModel, AutoTokenizer
 
         path = _resolve(model)
@@ -93,11 +94,12 @@ class FrozenLM:
             self.tokenizer, criterion_messages(row["prompt"], row["response"], row["criterion"])
         )
 
-    @torch.no_grad()
     def features(
         self, rows: Sequence[dict[str, Any]], layer: int | None = None, batch_size: int = 8
     ) -> torch.Tensor:
         """(L+1, N, H) float32: embeddings and every layer's output; (N, H) for one `layer`."""
+        import torch
+
         out = []
         for i in range(0, len(rows), batch_size):
             texts = [self.text(r) for r in rows[i : i + batch_size]]
@@ -105,7 +107,8 @@ class FrozenLM:
                 texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_len
             )
             ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)  # (B, T)
-            hs = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+            with torch.no_grad():
+                hs = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
             last = mask.sum(1) - 1  # (B,) right padding: the last real token
             rows_ = torch.arange(ids.shape[0], device=ids.device)
             if layer is None:
@@ -127,6 +130,8 @@ def fit_logistic(
     x: torch.Tensor, y: torch.Tensor, l2: float = 1e-3, iters: int = 200
 ) -> tuple[torch.Tensor, float]:
     """Weights w (H,) and bias b minimising mean BCE(x @ w + b, y) + l2/2 |w|^2 (x standardised)."""
+    import torch
+
     x, y = x.double(), y.double()  # (N, H), (N,)
     w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
@@ -214,6 +219,8 @@ class Probe:
         return self._lm
 
     def proba_features(self, h: torch.Tensor) -> list[float]:
+        import torch
+
         z = ((h.double() - self.mean) / self.std) @ self.w + self.b  # (N,)
         return torch.sigmoid(z).tolist()
 
@@ -226,6 +233,9 @@ class Probe:
         return self.proba_features(self.lm(device).features(rows, self.layer, batch_size))
 
     def save(self, out: str | Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         t = {"weight": self.w, "bias": torch.tensor([self.b]), "mean": self.mean, "std": self.std}
@@ -243,6 +253,8 @@ class Probe:
         if meta.get("text_format") != TEXT_FORMAT:
             raise ValueError(f"{path}: probe trained on text format {meta.get('text_format')!r}, this nanogrpo reads "
                              f"{TEXT_FORMAT!r}; retrain it")  # fmt: skip
+        from safetensors.torch import load_file
+
         return cls(load_file(str(path / "probe.safetensors")), meta)
 
 
@@ -251,6 +263,8 @@ def train_probe(
     batch_size: int = 8, device: str = "cpu", max_len: int = 2048, lm: FrozenLM | None = None,
 ) -> Probe:  # fmt: skip
     """Fit one probe per layer on the train split; keep the layer and threshold best on the dev split."""
+    import torch
+
     train, dev = split_rows(rows, dev_frac, seed)
     for name, part in (("train", train), ("dev", dev)):
         if len({int(r["label"]) for r in part}) < 2:

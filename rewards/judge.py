@@ -200,7 +200,7 @@ class GroupJudge(Grader):
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
     def request(self, messages: list[dict[str, str]], n: int) -> ChatRequest:
-        return ChatRequest(messages, max_tokens=self.cfg.max_tokens, json_mode=True)
+        return ChatRequest(messages, max_tokens=self.cfg.max_tokens or 100 * n + 100, json_mode=True)
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:
         return parse_group_marks(reply.text or "", n)

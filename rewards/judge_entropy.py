@@ -114,7 +114,10 @@ class EntropyJudge(GroupJudge):
         # marks only: a few tokens per answer; the alternatives of every token come back with them
         k = max(1, self.cfg.top_logprobs)
         return ChatRequest(
-            messages, max_tokens=min(self.cfg.max_tokens, 12 * n + 16), json_mode=True, top_logprobs=k
+            messages,
+            max_tokens=min(self.cfg.max_tokens or 10**6, 12 * n + 16),
+            json_mode=True,
+            top_logprobs=k,
         )
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:

@@ -33,8 +33,8 @@ class JudgeConfig:
     """Longest wait between two tries, Retry-After included."""
     temperature: float = 0.0
     """Judge sampling temperature (0 = greedy: the most repeatable marks)."""
-    max_tokens: int = 1024
-    """Most tokens in one judge reply (a group of G answers needs about 60 x G)."""
+    max_tokens: int = 0
+    """Most tokens in one judge reply; 0 = enough for the group (100 per answer + 100)."""
     json_mode: bool = True
     """Ask the server for a JSON object (response_format json_object); turn off for servers that refuse it."""
     top_logprobs: int = 20

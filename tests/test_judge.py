@@ -145,6 +145,7 @@ def test_good_reply_marks_each_answer_and_unshuffles(server):
     for g, req in zip(GROUPS, srv.requests):
         assert sorted(shown_answers(req["payload"])) == sorted(g)
         assert req["payload"]["response_format"] == {"type": "json_object"}
+        assert req["payload"]["max_tokens"] == 100 * 4 + 100 and req["payload"]["temperature"] == 0.0
     assert any(shown_answers(r["payload"]) != g for g, r in zip(GROUPS, srv.requests)), "answers are shuffled"
     d = judge.last_details[0]
     assert d["marks"] == dict.fromkeys(("correctness", "helpfulness", "tone", "format"), 5)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import tyro
 
-from nanogrpo import evaluate, pairwise, report, stats
+from nanogrpo import evaluate, pairwise, report
+from rewards import grade as rewards_grade
+from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
 
 Positional = tyro.conf.Positional
@@ -82,20 +84,6 @@ class Score:
     """Bootstrap resamples for the CIs."""
     seed: int = 0
     """Bootstrap seed."""
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """Grader options (answer tag, judge server, ...)."""
-
-
-@dataclass(frozen=True)
-class Grade:
-    """Score each row's `completion` with a grader; one JSON object a line: id, score, components."""
-
-    grader: str
-    """A grader name, or a weighted mix 'judge:0.7,rouge_l:0.3'."""
-    data: str
-    """JSONL rows with `completion` (and what the grader needs); an optional `human` column in [0, 1]."""
-    json: str = ""
-    """Also write the agreement with `human` as JSON to this path."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Grader options (answer tag, judge server, ...)."""
 
@@ -225,44 +213,10 @@ def run_score(args: Score) -> None:
     _emit({"file": args.file, "n": len(rows), "metrics": summary}, args.json, table)
 
 
-def run_grade(args: Grade) -> None:
-    import rewards
-    from rewards.base import Sample
-
-    rows = evaluate.read_jsonl(args.data)
-    spec = args.grader if ":" in args.grader else f"{args.grader}:1"
-    fn = rewards.build_reward(replace(args.reward, spec=spec))
-    fn.validate(rows, args.data)
-    keys = [json.dumps(r.get("group", r.get("prompt")), sort_keys=True) for r in rows]
-    group_of = {k: g for g, k in enumerate(dict.fromkeys(keys))}  # completions of one prompt form a group
-    batch = [
-        Sample(evaluate.prompt_text(r.get("prompt", "")), str(r.get("completion", "")), group_of[k], r)
-        for r, k in zip(rows, keys)
-    ]
-    scores, comps = fn(batch)
-    for i, (r, s) in enumerate(zip(rows, scores)):
-        print(json.dumps({"id": r["id"], "score": s, "components": {k: v[i] for k, v in comps.items()}}))
-    human = [
-        (s, float(r["human"]), k)
-        for r, s, k in zip(rows, scores, keys)
-        if s is not None and r.get("human") is not None
-    ]
-    if human:
-        s, h, g = zip(*human)
-        acc, pairs = stats.pairwise_accuracy(s, h, g)
-        agree = {
-            "n": len(s),
-            "kendall_tau": stats.kendall_tau_b(s, h),
-            "pairwise_accuracy": acc,
-            "pairs": pairs,
-        }
-        print(
-            f"agreement with human: Kendall tau {agree['kendall_tau']:.3f} (n={len(s)}), "
-            f"pairwise accuracy in groups {acc:.3f} ({pairs} pairs)",
-            file=sys.stderr,
-        )
-        if args.json:
-            Path(args.json).write_text(json.dumps(agree, indent=2) + "\n")
+def run_grade(args: GradeArgs) -> None:
+    code = rewards_grade.run(args)  # rows on stdout, the agreement report on stderr
+    if code:
+        sys.exit(code)
 
 
 def _scores(rows: list[dict], args: Compare) -> list[dict]:
@@ -338,7 +292,7 @@ def run_report(args: Report) -> None:
 COMMANDS = {
     "generate": Generate,
     "score": Score,
-    "grade": Grade,
+    "grade": GradeArgs,
     "compare": Compare,
     "elo": Elo,
     "report": Report,
@@ -346,7 +300,7 @@ COMMANDS = {
 RUNNERS = {
     Generate: run_generate,
     Score: run_score,
-    Grade: run_grade,
+    GradeArgs: run_grade,
     Compare: run_compare,
     Elo: run_elo,
     Report: run_report,

@@ -3,8 +3,10 @@
 GRPO samples G completions of each of P prompts. The P prompts are left-padded into one batch (mixed
 lengths: an attention mask hides the pads, position ids count real tokens only), run through the model
 once (prefill), and only then is the KV cache repeated G times, so a prompt's tokens are computed once,
-not G times. Decoding then runs one token for all P*G rows per step; a row that has hit an EOS id or a
-stop string keeps riding along (its outputs are ignored and padded at the end) until every row is done.
+not G times. Decoding then runs one token for all P*G rows per step. A row that has hit an EOS id or a
+stop string rides along (its outputs are ignored and padded at the end) until a quarter of the batch
+has ended; then the ended rows are dropped from the batch and the cache, so long completions do not
+pay for finished ones.
 
 What the trainer keeps from a sample (GRPO's old_logp when the policy has not moved since sampling) is
 the log-probability of each sampled token under softmax(logits / temperature) in float32, *before*
@@ -134,13 +136,13 @@ class _StopStrings:
         self.window = max(len(s.encode()) for s in self.stops) + 2
         self.hist: list[list[int]] = [[] for _ in range(n_rows)]
 
-    def __call__(self, tokens: list[int], done: list[bool]) -> list[int]:
-        """Append this step's tokens; return the rows whose completion now contains a stop string."""
+    def __call__(self, rows: list[int], tokens: list[int], done: list[bool]) -> list[int]:
+        """Append each row's new token; return the batch positions whose text now holds a stop string."""
         hits = []
-        for i, t in enumerate(tokens):
+        for i, (row, t) in enumerate(zip(rows, tokens)):
             if done[i]:
                 continue
-            h = self.hist[i]
+            h = self.hist[row]
             h.append(t)
             text = self.tok.decode(h[-self.window :])
             if any(s in text for s in self.stops):
@@ -232,26 +234,41 @@ def _generate(
     tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
     logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)
     length = torch.full((N,), max_new, dtype=torch.long, device=dev)  # (N,) tokens up to and incl. the end
-    finished = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,)
+    ended = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) hit EOS or a stop string
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
     stops = _StopStrings(stop_strings, tokenizer, N) if stop_strings else None
     check_end = stops is not None or len(eos) > 0
+    # the batch shrinks as completions end: `rows` maps batch position -> output row (None: the identity),
+    # `done` marks rows that have ended but still ride along until dropping them is worth a cache copy
+    rows: torch.Tensor | None = None
+    done = torch.zeros(N, dtype=torch.bool, device=dev)  # (n,)
 
-    T = max_new
     for t in range(max_new):
-        tok, lp = sample_tokens(logits, temperature, top_p, top_k, generator)  # (N,), (N,)
-        tokens[:, t] = tok
-        logps[:, t] = lp
+        tok, lp = sample_tokens(logits, temperature, top_p, top_k, generator)  # (n,), (n,)
+        if rows is None:
+            tokens[:, t], logps[:, t] = tok, lp
+        else:
+            tokens[rows, t], logps[rows, t] = tok, lp
         if check_end:
-            hit = torch.isin(tok, eos) if len(eos) else torch.zeros_like(finished)  # (N,)
+            hit = torch.isin(tok, eos) if len(eos) else torch.zeros_like(done)  # (n,)
             if stops is not None:
-                for i in stops(tok.tolist(), finished.tolist()):
+                out_rows = range(len(tok)) if rows is None else rows.tolist()
+                for i in stops(out_rows, tok.tolist(), done.tolist()):
                     hit[i] = True
-            length = torch.where(hit & ~finished, t + 1, length)
-            finished |= hit
-            if bool(finished.all()):
-                T = t + 1
-                break
+            new = hit & ~done  # (n,)
+            if bool(new.any()):
+                out = new.nonzero().squeeze(1) if rows is None else rows[new]
+                length[out], ended[out] = t + 1, True
+                done |= new
+                n_done = int(done.sum())
+                if n_done == len(done):
+                    break
+                if 4 * n_done >= len(done):  # a quarter of the batch is idle: drop the ended rows
+                    keep = (~done).nonzero().squeeze(1)  # (n',)
+                    cache = cache.select(keep)
+                    rows = keep if rows is None else rows[keep]
+                    tok, done, next_pos = tok[keep], done[keep], next_pos[keep]
+                    attn = None if attn is None else attn[keep]
         if t == max_new - 1:
             break  # the last token needs no forward pass
         h = model(
@@ -260,13 +277,14 @@ def _generate(
             attention_mask=None if attn is None else attn[:, : L + t + 1],
             kv_cache=cache,
             return_hidden=True,
-        )  # (N, 1, H)
-        logits = (h[:, 0] @ W.T).float()  # (N, V)
+        )  # (n, 1, H)
+        logits = (h[:, 0] @ W.T).float()  # (n, V)
 
+    T = int(length.max())
     mask = torch.arange(T, device=dev)[None, :] < length[:, None]  # (N, T)
     return Generation(
         completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
         mask=mask.float(),
         logp=logps[:, :T].masked_fill(~mask, 0.0),
-        truncated=~finished,
+        truncated=~ended,
     )

@@ -122,8 +122,21 @@ def test_kv_cache_greedy_equals_recompute(lively):
         torch.testing.assert_close(gen.logp[i, : len(c)], ref, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9), (1.3, 0, 0.5)])
-def test_sampled_logp_equals_recompute(lively, temperature, top_k, top_p):
+# with many EOS ids, rows end at different steps and the batch shrinks mid-generation
+MANY_EOS = tuple(range(3, 1024, 9))
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,eos",
+    [
+        (1.0, 0, 1.0, ()),
+        (0.7, 20, 0.9, ()),
+        (1.3, 0, 0.5, ()),
+        (1.0, 0, 1.0, MANY_EOS),
+        (0.8, 50, 0.95, MANY_EOS),
+    ],
+)
+def test_sampled_logp_equals_recompute(lively, temperature, top_k, top_p, eos):
     """logp is under softmax(logits / T) before filtering, as the trainer recomputes it; tokens obey top-k."""
     model, _, prompts = lively
     gen = generate(
@@ -134,10 +147,15 @@ def test_sampled_logp_equals_recompute(lively, temperature, top_k, top_p):
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        eos_ids=eos,
         generator=torch.Generator().manual_seed(1),
     )
-    assert gen.logp.dtype == torch.float32 and gen.completion_ids.shape == (3 * len(prompts), 12)
+    assert gen.logp.dtype == torch.float32 and gen.completion_ids.shape[0] == 3 * len(prompts)
+    lengths = gen.lengths.tolist()
+    if eos:
+        assert len(set(lengths)) > 2, "the EOS case should end rows at different steps"
     for row, c in enumerate(completions(gen)):
+        assert (c[-1] in eos) == (not gen.truncated[row]) and not any(t in eos for t in c[:-1])
         logits = full_logits(model, prompts[row // 3], c) / temperature  # (T, V)
         ref = logits.log_softmax(-1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
         torch.testing.assert_close(gen.logp[row, : len(c)], ref, atol=1e-4, rtol=0)

@@ -178,3 +178,27 @@ def test_bad_config(tiny_dir):
     inject_lora(model, r=2)
     with pytest.raises(ValueError, match="already"):
         inject_lora(model, r=2)
+
+
+def test_sampling_with_adapters_and_disabled(tiny_dir):
+    """The sampler runs through the adapters, and under disabled() samples exactly the base model."""
+    from nanogrpo.sampling import generate
+
+    model = Transformer.from_pretrained(tiny_dir)
+    prompts = [[5, 17, 300], [42, 8]]
+    base = generate(model, prompts, max_new_tokens=8, temperature=0)
+    inject_lora(model, r=4, alpha=8, dropout=0.1)
+    randomize_adapters(model, seed=5)
+    model.train()  # generate switches dropout off for sampling and restores the mode
+    lora = generate(model, prompts, max_new_tokens=8, temperature=0)
+    assert model.training
+    assert not torch.equal(lora.logp, base.logp)
+    with disabled(model):
+        ref = generate(model, prompts, max_new_tokens=8, temperature=0)
+    assert torch.equal(ref.completion_ids, base.completion_ids) and torch.equal(ref.logp, base.logp)
+    model.eval()
+    with torch.no_grad():
+        full = model(torch.tensor([prompts[0] + lora.completion_ids[0].tolist()]))[0, 2:-1]
+    torch.testing.assert_close(
+        lora.logp[0], full.log_softmax(-1).gather(1, lora.completion_ids[0][:, None])[:, 0]
+    )

@@ -123,7 +123,6 @@ def inject_lora(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoraLinear(getattr(parent, child), r, alpha, dropout))
-    model._lora_config = {"r": r, "alpha": float(alpha), "dropout": float(dropout), "targets": targets}
     return model
 
 

@@ -186,7 +186,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             out_dir="runs/demo",
             model=ModelConfig(path="smollm2"),
             lora=LoraConfig(r=16, alpha=32),
-            sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
+            sampling=SamplingConfig(max_new_tokens=16, temperature=0.8),
             grpo=GRPOConfig(group_size=8),
             optim=OptimConfig(lr=2e-4),
             reward=RewardConfig(spec="rouge_l:1"),

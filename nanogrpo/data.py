@@ -171,7 +171,7 @@ _FACTS: dict[str, list[tuple[str, str]]] = {
     ],
 }  # fmt: skip
 
-DEMO_INSTRUCTION = "Answer in one word."
+DEMO_INSTRUCTION = "Reply with just the answer, one word."
 
 
 def demo_rows(split: str = "train", seed: int = 1234) -> list[dict]:

@@ -98,6 +98,26 @@ def _mark(v: Any, lo: int, hi: int) -> int | None:
     return int(v)
 
 
+def marks_schema(n: int) -> dict[str, Any]:
+    """The JSON schema of a reply marking n answers (sent with --reward.judge.json-mode schema)."""
+    mark = {"type": "integer", "enum": [1, 2, 3, 4, 5]}
+    item = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "enum": list(range(1, n + 1))}}
+        | dict.fromkeys(CRITERIA, mark)
+        | {"reason": {"type": "string", "maxLength": 300}},
+        "required": ["answer", *CRITERIA, "reason"],
+        "additionalProperties": False,
+    }
+    answers = {"type": "array", "items": item, "minItems": n, "maxItems": n}
+    return {
+        "type": "object",
+        "properties": {"answers": answers},
+        "required": ["answers"],
+        "additionalProperties": False,
+    }
+
+
 def parse_group_marks(text: str, n: int) -> tuple[list[dict | None], str]:
     """Per shown answer {marks, reason, score} or None, and what was wrong ('' when all n are fine)."""
     obj = extract_json(text)
@@ -200,7 +220,12 @@ class GroupJudge(Grader):
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
     def request(self, messages: list[dict[str, str]], n: int) -> ChatRequest:
-        return ChatRequest(messages, max_tokens=self.cfg.max_tokens or 100 * n + 100, json_mode=True)
+        return ChatRequest(
+            messages,
+            max_tokens=self.cfg.max_tokens or 100 * n + 100,
+            json_mode=True,
+            json_schema=marks_schema(n),
+        )
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:
         return parse_group_marks(reply.text or "", n)
@@ -219,7 +244,7 @@ class GroupJudge(Grader):
             c.model,
             c.temperature,
         )
-        parts += (c.max_tokens,)
+        parts += (c.max_tokens, c.extra_body)
         parts += (c.json_mode, c.max_answer_chars, c.seed, c.top_logprobs)
         return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
 

@@ -47,6 +47,13 @@ _DIGIT = re.compile(r"""[\s:="'{},]*([0-9])[\s:="'{},]*""")
 _BEFORE_MARK = re.compile(r"""answer\s*(\d+)\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
 
 
+def marks_schema(n: int) -> dict:
+    """{"Answer 1": 0..5, ...}: the reply's JSON schema (sent with --reward.judge.json-mode schema)."""
+    keys = [f"Answer {k}" for k in range(1, n + 1)]
+    props = {k: {"type": "integer", "enum": list(range(MARKS))} for k in keys}
+    return {"type": "object", "properties": props, "required": keys, "additionalProperties": False}
+
+
 def _digit(token: str) -> int | None:
     m = _DIGIT.fullmatch(token)
     return int(m.group(1)) if m else None
@@ -117,6 +124,7 @@ class EntropyJudge(GroupJudge):
             messages,
             max_tokens=min(self.cfg.max_tokens or 10**6, 12 * n + 16),
             json_mode=True,
+            json_schema=marks_schema(n),
             top_logprobs=k,
         )
 

@@ -34,6 +34,8 @@ from rewards.options import JudgeConfig
 
 log = logging.getLogger(__name__)
 
+JSON_MODES = ("object", "schema", "object-schema", "off")
+
 
 class JudgeServerError(RuntimeError):
     """The judge server refused the request in a way no retry can fix (wrong URL, model or key)."""
@@ -44,6 +46,8 @@ class ChatRequest:
     messages: list[dict[str, str]]
     max_tokens: int
     json_mode: bool = False
+    json_schema: dict[str, Any] | None = None
+    """The reply's JSON schema, sent when --reward.judge.json-mode asks for a schema."""
     top_logprobs: int = 0
     """> 0 asks for the log-probs of each generated token and of this many alternatives."""
 
@@ -114,6 +118,20 @@ class OpenAIClient:
             raise ValueError(
                 "the judge needs a model name: set --reward.judge.model (the name the server serves)"
             )
+        if cfg.json_mode not in JSON_MODES:
+            raise ValueError(
+                f"--reward.judge.json-mode must be one of {', '.join(JSON_MODES)}, got {cfg.json_mode!r}"
+            )
+        try:
+            self.extra = json.loads(cfg.extra_body) if cfg.extra_body else {}
+        except ValueError as e:
+            raise ValueError(
+                f"--reward.judge.extra-body is not JSON ({e}): give an object, e.g. '{{\"seed\": 0}}'"
+            ) from None
+        if not isinstance(self.extra, dict):
+            raise ValueError(
+                "--reward.judge.extra-body must be a JSON object, e.g. '{\"repeat_penalty\": 1.0}'"
+            )
         self.cfg = cfg
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
 
@@ -142,12 +160,21 @@ class OpenAIClient:
             "max_tokens": req.max_tokens,
             "temperature": self.cfg.temperature,
         }
-        if req.json_mode and self.cfg.json_mode:
-            p["response_format"] = {"type": "json_object"}
+        mode = self.cfg.json_mode
+        if req.json_mode and mode != "off":
+            if mode == "schema" and req.json_schema:
+                p["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "judgement", "schema": req.json_schema, "strict": True},
+                }
+            elif mode == "object-schema" and req.json_schema:
+                p["response_format"] = {"type": "json_object", "schema": req.json_schema}
+            else:
+                p["response_format"] = {"type": "json_object"}
         if req.top_logprobs > 0:
             p["logprobs"] = True
             p["top_logprobs"] = req.top_logprobs
-        return p
+        return p | self.extra
 
     async def _one(self, req: ChatRequest, sem: asyncio.Semaphore) -> Reply:
         cfg, payload, error = self.cfg, self._payload(req), ""

@@ -35,8 +35,13 @@ class JudgeConfig:
     """Judge sampling temperature (0 = greedy: the most repeatable marks)."""
     max_tokens: int = 0
     """Most tokens in one judge reply; 0 = enough for the group (100 per answer + 100)."""
-    json_mode: bool = True
-    """Ask the server for a JSON object (response_format json_object); turn off for servers that refuse it."""
+    json_mode: str = "object"
+    """How the reply is held to JSON: 'object' (response_format json_object), 'schema' (json_schema with the
+    reply's exact schema: vLLM, SGLang, OpenAI), 'object-schema' (json_object plus a schema: llama-cpp-python's
+    server) or 'off'."""
+    extra_body: str = ""
+    """JSON object merged into every request, for server-specific options, e.g. '{"repeat_penalty": 1.0}'
+    (llama.cpp) or '{"chat_template_kwargs": {"enable_thinking": false}}' (Qwen3 on vLLM)."""
     top_logprobs: int = 20
     """Alternatives per generated token requested by judge_entropy and the logprob rubric readout."""
     max_answer_chars: int = 6000

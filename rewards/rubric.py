@@ -148,6 +148,7 @@ class Rubric(Grader):
             j.model,
             j.temperature,
             j.top_logprobs,
+            j.extra_body,
             SYSTEM,
             CRITERION,
         ]

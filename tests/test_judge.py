@@ -463,3 +463,27 @@ def test_eval_grade_command_line_against_a_server(server, tmp_path, monkeypatch)
         r["headers"]["Authorization"] == f"Bearer {KEY}" for r in srv.requests
     )
     assert KEY not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("mode", ["object", "schema", "object-schema", "off"])
+def test_json_modes_and_extra_body(server, mode):
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    judge = Judge(cfg_for(srv, json_mode=mode, extra_body='{"repeat_penalty": 1.0, "temperature": 0.5}'))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    p = srv.requests[0]["payload"]
+    assert p["repeat_penalty"] == 1.0 and p["temperature"] == 0.5, "extra_body is merged last"
+    fmt = p.get("response_format")
+    if mode == "off":
+        assert fmt is None
+    elif mode == "object":
+        assert fmt == {"type": "json_object"}
+    else:
+        schema = fmt["json_schema"]["schema"] if mode == "schema" else fmt["schema"]
+        assert fmt["type"] == ("json_schema" if mode == "schema" else "json_object")
+        item = schema["properties"]["answers"]["items"]
+        assert (
+            item["properties"]["tone"]["enum"] == [1, 2, 3, 4, 5]
+            and schema["properties"]["answers"]["minItems"] == 4
+        )
+    with pytest.raises(ValueError, match="extra-body"):
+        _ = Judge(cfg_for(srv, extra_body="[1]")).client

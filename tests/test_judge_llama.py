@@ -92,12 +92,17 @@ def batch() -> list[Sample]:
     ]
 
 
-def cfg(url: str) -> JudgeConfig:
-    return JudgeConfig(base_url=url, model="smollm2", max_tokens=300, timeout_s=300, concurrency=2)
+def cfg(url: str, **kw) -> JudgeConfig:
+    # greedy marks: llama.cpp's default repeat penalty would push a judge away from repeating a mark
+    base = dict(
+        base_url=url, model="smollm2", timeout_s=300, concurrency=2, extra_body='{"repeat_penalty": 1.0}'
+    )
+    return JudgeConfig(**{**base, **kw})
 
 
-def test_judge_against_llama_cpp(llama_server):
-    judge = Judge(cfg(llama_server))
+def test_judge_json_object_against_llama_cpp(llama_server):
+    """Plain JSON mode: SmolLM2 writes JSON of its own shape; repair, then None, counted."""
+    judge = Judge(cfg(llama_server, max_tokens=200))
     scores = judge(batch())
     m = judge.metrics()
     assert all(s is None or 0.0 <= s <= 1.0 for s in scores)
@@ -111,16 +116,28 @@ def test_judge_against_llama_cpp(llama_server):
     print("judge", scores, json.dumps(m))
 
 
-@pytest.mark.parametrize("expected", [False, True])
-def test_judge_entropy_against_llama_cpp(llama_server, expected):
-    judge = EntropyJudge(cfg(llama_server), expected=expected)
+def test_judge_schema_against_llama_cpp(llama_server):
+    """With the reply's schema sent (llama-cpp-python's json_object + schema), even SmolLM2 marks all."""
+    judge = Judge(cfg(llama_server, json_mode="object-schema"))
     scores = judge(batch())
     m = judge.metrics()
-    assert all(s is None or 0.0 <= s <= 1.0 for s in scores)
-    assert m["failed"] == 0 and m["prompt_tokens"] > 200
-    found = [d for d in judge.last_details if d is not None]
-    for d in found:
-        assert len(d["probs"]) == 6 and abs(sum(d["probs"]) - 1) < 1e-3
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores), scores
+    assert m["calls"] == 1 and m["repairs"] == 0 and m["unparsable"] == 0
+    assert sorted(d["position"] for d in judge.last_details) == [1, 2, 3]
+    print("judge schema", scores, json.dumps(judge.last_details))
+
+
+@pytest.mark.parametrize("expected", [False, True])
+def test_judge_entropy_against_llama_cpp(llama_server, expected):
+    judge = EntropyJudge(cfg(llama_server, json_mode="object-schema"), expected=expected)
+    scores = judge(batch())
+    m = judge.metrics()
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores), scores
+    assert m["failed"] == 0 and m["unparsable"] == 0 and m["prompt_tokens"] > 200
+    assert m["digit_mass"] > 0.5, "the mark tokens hold most of the probability where a mark is written"
+    for d in judge.last_details:
+        assert len(d["probs"]) == 6 and abs(sum(d["probs"]) - 1) < 1e-3 and 0 <= d["mark"] <= 5
+        assert d["probs"][d["mark"]] == max(d["probs"]), "greedy: the written mark is the most likely one"
     print("judge_entropy", expected, scores, json.dumps(m))
 
 

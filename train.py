@@ -127,7 +127,14 @@ def main(cfg: TrainConfig) -> dict:
         else:
             # ---------------------------------------------------- 1. sample G completions per prompt
             model.eval()
-            gen_seed = cfg.seed * 1_000_003 + step * 1009 + rank  # per step: resume needs no generator state
+            # one stream per prompt, seeded by (seed, step, index in the global batch): resume needs no
+            # generator state, and a prompt samples the same on any rank or in any batch
+            gens = [
+                torch.Generator(device=device).manual_seed(
+                    (cfg.seed * 1_000_003 + step) * 4099 + rank * P_local + i
+                )
+                for i in range(len(prompts))
+            ]
             with torch.inference_mode():
                 gen = generate(
                     policy.core,
@@ -140,7 +147,7 @@ def main(cfg: TrainConfig) -> dict:
                     eos_ids=eos_ids,
                     stop_strings=cfg.sampling.stop,
                     tokenizer=tok,
-                    generator=torch.Generator(device=device).manual_seed(gen_seed),
+                    generator=gens,
                     pad_id=pad_id,
                 )
             completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)

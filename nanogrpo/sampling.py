@@ -53,7 +53,7 @@ class Generation:
 CHUNK = 512  # block size of the two-level inverse CDF in _draw
 
 
-def _draw(w: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
     """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
 
     Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
@@ -62,7 +62,9 @@ def _draw(w: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     zero-weight token (a flat step of the CDF) is never picked.
     """
     N, K = w.shape
-    u = 1.0 - torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in (0, 1]
+    if u is None:
+        u = torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in [0, 1)
+    u = 1.0 - u  # (N, 1) in (0, 1]
     if K <= 4 * CHUNK:
         cdf = w.cumsum(-1)  # (N, K)
         return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=K - 1)
@@ -83,10 +85,12 @@ def sample_tokens(
     top_p: float = 1.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
 
     logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
+    `u` (N, 1) in [0, 1) are the rows' uniforms when the caller draws them (else from `generator`).
     `logits` may be overwritten.
     """
     if temperature == 0:
@@ -99,7 +103,7 @@ def sample_tokens(
         m = z.amax(-1, keepdim=True)  # (N, 1)
         w = (z - m).exp_()  # (N, V) unnormalised probabilities: one exp pass serves the draw and lse
         lse = m + w.sum(-1, keepdim=True).log()  # (N, 1)
-        tok = _draw(w, generator)  # (N, 1)
+        tok = _draw(w, generator, u)  # (N, 1)
         return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
 
     lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
@@ -122,7 +126,7 @@ def sample_tokens(
         cum = p.cumsum(-1)  # (N, k)
         total = cum[:, -1:] if 0 < top_k < V else 1.0
         p.masked_fill_(cum - p >= top_p * total, 0.0)
-    tok = idx.gather(1, _draw(p, generator))  # (N, 1)
+    tok = idx.gather(1, _draw(p, generator, u))  # (N, 1)
     return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
 
 
@@ -163,10 +167,17 @@ def generate(
     eos_ids: Sequence[int] = (),
     stop_strings: Sequence[str] = (),
     tokenizer=None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     pad_id: int = 0,
 ) -> Generation:
-    """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout."""
+    """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout.
+
+    `generator` is one torch.Generator for the batch, or one per prompt: then a prompt's completions
+    depend only on its own generator, not on which other prompts share the batch (what lets torchrun
+    ranks reproduce a single-process run).
+    """
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
+        raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError(
             "generate needs at least one prompt and no empty prompt (give each a token, e.g. BOS)"
@@ -243,8 +254,14 @@ def _generate(
     rows: torch.Tensor | None = None
     done = torch.zeros(N, dtype=torch.bool, device=dev)  # (n,)
 
+    per_prompt = isinstance(generator, (list, tuple)) and temperature > 0
     for t in range(max_new):
-        tok, lp = sample_tokens(logits, temperature, top_p, top_k, generator)  # (n,), (n,)
+        u = None
+        if per_prompt:
+            # G uniforms per prompt and step whatever has ended, so each prompt's stream stays in step
+            u = torch.cat([torch.rand(G, generator=g, device=dev) for g in generator])[:, None]  # (N, 1)
+            u = u if rows is None else u[rows]  # (n, 1)
+        tok, lp = sample_tokens(logits, temperature, top_p, top_k, None if per_prompt else generator, u)
         if rows is None:
             tokens[:, t], logps[:, t] = tok, lp
         else:

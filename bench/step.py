@@ -2,21 +2,24 @@
 
     python bench/step.py                              # SmolLM2-135M + LoRA r=16, P=2 x G=8, 32 new tokens
     python bench/step.py --model tiny --steps 2       # seconds, to check that both sides run
-    python bench/step.py --repeat 2                   # run both sides twice (noisy, shared machines)
+    python bench/step.py --threads 1 --repeat 2       # on a shared machine: 1 thread a side, twice
 
 Both sides train the same model folder with the same LoRA (rank, alpha, target layers), dtype (bf16 on a
 GPU or a bf16-capable CPU, as nanogrpo.runtime.resolve_device_dtype picks), prompts (the built-in demo
 task, same order), group size, batch (P prompts x G completions, one optimizer step each), sampling
 (temperature 1, no top-k/top-p), reward (ROUGE-L against the reference) and loss (token-mean clipped
-surrogate, eps 0.2, group-std advantages, no KL). Completions are forced to exactly --new-tokens tokens
-on both sides (nanogrpo: EOS ignored; TRL: min_new_tokens), so the work per step is the same; the table
-prints the mean prompt and completion lengths each side saw so that this can be checked.
+surrogate, eps 0.2, group-std advantages, no KL, no activation checkpointing unless --checkpointing).
+Completions are forced to exactly --new-tokens tokens on both sides (nanogrpo: EOS ignored; TRL:
+min_new_tokens), so the work per step is the same; the table prints the mean prompt and completion
+lengths each side saw so that this can be checked. What differs is each trainer's own way of doing the
+work (TRL samples with transformers `generate` on the PEFT model, one prefill per completion).
 
 A step is timed from the start of sampling to the end of the optimizer step, after --warmup untimed
-steps. Each side runs in its own subprocess, so memory is not shared: "peak RSS" is the process
-high-water mark (loading included), "step RSS" the highest RSS sampled during the steps minus the RSS
-just before the first step (what a step adds on top of the loaded model), and on CUDA the peak of
-torch.cuda.max_memory_allocated over the steps.
+steps: wall seconds, and the process's CPU seconds (all threads), which a loaded machine disturbs less
+than wall time (with one thread a side, CPU seconds are close to the time on a quiet machine). Each side
+runs in its own subprocess, so memory is not shared: "peak RSS" is the process high-water mark (loading
+included), "RSS added" the highest RSS sampled during the steps minus the RSS just before the first
+step, and on CUDA the peak of torch.cuda.max_memory_allocated over the steps.
 
 TRL is not a dependency of nanogrpo: the bench asks for it and prints the pip line when it is missing.
 """
@@ -386,7 +389,7 @@ def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str)
     lines = [
         f"GRPO step: {a.model}, LoRA r={a.lora_r}, P={a.prompts} prompts x G={a.group}, {a.new_tokens} new "
         f"tokens; {hardware}; mean of {a.steps} steps after {a.warmup} warm-up",
-        f"{'':34}" + "".join(f"{h:>16}" for h in head),
+        f"{'':34}" + "".join(f"{h:>18}" for h in head),
     ]
 
     def row(name: str, r: dict, key, digits: int = 2, ratio: bool = True) -> None:
@@ -396,7 +399,7 @@ def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str)
         cells = [v if isinstance(v, str) else f"{v:.{digits}f}" for v in vals]
         if ratio and len(sides) == 2:
             cells.append(f"{vals[0] / vals[1]:.2f}x")
-        lines.append(f"{name:34}" + "".join(f"{c:>16}" for c in cells))
+        lines.append(f"{name:34}" + "".join(f"{c:>18}" for c in cells))
 
     def mean(x: list[float]) -> float:
         return statistics.mean(x)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.base import Grader, Sample
-from rewards.llm_client import ChatRequest, Reply, make_client
+from rewards.llm_client import ChatRequest, Reply, Slot, make_client
 from rewards.options import JudgeConfig, RewardConfig
 from rewards.registry import Mix, make, register
 
@@ -116,6 +116,17 @@ def marks_schema(n: int) -> dict[str, Any]:
         "required": ["answers"],
         "additionalProperties": False,
     }
+
+
+def marks_shape(n: int) -> list[str | Slot]:
+    """The reply as literal text and slots, for a local model to fill (constrained decoding)."""
+    shape: list[str | Slot] = ['{"answers": [']
+    for k in range(1, n + 1):
+        shape.append(f'{", " if k > 1 else ""}{{"answer": {k}')
+        for c in CRITERIA:
+            shape += [f', "{c}":', Slot(marks=(1, 2, 3, 4, 5))]
+        shape += [', "reason": "', Slot(max_tokens=48), '"}']
+    return [*shape, "]}"]
 
 
 def parse_group_marks(text: str, n: int) -> tuple[list[dict | None], str]:
@@ -225,6 +236,7 @@ class GroupJudge(Grader):
             max_tokens=self.cfg.max_tokens or 100 * n + 100,
             json_mode=True,
             json_schema=marks_schema(n),
+            shape=marks_shape(n),
         )
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:

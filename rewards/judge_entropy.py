@@ -27,7 +27,7 @@ import re
 
 from rewards.base import Grader
 from rewards.judge import GroupJudge, extract_json
-from rewards.llm_client import ChatRequest, JudgeServerError, Reply, TokenLogprob
+from rewards.llm_client import ChatRequest, JudgeServerError, Reply, Slot, TokenLogprob
 from rewards.options import RewardConfig
 from rewards.registry import register
 
@@ -52,6 +52,14 @@ def marks_schema(n: int) -> dict:
     keys = [f"Answer {k}" for k in range(1, n + 1)]
     props = {k: {"type": "integer", "enum": list(range(MARKS))} for k in keys}
     return {"type": "object", "properties": props, "required": keys, "additionalProperties": False}
+
+
+def marks_shape(n: int) -> list[str | Slot]:
+    """{"Answer 1": m, ...} as literal text and mark slots, for a local model to fill."""
+    shape: list[str | Slot] = []
+    for k in range(1, n + 1):
+        shape += [f'{", " if k > 1 else "{"}"Answer {k}":', Slot(marks=tuple(range(MARKS)))]
+    return [*shape, "}"]
 
 
 def _digit(token: str) -> int | None:
@@ -125,6 +133,7 @@ class EntropyJudge(GroupJudge):
             max_tokens=min(self.cfg.max_tokens or 10**6, 12 * n + 16),
             json_mode=True,
             json_schema=marks_schema(n),
+            shape=marks_shape(n),
             top_logprobs=k,
         )
 

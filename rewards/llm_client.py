@@ -5,7 +5,7 @@ a bad or missing reply: a call that fails after its retries comes back as `Reply
 and the judge turns it into None scores. Configuration mistakes that no retry can fix (401, 403,
 404: a wrong key, URL or model name) raise `JudgeServerError` at once, with the fix in the message.
 
-The HTTP client is asyncio over the standard library's urllib (one worker thread per request in
+The local backend (an in-process model) is in rewards/local_client.py. The HTTP client is asyncio over the standard library's urllib (one worker thread per request in
 flight), so nanogrpo needs no HTTP package: a semaphore bounds the requests in flight, each try has
 a timeout, and timeouts, connection errors, 408, 429 and 5xx are retried with exponential backoff,
 honouring a Retry-After header. The API key is read from the environment variable named by
@@ -46,10 +46,20 @@ class ChatRequest:
     messages: list[dict[str, str]]
     max_tokens: int
     json_mode: bool = False
-    json_schema: dict[str, Any] | None = None
-    """The reply's JSON schema, sent when --reward.judge.json-mode asks for a schema."""
     top_logprobs: int = 0
     """> 0 asks for the log-probs of each generated token and of this many alternatives."""
+    json_schema: dict[str, Any] | None = None
+    """The reply's JSON schema, sent when --reward.judge.json-mode asks for a schema."""
+    shape: list[str | Slot] | None = None
+    """The reply's fixed shape, literal text and slots: a local model fills only the slots."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A hole in a reply of fixed shape: one mark from `marks`, or free text of up to `max_tokens`."""
+
+    marks: tuple[int, ...] = ()
+    max_tokens: int = 0
 
 
 @dataclass
@@ -229,104 +239,12 @@ class OpenAIClient:
         return run_sync(self._gather(reqs)) if reqs else []
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """The prompt text a chat model expects (its chat template, or plain 'role: content' lines)."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-
-
-class LocalClient:
-    """A model folder run in-process: nanogrpo.model, greedy decoding with nanogrpo.sampling.
-
-    Log-probs come from one extra forward pass over prompt + reply (the sampler keeps only the
-    chosen token's log-prob); the alternatives are the top-k of the full softmax at each position.
-    """
-
-    def __init__(self, cfg: JudgeConfig):
-        import torch
-        from transformers import AutoTokenizer
-
-        from nanogrpo.model import Transformer
-        from nanogrpo.model_zoo import resolve_model
-
-        if not cfg.model:
-            raise ValueError(
-                "the local judge needs a model folder: set --reward.judge.model (a path, 'smollm2' or 'tiny')"
-            )
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-        if cfg.dtype not in dtypes:
-            raise ValueError(f"--reward.judge.dtype must be one of {sorted(dtypes)}, got {cfg.dtype!r}")
-        path = resolve_model(cfg.model)
-        self.cfg = cfg
-        self.model = Transformer.from_pretrained(path, dtype=dtypes[cfg.dtype], device=cfg.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        eos = self.model.config.eos_token_ids
-        self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.tokenizer(render_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"]
-
-    def chat(self, reqs: list[ChatRequest]) -> list[Reply]:
-        import torch
-
-        from nanogrpo.sampling import generate
-
-        out = []
-        for req in reqs:  # one at a time: judge prompts differ a lot in length, padding would waste more
-            ids = self.encode(req.messages)
-            with torch.no_grad():
-                gen = generate(
-                    self.model,
-                    [ids],
-                    max_new_tokens=req.max_tokens,
-                    temperature=0.0,
-                    eos_ids=self.eos_ids,
-                    pad_id=self.pad_id,
-                )
-            n = int(gen.mask[0].sum())
-            reply_ids = gen.completion_ids[0, :n].tolist()
-            tokens = self.token_logprobs(ids, reply_ids, req.top_logprobs) if req.top_logprobs > 0 else None
-            text = self.tokenizer.decode(reply_ids, skip_special_tokens=True)
-            out.append(Reply(text=text, prompt_tokens=len(ids), completion_tokens=n, tokens=tokens))
-        return out
-
-    @property
-    def device(self) -> Any:
-        return self.model.lm_head_weight.device
-
-    def token_logprobs(self, prompt_ids: list[int], reply_ids: list[int], k: int) -> list[TokenLogprob]:
-        """Log-probs of each reply token and the top-k alternatives, from one forward pass."""
-        import torch
-
-        if not reply_ids:
-            return []
-        x = torch.tensor([prompt_ids + reply_ids], device=self.device)  # (1, T)
-        with torch.no_grad():
-            logits = self.model(x)[
-                0, len(prompt_ids) - 1 : -1
-            ].float()  # (n, V): position t predicts token t+1
-        logp = torch.log_softmax(logits, dim=-1)  # (n, V)
-        top_lp, top_id = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (n, k)
-        out = []
-        for i, tok in enumerate(reply_ids):
-            top = {}
-            for lp, j in zip(top_lp[i].tolist(), top_id[i].tolist()):
-                text = self.tokenizer.decode([j])
-                top[text] = _logaddexp(top[text], lp) if text in top else lp  # same text: add the mass
-            out.append(TokenLogprob(self.tokenizer.decode([tok]), float(logp[i, tok]), top))
-        return out
-
-
-def _logaddexp(a: float, b: float) -> float:
-    hi, lo = max(a, b), min(a, b)
-    return hi + math.log1p(math.exp(lo - hi))
-
-
-def make_client(cfg: JudgeConfig) -> OpenAIClient | LocalClient:
+def make_client(cfg: JudgeConfig) -> Any:
+    """The client of --reward.judge.backend: an OpenAIClient, or a LocalClient (rewards/local_client.py)."""
     if cfg.backend == "openai":
         return OpenAIClient(cfg)
     if cfg.backend == "local":
+        from rewards.local_client import LocalClient
+
         return LocalClient(cfg)
     raise ValueError(f"--reward.judge.backend must be 'openai' or 'local', got {cfg.backend!r}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -10,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from rewards import Sample
 from rewards.judge import Judge
-from rewards.judge_entropy import EntropyJudge, mark_distributions
-from rewards.llm_client import ChatRequest, LocalClient, render_chat
+from rewards.judge_entropy import EntropyJudge, mark_distributions, marks_shape
+from rewards.llm_client import ChatRequest
+from rewards.local_client import LocalClient, render_chat
 from rewards.options import JudgeConfig
 
 
@@ -35,20 +38,44 @@ def batch() -> list[Sample]:
 
 
 def test_local_judge_end_to_end(local_cfg):
+    """The local judge fills the reply's JSON shape: even a random model gives valid marks."""
     judge = Judge(local_cfg)
     scores = judge(batch())
-    assert len(scores) == 2 and all(s is None or 0 <= s <= 1 for s in scores)
+    assert len(scores) == 2 and all(s is not None and 0 <= s <= 1 for s in scores)
     m = judge.metrics()
-    # a random model writes no valid JSON: one call per group, one repair each, every answer unparsable
-    assert m["calls"] == 1 + m["repairs"] and m["prompt_tokens"] > 0 and m["completion_tokens"] > 0
-    assert m["unparsable"] == sum(s is None for s in scores)
+    assert m["calls"] == 1 and m["repairs"] == 0 and m["unparsable"] == 0
+    assert m["prompt_tokens"] > 0 and m["completion_tokens"] > 0
+    for s, d in zip(scores, judge.last_details):
+        assert set(d["marks"].values()) <= {1, 2, 3, 4, 5} and isinstance(d["reason"], str)
+        assert s == pytest.approx((sum(d["marks"].values()) / 4 - 1) / 4)
 
 
 def test_local_entropy_judge_end_to_end(local_cfg):
     judge = EntropyJudge(local_cfg)
     scores = judge(batch())
-    assert all(s is None or 0 <= s <= 1 for s in scores)
-    assert judge.metrics()["calls"] >= 1
+    assert all(s is not None and 0 <= s <= 1 for s in scores)
+    for d in judge.last_details:
+        assert sum(d["probs"]) == pytest.approx(1, abs=1e-3) and d["probs"][d["mark"]] == max(d["probs"])
+    assert judge.metrics()["calls"] == 1
+
+
+def test_local_fill_reads_the_mark_distribution_from_the_logits(client, tiny_model_dir):
+    """The shaped reply's p_0..p_5 = softmax of the logits after '{"Answer 1":', over the mark tokens."""
+    msgs = [{"role": "user", "content": "Mark answer 1 from 0 to 5."}]
+    reply = client.chat([ChatRequest(msgs, max_tokens=0, top_logprobs=1, shape=marks_shape(1))])[0]
+    assert json.loads(reply.text).keys() == {"Answer 1"}
+    dists, _ = mark_distributions(reply.tokens, 1)
+    ids = client.encode(msgs) + client.tokenizer('{"Answer 1":', add_special_tokens=False)["input_ids"]
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        probs = torch.softmax(ref(torch.tensor([ids])).logits[0, -1].double(), -1)  # (V,)
+    p = [0.0] * 6
+    for i in range(probs.shape[0]):
+        m = re.fullmatch(r" ?([0-5])", client.tokenizer.decode([i]))
+        if m:
+            p[int(m.group(1))] += float(probs[i])
+    assert dists[0] == pytest.approx([x / sum(p) for x in p], abs=1e-5)
+    assert json.loads(reply.text)["Answer 1"] == max(range(6), key=lambda d: p[d])
 
 
 def test_local_reply_is_greedy_and_logprobs_match_transformers(client, tiny_model_dir):
@@ -90,3 +117,18 @@ def test_local_mark_probabilities_match_the_logits(client, tiny_model_dir):
     p = [x / sum(p) for x in p]
     assert dists[0] == pytest.approx(p, abs=1e-5)
     assert math.isclose(sum(dists[0]), 1.0, abs_tol=1e-9)
+
+
+@pytest.mark.slow
+def test_smollm2_local_judges(smollm2_dir):
+    """SmolLM2-135M-Instruct judging in-process: valid marks for every answer, both judges."""
+    cfg = JudgeConfig(backend="local", model=str(smollm2_dir))
+    ref = "Open the report, click Share and pick the client."
+    answers = ["Click Share on the report and pick the client.", "I like turtles."]
+    b = [Sample("user: How do I send the report to the client?", a, 0, {"reference": ref}) for a in answers]
+    judge = Judge(cfg)
+    assert all(s is not None and 0 <= s <= 1 for s in judge(b))
+    assert judge.metrics()["unparsable"] == 0
+    ent = EntropyJudge(cfg, client=judge.client)  # one model in memory for both
+    assert all(s is not None and 0 <= s <= 1 for s in ent(b))
+    assert ent.metrics()["digit_mass"] > 0.3, "the mark tokens are among SmolLM2's likely next tokens"

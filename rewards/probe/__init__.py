@@ -87,7 +87,7 @@ class FrozenLM:
     def text(self, row: dict[str, Any]) -> str:
         if "text" in row:
             return str(row["text"])
-        from rewards.llm_client import render_chat
+        from rewards.local_client import render_chat
         from rewards.rubric import criterion_messages
 
         return render_chat(

@@ -1,7 +1,5 @@
 """The sampler against transformers' generate and against full recomputation without a KV cache."""
 
-import time
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -99,9 +97,8 @@ def test_greedy_matches_transformers_smollm2():
     tok = AutoTokenizer.from_pretrained(path)
     chats = [[{"role": "user", "content": q}] for q in ("What is the capital of France?", "Name a color.")]
     texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
-    t0 = time.time()
-    check_greedy_matches_hf(path, 24, tok.eos_token_id, texts=texts)
-    assert time.time() - t0 < 300
+    got = check_greedy_matches_hf(path, 24, tok.eos_token_id, texts=texts)
+    assert "Paris" in tok.decode(got[0])  # a real model, really answering
 
 
 def test_mixed_length_batch_equals_alone(lively):

@@ -108,6 +108,14 @@ def _retry_after(headers: dict[str, str]) -> float | None:
         return None
 
 
+def _portable(schema: Any) -> Any:
+    """The schema without length and count limits, which strict json_schema modes (OpenAI) refuse."""
+    if isinstance(schema, dict):
+        drop = {"minLength", "maxLength", "minItems", "maxItems"}
+        return {k: _portable(v) for k, v in schema.items() if k not in drop}
+    return [_portable(v) for v in schema] if isinstance(schema, list) else schema
+
+
 def parse_logprobs(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     """The chat-completions `logprobs.content` list as TokenLogprobs (None if the server sent none)."""
     content = (choice.get("logprobs") or {}).get("content")
@@ -175,7 +183,11 @@ class OpenAIClient:
             if mode == "schema" and req.json_schema:
                 p["response_format"] = {
                     "type": "json_schema",
-                    "json_schema": {"name": "judgement", "schema": req.json_schema, "strict": True},
+                    "json_schema": {
+                        "name": "judgement",
+                        "schema": _portable(req.json_schema),
+                        "strict": True,
+                    },
                 }
             elif mode == "object-schema" and req.json_schema:
                 p["response_format"] = {"type": "json_object", "schema": req.json_schema}

@@ -481,9 +481,8 @@ def test_json_modes_and_extra_body(server, mode):
         schema = fmt["json_schema"]["schema"] if mode == "schema" else fmt["schema"]
         assert fmt["type"] == ("json_schema" if mode == "schema" else "json_object")
         item = schema["properties"]["answers"]["items"]
-        assert (
-            item["properties"]["tone"]["enum"] == [1, 2, 3, 4, 5]
-            and schema["properties"]["answers"]["minItems"] == 4
-        )
+        assert item["properties"]["tone"]["enum"] == [1, 2, 3, 4, 5]
+        # llama.cpp's grammar takes length limits; strict json_schema servers (OpenAI) refuse them
+        assert schema["properties"]["answers"].get("minItems") == (4 if mode == "object-schema" else None)
     with pytest.raises(ValueError, match="extra-body"):
         _ = Judge(cfg_for(srv, extra_body="[1]")).client

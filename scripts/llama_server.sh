@@ -6,7 +6,8 @@
 #   scripts/llama_server.sh                 # http://127.0.0.1:8000/v1, model name 'smollm2'
 #   PORT=8011 scripts/llama_server.sh
 #   python eval.py grade --grader judge --data rows.jsonl \
-#       --reward.judge.base-url http://127.0.0.1:8000/v1 --reward.judge.model smollm2
+#       --reward.judge.base-url http://127.0.0.1:8000/v1 --reward.judge.model smollm2 \
+#       --reward.judge.json-mode object-schema --reward.judge.extra-body '{"repeat_penalty": 1.0}'
 #
 # Builds llama-cpp-python[server] first if it is missing (~6 minutes on 2 cores). The CMake flags
 # make a portable build: a -march=native build dies with an illegal instruction on some CPUs.

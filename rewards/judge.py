@@ -246,22 +246,18 @@ class GroupJudge(Grader):
     def fingerprint(self) -> str:
         """What changes a judgement: the prompt wording and the judge settings (not URLs or timeouts)."""
         c = self.cfg
-        parts = (
-            self.name,
-            SYSTEM,
-            self.task,
-            self.reply_format(2),
-            REPAIR,
-            c.backend,
-            c.model,
-            c.temperature,
-        )
-        parts += (c.max_tokens, c.extra_body)
-        parts += (c.json_mode, c.max_answer_chars, c.seed, c.top_logprobs)
+        prompt = (self.name, SYSTEM, self.task, self.reply_format(2), REPAIR)
+        settings = (c.backend, c.model, c.temperature, c.max_tokens, c.extra_body, c.json_mode)
+        parts = prompt + settings + (c.max_answer_chars, c.seed, c.top_logprobs)
         return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
 
-    def key(self, s: Sample) -> str:
-        payload = [self.fingerprint(), s.prompt, str(s.row.get("reference") or ""), s.completion]
+    def key(self, s: Sample, fingerprint: str = "") -> str:
+        payload = [
+            fingerprint or self.fingerprint(),
+            s.prompt,
+            str(s.row.get("reference") or ""),
+            s.completion,
+        ]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
     def _permutation(self, prompt: str, n: int) -> list[int]:
@@ -285,7 +281,8 @@ class GroupJudge(Grader):
         for i, s in enumerate(batch):
             groups.setdefault(s.group, []).append(i)
         details: list[dict | None] = [None] * len(batch)
-        keys = [self.key(s) for s in batch]
+        fp = self.fingerprint()
+        keys = [self.key(s, fp) for s in batch]
         jobs: list[_Job] = []
         for idxs in groups.values():
             hits = [self.cache.get(keys[i]) for i in idxs]

@@ -31,6 +31,7 @@ from nanogrpo.policy import completion_logprobs, make_batch, pad_left
 from nanogrpo.runtime import load_policy, micro_slices, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
 from rewards import Sample, build_reward
+from rewards.judge import with_run_dir
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -45,7 +46,8 @@ def main(cfg: TrainConfig) -> dict:
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, source = load_task(cfg.data.train, "train")
-    reward_fn = build_reward(cfg.reward) if cfg.algo == "grpo" else None
+    # a judge keeps its cache in the run folder, so a resumed run does not pay twice
+    reward_fn = build_reward(with_run_dir(cfg.reward, cfg.out_dir)) if cfg.algo == "grpo" else None
     if reward_fn is not None:
         reward_fn.validate(rows, source)
     elif any(not r.get("reference") for r in rows):
@@ -267,8 +269,7 @@ def main(cfg: TrainConfig) -> dict:
             if kl_pen is not None:
                 m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
             m.update(t_sample=t1 - t0, t_score=t2 - t1)
-            for g in reward_fn.graders.values() if hasattr(reward_fn, "graders") else []:
-                m.update({f"{g.name}/{k}": v for k, v in g.metrics().items()})
+            m.update(dist.sum_floats(reward_fn.metrics()))  # judge tokens, seconds, retries, unparsable, ...
 
             if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
                 logger.log_samples(
@@ -344,7 +345,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
 
 def _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn) -> list[dict]:
     """The step's groups for samples.jsonl and the run page."""
-    details = reward_fn.details() if hasattr(reward_fn, "details") else {}
+    details = reward_fn.details()  # {'judge': [marks and reason per completion], ...}
     groups = []
     for i, r in enumerate(batch_rows):
         comps = []

@@ -147,6 +147,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
 
     cpu0: list[float] = []
     cpu_step: list[float] = []
+    cpu_sample: list[float] = []
     console_line = train.console_line
 
     def fixed_length_generate(model, prompts, **kw):
@@ -154,7 +155,9 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         mem.start()
         cpu0.append(time.process_time())
         prompt_lens.append(sum(map(len, prompts)) / len(prompts))
-        return generate(model, prompts, **{**kw, "eos_ids": (), "stop_strings": ()})
+        out = generate(model, prompts, **{**kw, "eos_ids": (), "stop_strings": ()})
+        cpu_sample.append(time.process_time() - cpu0[-1])
+        return out
 
     def console_line_mark(m: dict) -> str:
         cpu_step.append(time.process_time() - cpu0[-1])  # called once a step, after the optimizer step
@@ -187,6 +190,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "t_step": [s["t_step"] for s in timed],
         "t_sample": [s["t_sample"] for s in timed],
         "cpu_step": cpu_step[a.warmup :],
+        "cpu_sample": cpu_sample[a.warmup :],
         "len_mean": statistics.mean(s["len_mean"] for s in timed),
         "prompt_len": statistics.mean(prompt_lens[a.warmup :]),
         "reward": statistics.mean(s["reward"] for s in timed),
@@ -275,6 +279,7 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     t_step: list[float] = []
     t_sample: list[float] = []
     cpu_step: list[float] = []
+    cpu_sample: list[float] = []
     prompt_lens: list[float] = []
     logged: list[dict] = []
 
@@ -283,6 +288,7 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
             mem.start()
             self.t0, self.c0 = time.perf_counter(), time.process_time()
             t_sample.append(0.0)
+            cpu_sample.append(0.0)
 
         def on_step_end(self, args, state, control, **kw):
             if torch.cuda.is_available():
@@ -297,9 +303,10 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     gen = trainer._generate_single_turn
 
     def timed_generate(prompt_ids, *args, **kw):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = gen(prompt_ids, *args, **kw)
         t_sample[-1] += time.perf_counter() - t0
+        cpu_sample[-1] += time.process_time() - c0
         prompt_lens.append(sum(map(len, prompt_ids)) / len(prompt_ids))
         return out
 
@@ -312,6 +319,7 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "t_step": t_step[w:],
         "t_sample": t_sample[w:],
         "cpu_step": cpu_step[w:],
+        "cpu_sample": cpu_sample[w:],
         "len_mean": statistics.mean(x["completions/mean_length"] for x in logged[w:]),
         "prompt_len": statistics.mean(prompt_lens[w:]),
         "reward": statistics.mean(x["reward"] for x in logged[w:]),
@@ -412,6 +420,8 @@ def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str)
         row("  sampling", r, lambda x: mean(x["t_sample"]))
         row("  scoring, loss, backward, optim", r, lambda x: mean(x["t_step"]) - mean(x["t_sample"]))
         row("CPU seconds / step (all threads)", r, lambda x: mean(x["cpu_step"]))
+        row("  sampling", r, lambda x: mean(x["cpu_sample"]))
+        row("  scoring, loss, backward, optim", r, lambda x: mean(x["cpu_step"]) - mean(x["cpu_sample"]))
         row("peak RSS of the process (GiB)", r, lambda x: x["peak_rss_gib"])
         row("RSS added during the steps (GiB)", r, lambda x: x["step_rss_gib"])
         row("CUDA peak allocated (GiB)", r, lambda x: x.get("cuda_peak_gib"))

@@ -473,7 +473,8 @@ def main() -> None:
     table = fmt_table(a, runs, hardware_line(a))
     print(table)
     cmd = "python bench/step.py " + " ".join(shlex.quote(f) for f in flag_list(a))
-    print(f"reproduce: {cmd}" + (f" --repeat={a.repeat}" if a.repeat > 1 else ""))
+    cmd += f" --repeat={a.repeat}" if a.repeat > 1 else ""
+    print(f"reproduce: {cmd}" + (f" --side={a.side}" if a.side != "both" else ""))
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "table": table, "runs": runs}, indent=2))
 

@@ -2,12 +2,16 @@
 
     python -m nanogrpo.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
                                   [--policy on off] [--std-norm on off] [--steps 300] [--out runs/ablate-toy]
-    python -m nanogrpo.ablate lm  [same grid flags] [--preset tiny] [--steps 40] [--out runs/ablate-lm]
+    python -m nanogrpo.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 60] [--out runs/ablate-lm]
+                                  [-- extra train.py flags]
 
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
 enumerable tabular policy of nanogrpo.toy, so KL(pi || ref), entropy, expected reward and the distance to the
 analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds per run.
-'lm': the same grid through `train.py` (one subprocess per run, curves read back from metrics.jsonl).
+'lm': the same grid through `train.py` (one subprocess per run, curves read back from metrics.jsonl): a
+short SFT warm-up of the preset's model on 16 prompts of the built-in demo task (once per output folder), then
+GRPO from it with ROUGE-L against the one-word answers; the warmed-up model is also the KL reference. Minutes
+per run on a CPU; `--smoke` (2 variants x 2 seeds) is the configuration docs/KL.md records.
 
 Collapse (each criterion reported separately, first step where it holds): entropy below 25% of its start;
 reward more than 50% below its running peak; grad norm above 10x the running median of the previous steps.
@@ -18,15 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
+import shutil
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from nanogrpo.config import GRPOConfig
+from nanogrpo.config import PRESETS, GRPOConfig
+from nanogrpo.data import demo_rows
+from nanogrpo.model_zoo import resolve_model
 from nanogrpo.toy import ToySettings, toy_optimum, train_toy
 
 # name -> GRPOConfig fields; the names are what tables and plots show
@@ -70,6 +79,10 @@ class Run:
 # ----------------------------------------------------------------------------- collapse
 
 
+def _trailing_mean(x: list[float], n: int) -> list[float]:
+    return [statistics.fmean(x[max(0, i - n + 1) : i + 1]) for i in range(len(x))] if n > 1 else list(x)
+
+
 def detect_collapse(
     entropy: list[float],
     reward: list[float],
@@ -83,26 +96,26 @@ def detect_collapse(
 ) -> dict[str, int | None]:
     """First step at which each collapse criterion holds (None: never); 'any' is the earliest of them.
 
-    entropy: H_t < entropy_frac * H_0. reward (moving average over `smooth` steps): peak_t - r_t >
-    reward_drop * |peak_t|, peak_t the running max. grad: g_t > grad_spike * median(g_0..g_{t-1}), t >= warmup.
+    Entropy and reward are first averaged over the last `smooth` steps (trailing). entropy: H_t < entropy_frac
+    * H_0. reward: peak_t - r_t > reward_drop * |peak_t|, peak_t the running max. grad: g_t > grad_spike * the
+    median of the non-zero g_0..g_{t-1}, t >= warmup (a step whose groups all tie has no gradient at all).
     """
-
-    def ma(x: list[float]) -> list[float]:
-        return (
-            [statistics.fmean(x[max(0, i - smooth + 1) : i + 1]) for i in range(len(x))] if smooth > 1 else x
-        )
 
     out: dict[str, int | None] = {"entropy": None, "reward": None, "grad": None}
     if entropy:
-        out["entropy"] = next((t for t, h in enumerate(entropy) if h < entropy_frac * entropy[0]), None)
+        h = _trailing_mean(entropy, smooth)
+        out["entropy"] = next((t for t in range(len(h)) if h[t] < entropy_frac * h[0]), None)
     peak = -math.inf
-    for t, r in enumerate(ma(reward)):
+    for t, r in enumerate(_trailing_mean(reward, smooth)):
         peak = max(peak, r)
         if peak - r > reward_drop * abs(peak) > 0:
             out["reward"] = t
             break
     for t in range(warmup, len(grad_norm)):
-        if grad_norm[t] > grad_spike * statistics.median(grad_norm[:t]):
+        seen = [
+            g for g in grad_norm[:t] if g > 0
+        ]  # 0: every group tied, no gradient; not a sample of the norm
+        if seen and grad_norm[t] > grad_spike * statistics.median(seen):
             out["grad"] = t
             break
     hits = [v for v in out.values() if v is not None]
@@ -124,8 +137,9 @@ def grid(variants, betas, seeds, policies, std_norms) -> list[Run]:
     ]
 
 
-def summarise(results: list[dict]) -> list[dict]:
-    """One row per (setting, beta, variant): means over seeds of the final exact values, collapse counts."""
+def summarise(results: list[dict], tail: int = 1) -> list[dict]:
+    """One row per (setting, beta, variant): means over seeds of the final values (each the mean of the
+    last `tail` steps; the entropy fraction divides it by the mean of the first `tail`), collapse counts."""
     cells: dict[tuple, list[dict]] = {}
     for r in results:
         u = r["run"]
@@ -140,13 +154,16 @@ def summarise(results: list[dict]) -> list[dict]:
             "seeds": len(rs),
         }
         curves = [r["curves"] for r in rs]
+        end = lambda x: statistics.fmean(x[-tail:])  # noqa: E731
         for k in ("kl", "entropy", "reward", "dist"):
             if all(c.get(k) for c in curves):
-                row[k] = statistics.fmean(c[k][-1] for c in curves)
+                row[k] = statistics.fmean(end(c[k]) for c in curves)
         if "kl" in row:
             row["kl_max"] = statistics.fmean(max(c["kl"]) for c in curves)
         if "entropy" in row:
-            row["entropy_frac"] = statistics.fmean(c["entropy"][-1] / c["entropy"][0] for c in curves)
+            row["entropy_frac"] = statistics.fmean(
+                end(c["entropy"]) / end(c["entropy"][:tail]) for c in curves
+            )
         for c in ("entropy", "reward", "grad", "any"):
             steps = [r["collapse"][c] for r in rs if r["collapse"][c] is not None]
             row[f"collapsed_{c}"] = len(steps)
@@ -187,11 +204,19 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[dict], out: Path, prefix: str, optimum: dict | None = None) -> list[Path]:
+def plot(
+    results: list[dict],
+    out: Path,
+    prefix: str,
+    optimum: dict | None = None,
+    smooth: int = 1,
+    kl_title: str = "KL(pi || ref)",
+) -> list[Path]:
     """One PNG per (setting, beta): KL, entropy, reward against steps; a line per variant (seed mean), band min-max.
 
     optimum (toy): per beta, pi*'s KL / entropy fraction / reward, drawn dashed; the entropy panel also shows
-    the collapse threshold (25% of the start) dotted."""
+    the collapse threshold (25% of the start) dotted. smooth > 1: each curve is first averaged over its last
+    `smooth` steps (trailing), as the collapse detector sees it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -204,9 +229,9 @@ def plot(results: list[dict], out: Path, prefix: str, optimum: dict | None = Non
     paths = []
     for (off, norm, beta), by_var in groups.items():
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-        for ax, k, title in zip(axes, ("kl", "entropy", "reward"), ("KL(pi || ref)", "entropy", "reward")):
+        for ax, k, title in zip(axes, ("kl", "entropy", "reward"), (kl_title, "entropy", "reward")):
             for variant, rs in by_var.items():
-                curves = [r["curves"][k] for r in rs if r["curves"].get(k)]
+                curves = [_trailing_mean(r["curves"][k], smooth) for r in rs if r["curves"].get(k)]
                 if not curves:
                     continue
                 n = min(len(c) for c in curves)
@@ -229,7 +254,10 @@ def plot(results: list[dict], out: Path, prefix: str, optimum: dict | None = Non
                 ax.axhline(0.25 * h0, color="k", ls=":", lw=0.8)
             ax.set_xlabel("step")
         axes[0].legend(fontsize=8)
-        fig.suptitle(f"{'off' if off else 'on'}-policy, std-norm {'on' if norm else 'off'}, beta {beta:g}")
+        sm = f" ({smooth}-step moving averages)" if smooth > 1 else ""
+        fig.suptitle(
+            f"{'off' if off else 'on'}-policy, std-norm {'on' if norm else 'off'}, beta {beta:g}{sm}"
+        )
         fig.tight_layout()
         p = out / f"{prefix}_{'off' if off else 'on'}_{'std' if norm else 'nostd'}_b{beta:g}.png"
         fig.savefig(p, dpi=80)
@@ -240,25 +268,105 @@ def plot(results: list[dict], out: Path, prefix: str, optimum: dict | None = Non
 
 def write(results: list[dict], out: Path, prefix: str, meta: dict) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarise(results)
+    rows = summarise(results, meta.get("tail", 1))
     (out / f"{prefix}_results.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": results}))
     (out / f"{prefix}_table.md").write_text(markdown(rows))
-    plot(results, out, prefix, meta.get("optimum"))
+    plot(
+        results,
+        out,
+        prefix,
+        meta.get("optimum"),
+        meta.get("smooth", 1),
+        meta.get("kl_title", "KL(pi || ref)"),
+    )
     return rows
 
 
 # ----------------------------------------------------------------------------- small LM (train.py)
 
+TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step
+# The flags of every cell (flags after `--` come later on the command line, so they override these).
+# Full fine-tuning, so the KL reference is the warmed-up model itself; top-k off, so the sampler draws from
+# the very pi whose log-probs, entropy and KL are logged; ROUGE-L against the one-word answer.
+LM_FLAGS = ["--lora.r", "0", "--optim.lr", "2e-3", "--prompts-per-step", "8", "--grpo.group-size", "8",
+            "--reward.spec", "rouge_l:1", "--sampling.top-k", "0", "--sampling.max-new-tokens", "8",
+            "--log-samples-every", "10"]  # fmt: skip
 
-def lm_command(run: Run, out_dir: Path, *, preset: str, steps: int, mu: int, extra: list[str]) -> list[str]:
+
+@dataclass(frozen=True)
+class LMSettings:
+    """How the cells run train.py."""
+
+    preset: str = "tiny"
+    steps: int = 60
+    mu: int = 4  # num_iterations of the off-policy cells
+    extra: tuple[str, ...] = ()  # train.py flags placed after LM_FLAGS, so they override them
+    model: str = ""  # the warmed-up model folder ('' = the preset's model)
+    task: str = ""  # the JSONL task ('' = the preset's)
+
+
+SMOKE = dict(
+    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=60
+)
+
+
+def lm_task(out: Path, n: int = LM_ROWS) -> Path:
+    """n rows of the built-in demo task (a fixed shuffle) as JSONL in the output folder."""
+    path = out / "task.jsonl"
+    if not path.exists():
+        rows = demo_rows("train")
+        random.Random(0).shuffle(rows)
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+    return path
+
+
+def _train(cmd: list[str], rd: Path) -> float:
+    """Run train.py with its console in rd/train.log; returns the wall time in seconds."""
+    rd.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with (rd / "train.log").open("w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise RuntimeError(f"train.py exited {rc}: {' '.join(cmd)}\n{(rd / 'train.log').read_text()[-3000:]}")
+    wall = time.perf_counter() - t0
+    (rd / "ablate.json").write_text(json.dumps({"cmd": cmd, "wall_s": wall}))
+    return wall
+
+
+def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float) -> Path:
+    """SFT of the whole model on the task's references, once per output folder: the start of every cell and
+    its KL reference. Returns an HF model folder (train.py saves weights + tokenizer; the base's config is
+    copied next to them)."""
+    model = out / "sft" / "model"
+    if (model / "config.json").exists():
+        return model
+    shutil.rmtree(out / "sft", ignore_errors=True)
+    n = sum(1 for line in task.read_text().splitlines() if line.strip())
+    _train([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
+            "--prompts-per-step", str(n), "--steps", str(steps), "--optim.lr", str(lr), "--seed", "0",
+            "--out-dir", str(out / "sft")], out / "sft")  # fmt: skip
+    base = resolve_model(PRESETS[preset][1].model.path)
+    for name in ("generation_config.json", "config.json"):  # config.json last: it marks the folder complete
+        if (base / name).exists():
+            shutil.copy(base / name, model / name)
+    return model
+
+
+def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
     """The train.py command line of one grid cell (tyro flags of nanogrpo.config.GRPOConfig)."""
-    g = run.grpo(GRPOConfig(), mu)
+    g = run.grpo(GRPOConfig(), s.mu)
+    # no KL runs as an in-loss KL with beta 0: the same loss, but train.py then computes the reference's
+    # log-probs, so these runs log their KL from the reference too
+    placement, beta = (g.kl_placement, g.beta) if g.kl_placement != "none" else ("loss", 0.0)
     flag = lambda name, on: f"--grpo.{'' if on else 'no-'}{name}"  # noqa: E731
+    start = (["--model.path", s.model] if s.model else []) + (["--data.train", s.task] if s.task else [])
     return [
-        sys.executable, "train.py", preset, "--out-dir", str(out_dir), "--seed", str(run.seed), "--steps", str(steps),
-        "--grpo.kl-placement", g.kl_placement, "--grpo.kl-estimator", g.kl_estimator, "--grpo.beta", str(g.beta),
-        "--grpo.num-iterations", str(g.num_iterations), flag("adv-std-norm", g.adv_std_norm),
-        flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *extra,
+        sys.executable, str(TRAIN_PY), s.preset, *start, *LM_FLAGS, "--out-dir", str(out_dir), "--seed", str(run.seed),
+        "--steps", str(s.steps), "--grpo.kl-placement", placement, "--grpo.kl-estimator", g.kl_estimator,
+        "--grpo.beta", str(beta), "--grpo.num-iterations", str(g.num_iterations), flag("adv-std-norm", g.adv_std_norm),
+        flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *s.extra,
     ]  # fmt: skip
 
 
@@ -269,25 +377,29 @@ def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     return {k: [get(r, k) for r in rows] for k in ("kl", "entropy", "reward", "grad_norm")}
 
 
-def run_lm(runs: list[Run], out: Path, *, preset: str, steps: int, mu: int, extra: list[str]) -> list[dict]:
-    """Each cell as a train.py subprocess (sequential: one CPU), then the toy's collapse detection on its curves."""
+def cell_name(run: Run) -> str:
+    beta = "" if run.variant == "none" else f"_b{run.beta:g}"  # no-KL cells are the same run at every beta
+    return f"{run.variant}{beta}_s{run.seed}_{'off' if run.off_policy else 'on'}_{'std' if run.std_norm else 'nostd'}"
+
+
+def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
+    """Each cell as a train.py subprocess (sequential: one CPU), then the toy's collapse detection on its
+    curves (reward and entropy smoothed over 5 steps: one LM step is a noisy sample). A cell whose
+    summary.json exists (train.py writes it last) is read back, not re-run."""
     results = []
-    for run in runs:
-        rd = (
-            out
-            / "runs"
-            / f"{run.variant}_b{run.beta:g}_s{run.seed}_{'off' if run.off_policy else 'on'}_{'std' if run.std_norm else 'nostd'}"
-        )
-        if not (rd / "metrics.jsonl").exists():
-            subprocess.run(lm_command(run, rd, preset=preset, steps=steps, mu=mu, extra=extra), check=True)
+    for i, run in enumerate(runs):
+        rd = out / "runs" / cell_name(run)
+        if not (rd / "summary.json").exists():
+            shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
+            _train(lm_command(run, rd, s), rd)
+        done = rd / "ablate.json"  # absent when the folder came from elsewhere
+        wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
         c = read_metrics(rd)
-        results.append(
-            {
-                "run": asdict(run),
-                "curves": c,
-                "collapse": detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5),
-            }
-        )
+        col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
+        results.append({"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall})
+        print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
+              f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
+              f"collapse {col['any']} ({wall or 0:.0f} s)", flush=True)  # fmt: skip
     return results
 
 
@@ -297,25 +409,40 @@ def run_lm(runs: list[Run], out: Path, *, preset: str, steps: int, mu: int, extr
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m nanogrpo.ablate", description=__doc__.split("\n")[0])
     ap.add_argument("kind", choices=["toy", "lm"])
-    ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
-    ap.add_argument("--betas", nargs="+", type=float, default=[0.01, 0.05, 0.2])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--policy", nargs="+", default=["on", "off"], choices=["on", "off"])
-    ap.add_argument("--std-norm", nargs="+", default=["on", "off"], choices=["on", "off"])
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (toy 300, lm 40)")
+    ap.add_argument(
+        "--variants", nargs="+", choices=list(VARIANTS), help=f"default {' '.join(DEFAULT_VARIANTS)}"
+    )
+    ap.add_argument("--betas", nargs="+", type=float, help="default 0.01 0.05 0.2")
+    ap.add_argument("--seeds", nargs="+", type=int, help="default 0 1 2")
+    ap.add_argument("--policy", nargs="+", choices=["on", "off"], help="default on off")
+    ap.add_argument("--std-norm", nargs="+", choices=["on", "off"], help="default on off")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (toy 300, lm 60)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="lm: the defaults become 2 variants x 2 seeds, 60 steps"
+    )
     ap.add_argument("--mu", type=int, default=4, help="num_iterations of the off-policy runs")
     ap.add_argument("--lr", type=float, default=ToySettings.lr, help="toy: Adam learning rate")
     ap.add_argument("--noise", type=float, default=ToySettings.noise, help="toy: reward noise std")
     ap.add_argument("--preset", default="tiny", help="lm: train.py preset")
+    ap.add_argument("--rows", type=int, default=LM_ROWS, help="lm: prompts of the demo task to train on")
+    ap.add_argument("--sft-steps", type=int, default=38, help="lm: SFT warm-up steps (every row each step)")
+    ap.add_argument("--sft-lr", type=float, default=1e-2, help="lm: SFT warm-up learning rate")
     ap.add_argument("--out", default=None, help="output folder (runs/ablate-<kind>)")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a, extra = ap.parse_args(argv[:cut]), argv[cut + 1 :]  # lm: flags after -- go to train.py as they are
+    defaults = dict(variants=DEFAULT_VARIANTS, betas=[0.01, 0.05, 0.2], seeds=[0, 1, 2], policy=["on", "off"],
+                    std_norm=["on", "off"], steps=300 if a.kind == "toy" else 60)  # fmt: skip
+    g = {
+        k: getattr(a, k) if getattr(a, k) is not None else (SMOKE if a.smoke else defaults)[k]
+        for k in defaults
+    }
     out = Path(a.out or f"runs/ablate-{a.kind}")
-    runs = grid(a.variants, a.betas, a.seeds, a.policy, a.std_norm)
+    runs = grid(g["variants"], g["betas"], g["seeds"], g["policy"], g["std_norm"])
+    t0 = time.perf_counter()
     if a.kind == "toy":
         torch.set_num_threads(1)  # tensors of ~100 numbers: threads only add overhead
-        s = ToySettings(steps=a.steps or 300, lr=a.lr, noise=a.noise, mu=a.mu)
+        s = ToySettings(steps=g["steps"], lr=a.lr, noise=a.noise, mu=a.mu)
         results = []
         for i, run in enumerate(runs):
             c = train_toy(run.grpo(GRPOConfig(group_size=s.group_size), s.mu), run.seed, s)
@@ -328,13 +455,20 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f}", flush=True)  # fmt: skip
-        meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(a.betas, s)}
+        meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
-        results = run_lm(runs, out, preset=a.preset, steps=a.steps or 40, mu=a.mu, extra=extra)
-        meta = {"kind": "lm", "argv": argv, "preset": a.preset, "steps": a.steps or 40}
+        task = lm_task(out, a.rows)
+        model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr)
+        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task))
+        results = run_lm(runs, out, s)
+        meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": LM_FLAGS, "tail": 5, "smooth": 5,
+                "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip
+    meta["wall_s"] = time.perf_counter() - t0
     write(results, out, a.kind, meta)
     print((out / f"{a.kind}_table.md").read_text())
-    print(f"wrote {out}/{a.kind}_table.md, {a.kind}_results.json and {a.kind}_*.png")
+    print(
+        f"wrote {out}/{a.kind}_table.md, {a.kind}_results.json and {a.kind}_*.png in {meta['wall_s']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -85,23 +85,81 @@ def test_collapse_detector_on_synthetic_curves():
 
 def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
     run = ablate.Run("k2-seq-loss", 0.02, 3, off_policy=True, std_norm=False)
-    cmd = ablate.lm_command(run, tmp_path / "r", preset="tiny", steps=7, mu=2, extra=["--lora.r", "4"])
+    lm = ablate.LMSettings("tiny", steps=7, mu=2, extra=("--lora.r", "4"))
+    cmd = ablate.lm_command(run, tmp_path / "r", lm)
     s = " ".join(cmd)
     for part in ("train.py tiny", "--seed 3", "--steps 7", "--grpo.kl-placement loss", "--grpo.kl-estimator k2",
                  "--grpo.beta 0.02", "--grpo.num-iterations 2", "--grpo.no-adv-std-norm", "--grpo.kl-reward-to-go",
                  "--grpo.no-kl-is-weight", "--lora.r 4"):  # fmt: skip
         assert part in s, part
-    # a finished run folder is read back, not re-run
+    assert s.index("--lora.r 0") < s.index("--lora.r 4")  # flags after `--` come last: they win
+    # no KL is an in-loss KL with beta 0, so the KL from the reference is still computed and logged
+    none = " ".join(ablate.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate.LMSettings()))
+    assert (
+        "--grpo.kl-placement loss" in none and "--grpo.beta 0.0" in none and "--grpo.num-iterations 1" in none
+    )
+    assert ablate.cell_name(ablate.Run("none", 0.2, 0, False, True)) == "none_s0_on_std"  # shared by betas
+    # a finished run folder (summary.json written) is read back, not re-run
     rd = tmp_path / "out" / "runs" / "k2-seq-loss_b0.02_s3_off_nostd"
     rd.mkdir(parents=True)
     rows = [
-        {"step": i, "reward": 0.5, "kl": 0.01 * i, "entropy": 2.0 - 0.1 * i, "grad_norm": 1.0}
+        {"step": i, "reward": 0.5, "kl": 0.01 * i, "entropy": 2.05 - 0.1 * i, "grad_norm": 1.0}
         for i in range(20)
     ]
     (rd / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (rd / "summary.json").write_text("{}")
     monkeypatch.setattr(ablate.subprocess, "run", lambda *a, **k: pytest.fail("should not run train.py"))
-    res = ablate.run_lm([run], tmp_path / "out", preset="tiny", steps=20, mu=2, extra=[])
+    res = ablate.run_lm([run], tmp_path / "out", ablate.LMSettings(steps=20, mu=2))
     assert res[0]["curves"]["kl"][3] == pytest.approx(0.03)
-    assert res[0]["collapse"]["entropy"] == 16  # 2.0 - 1.6 = 0.4 < 0.5
-    rows_ = ablate.write(res, tmp_path / "out", "lm", {"kind": "lm"})
+    # 5-step trailing mean of 2.05 - 0.1 t is 2.05 - 0.1 (t - 2): below 0.25 * 2.05 first at t = 18
+    assert res[0]["collapse"]["entropy"] == 18
+    rows_ = ablate.write(res, tmp_path / "out", "lm", {"kind": "lm", "tail": 5, "smooth": 5})
+    assert rows_[0]["kl"] == pytest.approx(0.17) and rows_[0]["entropy_frac"] == pytest.approx(0.35 / 1.85)
     assert rows_[0]["collapsed_entropy"] == 1 and (tmp_path / "out" / "lm_off_nostd_b0.02.png").exists()
+
+
+def test_collapse_detector_ignores_steps_without_gradient():
+    """An LM step whose groups all tie has grad norm exactly 0; those steps do not make the median 0."""
+    flat = [1.0] * 30
+    grads = [0.0] * 6 + [0.5, 0.0, 0.6, 0.0, 0.0, 0.55] + [0.5] * 18
+    assert ablate.detect_collapse(flat, flat, grads)["grad"] is None
+    grads[20] = 6.0
+    assert ablate.detect_collapse(flat, flat, grads)["grad"] == 20
+
+
+@pytest.mark.slow
+def test_lm_grid_end_to_end(tmp_path):
+    """SFT warm-up, then one GRPO cell through train.py: the cell starts from, and measures KL against, the
+    warmed-up model; flags after `--` reach train.py; a second call re-runs nothing."""
+    argv = [
+        "lm",
+        "--variants",
+        "k3-loss",
+        "--betas",
+        "0.05",
+        "--seeds",
+        "0",
+        "--policy",
+        "on",
+        "--std-norm",
+        "on",
+    ]
+    argv += ["--steps", "2", "--sft-steps", "2", "--out", str(tmp_path), "--", "--grpo.group-size", "4"]
+    ablate.main(argv)
+    assert len((tmp_path / "task.jsonl").read_text().splitlines()) == ablate.LM_ROWS
+    sft = tmp_path / "sft" / "model"
+    assert (sft / "config.json").exists() and (sft / "model.safetensors").exists()
+    rd = tmp_path / "runs" / "k3-loss_b0.05_s0_on_std"
+    cfg = json.loads((rd / "config.json").read_text())
+    assert cfg["model"]["path"] == str(sft) and cfg["lora"]["r"] == 0 and cfg["grpo"]["group_size"] == 4
+    assert cfg["grpo"]["kl_placement"] == "loss" and cfg["grpo"]["beta"] == 0.05
+    data = json.loads((tmp_path / "lm_results.json").read_text())
+    (r,) = data["runs"]
+    c = r["curves"]
+    assert len(c["kl"]) == 2 and all(math.isfinite(x) for v in c.values() for x in v)
+    # step 1 is sampled from the warmed-up model, which is also the reference: its KL is exactly 0
+    assert c["kl"][0] == pytest.approx(0.0, abs=1e-6) and 0 < c["entropy"][0] < math.log(1024)
+    assert (tmp_path / "lm_on_std_b0.05.png").stat().st_size > 10_000
+    mtime = (rd / "metrics.jsonl").stat().st_mtime
+    ablate.main(argv)
+    assert (rd / "metrics.jsonl").stat().st_mtime == mtime

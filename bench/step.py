@@ -357,18 +357,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-BENCH_FLAGS = (
-    "model",
-    "prompts",
-    "group",
-    "new_tokens",
-    "filler_words",
-    "lora_r",
-    "dtype",
-    "device",
-    "steps",
-)
-BENCH_FLAGS += ("warmup", "threads")
+BENCH_FLAGS = "model prompts group new_tokens filler_words lora_r dtype device steps warmup threads".split()
 
 
 def flag_list(a: argparse.Namespace) -> list[str]:

@@ -180,7 +180,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
         TrainConfig(
-            steps=30,
+            steps=40,
             prompts_per_step=4,
             eval_prompts=27,
             out_dir="runs/demo",
@@ -188,7 +188,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             lora=LoraConfig(r=16, alpha=32),
             sampling=SamplingConfig(max_new_tokens=16, temperature=0.8),
             grpo=GRPOConfig(group_size=8),
-            optim=OptimConfig(lr=2e-4),
+            optim=OptimConfig(lr=5e-4),
             reward=RewardConfig(spec="rouge_l:1"),
         ),
     ),

@@ -2,7 +2,7 @@
 
     python -m nanogrpo.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
                                   [--policy on off] [--std-norm on off] [--steps 300] [--out runs/ablate-toy]
-    python -m nanogrpo.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 60] [--out runs/ablate-lm]
+    python -m nanogrpo.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 300] [--out runs/ablate-lm]
                                   [-- extra train.py flags]
 
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
@@ -10,8 +10,8 @@ enumerable tabular policy of nanogrpo.toy, so KL(pi || ref), entropy, expected r
 analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds per run.
 'lm': the same grid through `train.py` (one subprocess per run, curves read back from metrics.jsonl): a
 short SFT warm-up of the preset's model on 16 prompts of the built-in demo task (once per output folder), then
-GRPO from it with ROUGE-L against the one-word answers; the warmed-up model is also the KL reference. Minutes
-per run on a CPU; `--smoke` (2 variants x 2 seeds) is the configuration docs/KL.md records.
+GRPO from it with ROUGE-L against the one-word answers; the warmed-up model is also the KL reference. About
+half a minute per 300-step run of the tiny preset on one CPU thread; `--smoke` is 2 variants x 2 seeds.
 
 Collapse (each criterion reported separately, first step where it holds): entropy below 25% of its start;
 reward more than 50% below its running peak; grad norm above 10x the running median of the previous steps.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import statistics
@@ -97,7 +98,7 @@ def detect_collapse(
     """First step at which each collapse criterion holds (None: never); 'any' is the earliest of them.
 
     Entropy and reward are first averaged over the last `smooth` steps (trailing). entropy: H_t < entropy_frac
-    * H_0. reward: peak_t - r_t > reward_drop * |peak_t|, peak_t the running max. grad: g_t > grad_spike * the
+    * H_0. reward: peak_t - r_t > reward_drop * |peak_t|, peak_t the running max from step smooth - 1 on. grad: g_t > grad_spike * the
     median of the non-zero g_0..g_{t-1}, t >= warmup (a step whose groups all tie has no gradient at all).
     """
 
@@ -107,6 +108,8 @@ def detect_collapse(
         out["entropy"] = next((t for t in range(len(h)) if h[t] < entropy_frac * h[0]), None)
     peak = -math.inf
     for t, r in enumerate(_trailing_mean(reward, smooth)):
+        if t < smooth - 1:  # a partial window is one or two noisy steps: no peak to fall from
+            continue
         peak = max(peak, r)
         if peak - r > reward_drop * abs(peak) > 0:
             out["reward"] = t
@@ -288,10 +291,11 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
 LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step
 # The flags of every cell (flags after `--` come later on the command line, so they override these).
 # Full fine-tuning, so the KL reference is the warmed-up model itself; top-k off, so the sampler draws from
-# the very pi whose log-probs, entropy and KL are logged; ROUGE-L against the one-word answer.
+# the very pi whose log-probs, entropy and KL are logged; ROUGE-L against the one-word answer; a 5-step
+# warm-up, because Adam's first steps have full size whatever the gradient and knock the reward down.
 LM_FLAGS = ["--lora.r", "0", "--optim.lr", "2e-3", "--prompts-per-step", "8", "--grpo.group-size", "8",
             "--reward.spec", "rouge_l:1", "--sampling.top-k", "0", "--sampling.max-new-tokens", "8",
-            "--log-samples-every", "10"]  # fmt: skip
+            "--optim.warmup-steps", "5", "--log-samples-every", "10"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -299,15 +303,16 @@ class LMSettings:
     """How the cells run train.py."""
 
     preset: str = "tiny"
-    steps: int = 60
+    steps: int = 300
     mu: int = 4  # num_iterations of the off-policy cells
     extra: tuple[str, ...] = ()  # train.py flags placed after LM_FLAGS, so they override them
     model: str = ""  # the warmed-up model folder ('' = the preset's model)
     task: str = ""  # the JSONL task ('' = the preset's)
+    threads: int = 1  # OMP_NUM_THREADS of each train.py
 
 
 SMOKE = dict(
-    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=60
+    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=300
 )
 
 
@@ -322,12 +327,17 @@ def lm_task(out: Path, n: int = LM_ROWS) -> Path:
     return path
 
 
-def _train(cmd: list[str], rd: Path) -> float:
-    """Run train.py with its console in rd/train.log; returns the wall time in seconds."""
+def _train(cmd: list[str], rd: Path, threads: int) -> float:
+    """Run train.py with its console in rd/train.log; returns the wall time in seconds.
+
+    threads: torch's intra-op threads (OMP_NUM_THREADS). The tiny model gains nothing from more than one, and
+    on a CPU that other jobs also use, two threads that wait for each other made a 60-step cell take 320 s
+    instead of 10 s."""
     rd.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with (rd / "train.log").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     if rc:
         raise RuntimeError(f"train.py exited {rc}: {' '.join(cmd)}\n{(rd / 'train.log').read_text()[-3000:]}")
     wall = time.perf_counter() - t0
@@ -335,7 +345,7 @@ def _train(cmd: list[str], rd: Path) -> float:
     return wall
 
 
-def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float) -> Path:
+def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float, threads: int = 1) -> Path:
     """SFT of the whole model on the task's references, once per output folder: the start of every cell and
     its KL reference. Returns an HF model folder (train.py saves weights + tokenizer; the base's config is
     copied next to them)."""
@@ -346,7 +356,7 @@ def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float) -> P
     n = sum(1 for line in task.read_text().splitlines() if line.strip())
     _train([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
             "--prompts-per-step", str(n), "--steps", str(steps), "--optim.lr", str(lr), "--seed", "0",
-            "--out-dir", str(out / "sft")], out / "sft")  # fmt: skip
+            "--out-dir", str(out / "sft")], out / "sft", threads)  # fmt: skip
     base = resolve_model(PRESETS[preset][1].model.path)
     for name in ("generation_config.json", "config.json"):  # config.json last: it marks the folder complete
         if (base / name).exists():
@@ -391,7 +401,9 @@ def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
         rd = out / "runs" / cell_name(run)
         if not (rd / "summary.json").exists():
             shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
-            _train(lm_command(run, rd, s), rd)
+            cmd = lm_command(run, rd, s)
+            print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
+            _train(cmd, rd, s.threads)
         done = rd / "ablate.json"  # absent when the folder came from elsewhere
         wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
         c = read_metrics(rd)
@@ -416,9 +428,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, help="default 0 1 2")
     ap.add_argument("--policy", nargs="+", choices=["on", "off"], help="default on off")
     ap.add_argument("--std-norm", nargs="+", choices=["on", "off"], help="default on off")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (toy 300, lm 60)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (300)")
     ap.add_argument(
-        "--smoke", action="store_true", help="lm: the defaults become 2 variants x 2 seeds, 60 steps"
+        "--smoke",
+        action="store_true",
+        help="lm: the grid defaults become none and k3-loss, beta 0.04, seeds 0 1, on-policy, std-norm on",
     )
     ap.add_argument("--mu", type=int, default=4, help="num_iterations of the off-policy runs")
     ap.add_argument("--lr", type=float, default=ToySettings.lr, help="toy: Adam learning rate")
@@ -427,12 +441,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=LM_ROWS, help="lm: prompts of the demo task to train on")
     ap.add_argument("--sft-steps", type=int, default=38, help="lm: SFT warm-up steps (every row each step)")
     ap.add_argument("--sft-lr", type=float, default=1e-2, help="lm: SFT warm-up learning rate")
+    ap.add_argument("--threads", type=int, default=1, help="lm: torch threads of each train.py")
     ap.add_argument("--out", default=None, help="output folder (runs/ablate-<kind>)")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a, extra = ap.parse_args(argv[:cut]), argv[cut + 1 :]  # lm: flags after -- go to train.py as they are
     defaults = dict(variants=DEFAULT_VARIANTS, betas=[0.01, 0.05, 0.2], seeds=[0, 1, 2], policy=["on", "off"],
-                    std_norm=["on", "off"], steps=300 if a.kind == "toy" else 60)  # fmt: skip
+                    std_norm=["on", "off"], steps=300)  # fmt: skip
     g = {
         k: getattr(a, k) if getattr(a, k) is not None else (SMOKE if a.smoke else defaults)[k]
         for k in defaults
@@ -458,8 +473,8 @@ def main(argv: list[str] | None = None) -> None:
         meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
         task = lm_task(out, a.rows)
-        model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr)
-        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task))
+        model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
+        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads)
         results = run_lm(runs, out, s)
         meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": LM_FLAGS, "tail": 5, "smooth": 5,
                 "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip

@@ -128,7 +128,7 @@ def make_judge(spec: str, server: Any = None, reward_cfg: Any = None) -> Judge:
     if kind == "grader" and arg:
         return MetricJudge(arg, reward_cfg=reward_cfg)
     if kind in ("openai", "local") and arg:
-        return LLMJudge(replace(server or JudgeConfig(), backend=kind, model=arg, json_mode=False))
+        return LLMJudge(replace(server or JudgeConfig(), backend=kind, model=arg, json_mode="off"))
     raise ValueError(
         f"unknown judge {spec!r}: use em, f1, seqm, grader:NAME (e.g. grader:rouge_l), openai:MODEL or local:PATH"
     )

@@ -94,7 +94,6 @@ def main(cfg: TrainConfig) -> dict:
         disable=not dist.is_main(),
         dynamic_ncols=True,
     )
-    history: list[dict] = []
     for step in bar:
         t0 = time.perf_counter()
         # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
@@ -112,8 +111,7 @@ def main(cfg: TrainConfig) -> dict:
             completion_ids = torch.tensor([c + [pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
             cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
             p_ids, p_mask = pad_left(prompts, pad_id)
-            batch = make_batch(p_ids, p_mask, completion_ids, cmask)
-            batch = type(batch)(*(x.to(device) if torch.is_tensor(x) else x for x in vars(batch).values()))
+            batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
             n_tok = dist.sum_floats({"n": float(cmask.sum())})["n"]
             t1 = time.perf_counter()
             model.train()
@@ -172,8 +170,7 @@ def main(cfg: TrainConfig) -> dict:
             # ---------------------------------------------------- 3. advantages (KL in the reward first)
             p_ids, p_mask = pad_left(prompts, pad_id)
             p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
-            batch = make_batch(p_ids, p_mask, completion_ids, cmask)
-            batch = type(batch)(*(x.to(device) if torch.is_tensor(x) else x for x in vars(batch).values()))
+            batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
             old_logp = (
                 gen.logp.float().to(device) * batch.mask
             )  # (N, Tc) the sampler's: the policy is unchanged
@@ -287,7 +284,6 @@ def main(cfg: TrainConfig) -> dict:
             tok_per_s=m["tokens"] / max(t_end - t0, 1e-9),
         )
         logger.log(m)
-        history.append(m)
         if dist.is_main():
             bar.set_postfix_str(f"reward {m['reward']:.3f}" if "reward" in m else f"loss {m['loss']:.4f}")
             tqdm.write(console_line(m))

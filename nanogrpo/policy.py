@@ -41,6 +41,10 @@ class Batch:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
+    def to(self, device: torch.device | str) -> Batch:
+        t = lambda x: x.to(device)
+        return Batch(t(self.ids), t(self.attn), t(self.pos), self.prompt_len, t(self.targets), t(self.mask))
+
     def rows(self, sl: slice) -> Batch:
         return Batch(
             self.ids[sl], self.attn[sl], self.pos[sl], self.prompt_len, self.targets[sl], self.mask[sl]

@@ -131,24 +131,11 @@ def test_collapse_detector_on_lm_noise():
     assert ablate.detect_collapse(flat, flat, grads)["grad"] == 20
 
 
-@pytest.mark.slow
 def test_lm_grid_end_to_end(tmp_path):
     """SFT warm-up, then one GRPO cell through train.py: the cell starts from, and measures KL against, the
     warmed-up model; flags after `--` reach train.py; a second call re-runs nothing."""
-    argv = [
-        "lm",
-        "--variants",
-        "k3-loss",
-        "--betas",
-        "0.05",
-        "--seeds",
-        "0",
-        "--policy",
-        "on",
-        "--std-norm",
-        "on",
-    ]
-    argv += ["--steps", "2", "--sft-steps", "2", "--out", str(tmp_path), "--", "--grpo.group-size", "4"]
+    argv = "lm --variants k3-loss --betas 0.05 --seeds 0 --policy on --std-norm on --steps 2".split()
+    argv += ["--out", str(tmp_path), "--", "--grpo.group-size", "4"]
     ablate.main(argv)
     assert len((tmp_path / "task.jsonl").read_text().splitlines()) == ablate.LM_ROWS
     sft = tmp_path / "sft" / "model"
@@ -161,8 +148,9 @@ def test_lm_grid_end_to_end(tmp_path):
     (r,) = data["runs"]
     c = r["curves"]
     assert len(c["kl"]) == 2 and all(math.isfinite(x) for v in c.values() for x in v)
-    # step 1 is sampled from the warmed-up model, which is also the reference: its KL is exactly 0
-    assert c["kl"][0] == pytest.approx(0.0, abs=1e-6) and 0 < c["entropy"][0] < math.log(1024)
+    # step 1 is sampled from the warmed-up model, which is also the reference: its KL is exactly 0, and its
+    # entropy is far below the random model's log(1024) = 6.9 nats (0.8 measured)
+    assert c["kl"][0] == pytest.approx(0.0, abs=1e-6) and 0 < c["entropy"][0] < 2.0
     assert (tmp_path / "lm_on_std_b0.05.png").stat().st_size > 10_000
     mtime = (rd / "metrics.jsonl").stat().st_mtime
     ablate.main(argv)

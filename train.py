@@ -61,6 +61,9 @@ def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- model, tokenizer, optimizer
     policy = load_policy(cfg, device, dtype)
     model, tok = policy.model, policy.tokenizer
+    if world > 1 and dist.is_main():
+        how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
+        print(f"torchrun: {world} ranks, the policy {how}")
     pad_id, eos_ids = policy.pad_id, policy.eos_ids
     params = [p for p in model.parameters() if p.requires_grad]
     from nanogrpo.optim import build_optimizer, build_scheduler
@@ -73,9 +76,8 @@ def main(cfg: TrainConfig) -> dict:
     )
     step0 = 0
     if cfg.resume and (last := ckpt.latest_checkpoint(out / "ckpt")) is not None:
-        policy.load_weights(last)
         state = ckpt.load_trainer_state(last)
-        opt.load_state_dict(state["optimizer"])
+        policy.load_checkpoint(last, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         order.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
@@ -135,7 +137,7 @@ def main(cfg: TrainConfig) -> dict:
                 )
                 for i in range(len(prompts))
             ]
-            with torch.inference_mode():
+            with policy.gathered(), torch.inference_mode():  # FSDP: full weights for the sampler
                 gen = generate(
                     policy.core,
                     prompts,
@@ -263,6 +265,8 @@ def main(cfg: TrainConfig) -> dict:
                     }
                 ),
             )
+            if ref_logp is None:
+                m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
             if kl_pen is not None:
                 m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
             m.update(t_sample=t1 - t0, t_score=t2 - t1)
@@ -293,8 +297,8 @@ def main(cfg: TrainConfig) -> dict:
 
     # ------------------------------------------------------------------------ end: adapter, plots, eval, page
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
+    policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
     if dist.is_main():
-        policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))
         plot_metrics(out)
     if cfg.eval_prompts > 0 and dist.is_main():
         summary["eval"] = final_eval(cfg, policy, out)
@@ -371,10 +375,10 @@ def _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn) -
 
 def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:
     rngs = dist.gather_objects(ckpt.rng_state())  # every rank restores its own dropout/sampling RNG
+    save_weights, opt_state = policy.checkpoint_parts(opt)  # every rank: FSDP gathers to rank 0
     if dist.is_main():
-        ckpt.save_checkpoint(
-            out / "ckpt", step, policy.save_weights, opt, sched, {"data": order.state_dict(), "rng_all": rngs}
-        )
+        extra = {"data": order.state_dict(), "rng_all": rngs}
+        ckpt.save_checkpoint(out / "ckpt", step, save_weights, opt_state, sched, extra)
     dist.barrier()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    ckpt_root: Path, step: int, save_weights, optimizer, scheduler, extra: dict[str, Any], keep: int = 2
+    ckpt_root: Path,
+    step: int,
+    save_weights: Callable[[Path], None],
+    optimizer_state: dict,
+    scheduler,
+    extra: dict[str, Any],
+    keep: int = 2,
 ) -> Path:
-    """Write checkpoint `step` atomically; `save_weights(folder)` writes the model part."""
+    """Write checkpoint `step` atomically; `save_weights(folder)` writes the model part.
+
+    optimizer_state: `optimizer.state_dict()`, or with FSDP the full state gathered to rank 0."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f".tmp_step_{step:06d}"
@@ -47,7 +56,7 @@ def save_checkpoint(
     torch.save(
         {
             "step": step,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng_state(),
             **extra,
@@ -80,8 +89,13 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 def save_full_weights(model: torch.nn.Module, folder: Path) -> None:
     """Trainable tensors of a full fine-tune (the frozen ones can be reloaded from the base model)."""
-    tensors = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(tensors, str(folder / "model.safetensors"))
+    write_full_weights({n: p for n, p in model.named_parameters() if p.requires_grad}, folder)
+
+
+def write_full_weights(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """model.safetensors under HF names (a tied LM head appears once, as the embedding)."""
+    tensors = {n: t.detach().contiguous().cpu() for n, t in tensors.items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def load_full_weights(model: torch.nn.Module, folder: Path) -> None:

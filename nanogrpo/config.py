@@ -30,6 +30,10 @@ class ModelConfig:
     the CPU), or force 'triton' / 'torch'."""
     activation_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    """Under torchrun: 'ddp' replicates the model on every rank; 'fsdp' shards weights, gradients and
+    optimizer state of a full fine-tune (--lora.r 0) across ranks, and its KL reference too; 'auto' is
+    DDP for LoRA, FSDP for full fine-tunes (DDP is fine for small full fine-tunes). Ignored on one process."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,9 @@ class LoraConfig:
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Names of the linear layers that get an adapter."""
     init_from: str = ""
-    """Start from a saved adapter folder (PEFT layout), e.g. the output of --algo sft."""
+    """Start from a saved adapter folder (PEFT layout), e.g. the output of --algo sft: it is merged into the
+    base weights, so the KL reference is that model, and a fresh adapter trains on top. The final adapter
+    holds both (stacked, rank r_sft + r) and loads on the original base."""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def console_line(m: dict[str, Any]) -> str:
         parts.append(r + (f" ({', '.join(comps)})" if len(comps) > 1 else ""))
     for key, label, fmt in _CONSOLE:
         v = m.get(key)
-        if v is not None and not (key == "kl" and v == 0.0):
+        if v is not None:  # kl is None when no KL is computed
             parts.append(f"{label} {fmt.format(v)}")
     if m.get("tok_per_s"):
         parts.append(f"{_fmt_rate(m['tok_per_s'])} tok/s")

@@ -4,13 +4,24 @@ optimizer step.
 Precision: frozen weights run in the compute dtype (bfloat16 on a GPU or a CPU with bf16 matmul units,
 float32 elsewhere); trained weights are float32 master copies (LoRA adapters always; a full fine-tune
 keeps float32 weights and runs the forward under autocast). Log-softmax and the loss are float32.
+
+Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
+fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
+
+`--lora.init-from ADAPTER` (GRPO after SFT) merges that adapter into the base weights and trains a fresh
+adapter on top, so the KL reference (adapters off) is the SFT model, as in the papers' pipelines; the
+final adapter is saved stacked with the SFT one (`stack_adapters`), so it loads on the original base.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
+import re
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +29,7 @@ import numpy as np
 import torch
 
 from . import dist, lora
-from .checkpoint import load_full_weights, save_full_weights
+from .checkpoint import load_full_weights, save_full_weights, write_full_weights
 from .config import ModelConfig, TrainConfig
 from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
@@ -74,18 +85,31 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 class Policy:
     """The trained model and what goes with it."""
 
-    model: torch.nn.Module  # LogprobHead(Transformer): what the loss calls; inside DDP under torchrun
+    model: torch.nn.Module  # LogprobHead(Transformer): what the loss calls; in DDP or FSDP under torchrun
     tokenizer: object
-    ref_model: torch.nn.Module | None  # frozen copy for a full fine-tune with KL; None with LoRA
+    ref_model: (
+        torch.nn.Module | None
+    )  # frozen copy for a full fine-tune with KL (sharded with FSDP); None with LoRA
     pad_id: int
     eos_ids: list[int]
     autocast: torch.dtype | None  # forward autocast dtype for a full fine-tune in bf16
     use_lora: bool
     model_dir: Path
+    fsdp: bool = False  # model (and ref_model) sharded with FSDP2
+    init_from: str = ""  # the SFT adapter merged into the base weights ('' = none)
 
     @property
     def core(self) -> Transformer:
         return unwrap(self.model)
+
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """Around calls of `core` outside the wrapped forward (the sampler, evaluation). With FSDP it
+        all-gathers the weights, so every rank must enter it, outside inference_mode; else it does nothing."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        from .fsdp import gathered
+
+        return gathered(self.model)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
@@ -98,19 +122,23 @@ class Policy:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
-        the right gradient is the SUM over ranks; DDP averages, hence the factor world()."""
+        the right gradient is the SUM over ranks; DDP's all-reduce and FSDP's reduce-scatter both
+        average, hence the factor world()."""
         (loss * dist.world()).backward()
 
     def step(self, opt, sched, grad_clip: float) -> float:
-        """Clip, step, schedule, zero; returns the grad norm before clipping."""
+        """Clip, step, schedule, zero; returns the grad norm before clipping (the full norm on every rank)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the shards
+            norm = norm.full_tensor()
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         return float(norm)
 
     def save_weights(self, folder: Path) -> None:
+        """The trainable weights (not for FSDP: see checkpoint_parts)."""
         if self.use_lora:
             lora.save_adapter(self.core, folder, base_model_name_or_path=str(self.model_dir))
         else:
@@ -119,14 +147,128 @@ class Policy:
     def load_weights(self, folder: Path) -> None:
         if self.use_lora:
             lora.load_adapter(self.core, folder)
+        elif self.fsdp:
+            from safetensors.torch import load_file
+
+            from .fsdp import load_full_state_dict
+
+            load_full_state_dict(self.model, load_file(str(folder / "model.safetensors")))
         else:
             load_full_weights(self.core, folder)
 
+    def checkpoint_parts(self, opt) -> tuple[Callable[[Path], None], dict]:
+        """What a checkpoint holds: a function that writes the weights into a folder, and the optimizer
+        state. Every rank calls it: with FSDP it gathers the full tensors to rank 0, which writes them."""
+        if not self.fsdp:
+            return self.save_weights, opt.state_dict()
+        from .fsdp import full_state_dict, optimizer_state
+
+        tensors = full_state_dict(self.model)
+        return (lambda folder: write_full_weights(tensors, folder)), optimizer_state(self.model, opt)
+
+    def load_checkpoint(self, folder: Path, opt, optimizer_state: dict) -> None:
+        """Weights and optimizer state back from a checkpoint; every rank calls it (and reads the files)."""
+        self.load_weights(folder)
+        if self.fsdp:
+            from .fsdp import load_optimizer_state
+
+            load_optimizer_state(self.model, opt, optimizer_state)
+        else:
+            opt.load_state_dict(optimizer_state)
+
     def save_final(self, folder: Path) -> None:
-        """The adapter (PEFT layout), or the full model as an HF folder, plus the tokenizer."""
+        """The adapter (PEFT layout), or the full model as an HF folder (weights, config.json,
+        generation_config.json), plus the tokenizer. Every rank calls it; rank 0 writes.
+
+        With init_from the adapter is the SFT adapter stacked with the one trained here, so it loads on
+        the original base model like any adapter (see stack_adapters)."""
+        tensors = None
+        if self.fsdp:
+            from .fsdp import full_state_dict
+
+            tensors = full_state_dict(self.model)  # collective
+        if not dist.is_main():
+            return
         folder.mkdir(parents=True, exist_ok=True)
-        self.save_weights(folder)
+        if self.use_lora:
+            self.save_weights(folder)
+            if self.init_from:
+                stack_adapters(Path(self.init_from), folder)
+        else:
+            if tensors is not None:
+                write_full_weights(tensors, folder)
+            else:
+                save_full_weights(self.core, folder)
+            for name in ("config.json", "generation_config.json"):  # what from_pretrained reads
+                if (self.model_dir / name).is_file():
+                    shutil.copyfile(self.model_dir / name, folder / name)
         self.tokenizer.save_pretrained(str(folder))
+
+
+def merge_into_base(model: torch.nn.Module) -> None:
+    """Fold every LoRA adapter into its base weight for good and take the adapters out of the model."""
+    lora.merge(model)
+    for name, m in lora.lora_modules(model).items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, m.base_layer)
+
+
+@torch.no_grad()
+def stack_adapters(first: Path, folder: Path) -> None:
+    """Rewrite the adapter in `folder` (trained on base + `first` merged) as one adapter on the base.
+
+    B1 A1 s1 + B2 A2 s2 = [B1 s1 | B2 s2] @ [A1 ; A2]: rank r1 + r2, alpha = r (scale 1); a layer that
+    only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
+    training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
+    """
+    from safetensors.torch import load_file, save_file
+
+    def read(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+        cfg = json.loads((d / lora.CONFIG_NAME).read_text())
+        sd = load_file(str(d / lora.WEIGHTS_NAME))
+        return cfg, {re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", k): v for k, v in sd.items()}
+
+    (cfg1, sd1), (cfg2, sd2) = read(first), read(folder)
+    r1, r2 = int(cfg1["r"]), int(cfg2["r"])
+    s1, s2 = float(cfg1["lora_alpha"]) / r1, float(cfg2["lora_alpha"]) / r2
+    paths = sorted({k.rsplit(".lora_", 1)[0] for k in [*sd1, *sd2]})
+    out = {}
+    for p in paths:
+        a1, b1 = sd1.get(f"{p}.lora_A.weight"), sd1.get(f"{p}.lora_B.weight")
+        a2, b2 = sd2.get(f"{p}.lora_A.weight"), sd2.get(f"{p}.lora_B.weight")
+        ref_a, ref_b = (a1, b1) if a1 is not None else (a2, b2)
+        n_in, n_out = ref_a.shape[1], ref_b.shape[0]
+        a1 = a1.float() if a1 is not None else torch.zeros(r1, n_in)  # (r1, in)
+        b1 = b1.float() * s1 if b1 is not None else torch.zeros(n_out, r1)  # (out, r1)
+        a2 = a2.float() if a2 is not None else torch.zeros(r2, n_in)  # (r2, in)
+        b2 = b2.float() * s2 if b2 is not None else torch.zeros(n_out, r2)  # (out, r2)
+        out[f"{p}.lora_A.weight"] = torch.cat([a1, a2]).contiguous()  # (r1+r2, in)
+        out[f"{p}.lora_B.weight"] = torch.cat([b1, b2], dim=1).contiguous()  # (out, r1+r2)
+    targets = sorted({*cfg1["target_modules"], *cfg2["target_modules"]})
+    cfg = {**cfg2, "r": r1 + r2, "lora_alpha": r1 + r2, "target_modules": targets}
+    cfg["base_model_name_or_path"] = cfg1.get("base_model_name_or_path") or cfg2.get(
+        "base_model_name_or_path"
+    )
+    (folder / lora.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(out, str(folder / lora.WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def parallel_mode(cfg: TrainConfig) -> str:
+    """'ddp', 'fsdp', or 'none' (one process): how the policy is wrapped under torchrun."""
+    if dist.world() == 1:
+        return "none"
+    mode = cfg.model.parallel
+    if mode == "auto":
+        mode = "ddp" if cfg.lora.r > 0 else "fsdp"
+    if mode == "fsdp" and cfg.lora.r > 0:
+        raise ValueError("--model.parallel fsdp shards full fine-tunes (--lora.r 0); LoRA runs with ddp")
+    if mode == "fsdp" and cfg.optim.name != "adamw":
+        raise ValueError(
+            f"--optim.name {cfg.optim.name} works on whole matrices, FSDP holds shards of them: "
+            "use --optim.name adamw or --model.parallel ddp"
+        )
+    return mode
 
 
 def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> Policy:
@@ -136,19 +278,21 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
     ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     use_lora = cfg.lora.r > 0
+    parallel = parallel_mode(cfg)
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.
     model = Transformer.from_pretrained(
         model_dir, dtype=dtype if use_lora else torch.float32, device=device, attn=cfg.model.attn
     )
     model.activation_checkpointing = cfg.model.activation_checkpointing
     autocast = None if use_lora or dtype == torch.float32 else dtype
+    if cfg.lora.init_from:  # GRPO after SFT: the SFT model becomes the base, and so the KL reference
+        lora.load_adapter(model, cfg.lora.init_from)
+        merge_into_base(model)
     ref_model = None
     if use_lora:
         lora.inject_lora(
             model, r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets
         )
-        if cfg.lora.init_from:
-            lora.load_adapter(model, cfg.lora.init_from)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -163,8 +307,26 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
     )
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     head = LogprobHead(model)
-    if dist.world() > 1:
+    if parallel == "fsdp":
+        from . import fsdp
+
+        if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
+            ref_model = fsdp.shard(LogprobHead(ref_model), frozen=True)
+        # GPU: float32 master weights, all-gathered in bf16 for compute; CPU (gloo): float32 throughout
+        head = fsdp.shard(head, dtype if device.type == "cuda" and dtype != torch.float32 else None)
+    elif parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         head = DDP(head, device_ids=[device.index] if device.type == "cuda" else None)
-    return Policy(head, tok, ref_model, pad_id, eos_ids, autocast, use_lora, model_dir)
+    return Policy(
+        head,
+        tok,
+        ref_model,
+        pad_id,
+        eos_ids,
+        autocast,
+        use_lora,
+        model_dir,
+        parallel == "fsdp",
+        cfg.lora.init_from,
+    )

@@ -8,9 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+
+from nanogrpo.config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("t_", "tok_per_s")
+PRESET = PRESETS["tiny"][1]
 
 
 def run_train(*args, timeout=600):
@@ -123,3 +127,80 @@ def test_bad_data_and_unknown_architecture(tmp_path):
     (arch / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
     r = run_train("tiny", "--out-dir", str(tmp_path / "y"), "--model.path", str(arch), timeout=120)
     assert r.returncode == 2 and "FooForCausalLM" in r.stderr.splitlines()[-1] and "Llama" in r.stderr
+
+
+def test_kl_is_null_without_a_reference_and_a_number_with_one(tmp_path):
+    from train import main
+
+    main(tiny(tmp_path / "none", steps=2))  # kl_placement 'none': no reference, no KL
+    main(tiny(tmp_path / "kl", steps=2, grpo=replace(PRESET.grpo, kl_placement="reward")))
+    assert [m["kl"] for m in metrics(tmp_path / "none")] == [None, None]
+    kl = [m["kl"] for m in metrics(tmp_path / "kl")]
+    assert kl[0] == 0.0 and kl[1] > 0  # the policy starts at the reference, then moves away
+    assert (tmp_path / "none" / "index.html").exists() and (tmp_path / "none" / "kl_entropy.png").exists()
+
+
+def test_full_fine_tune_saves_an_hf_folder(tmp_path, tiny_model_dir):
+    """model/ loads with our loader and with transformers, and it is the trained model, not the base."""
+    from transformers import AutoModelForCausalLM
+
+    from nanogrpo.model import Transformer
+    from train import main
+
+    main(tiny(tmp_path, steps=2, lora=replace(PRESET.lora, r=0)))
+    folder = tmp_path / "model"
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        assert (folder / name).exists(), name
+    ids = torch.tensor([[1, 17, 230, 5, 9, 2]])
+    with torch.no_grad():
+        ours = Transformer.from_pretrained(folder)(ids)
+        theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits
+        base = Transformer.from_pretrained(tiny_model_dir)(ids)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert float((ours - base).abs().max()) > 1e-3
+
+
+def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
+    """With --lora.init-from the KL reference (adapters off) is the SFT model, the policy starts there,
+    and the final adapter (SFT stacked with the new one) reproduces the policy on the original base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nanogrpo import lora
+    from nanogrpo.model import Transformer
+    from nanogrpo.policy import completion_logprobs, make_batch, pad_left
+    from nanogrpo.runtime import load_policy
+
+    torch.manual_seed(0)
+    sft = Transformer.from_pretrained(tiny_model_dir)
+    lora.inject_lora(sft, r=2, alpha=4, targets=("q_proj", "v_proj", "up_proj"))  # not the preset's targets
+    for m in lora.lora_modules(sft).values():
+        torch.nn.init.normal_(m.lora_B.weight, std=0.5)
+    lora.save_adapter(sft, tmp_path / "sft")
+    p_ids, p_mask = pad_left([[1, 5, 9], [3, 4]], 0)
+    batch = make_batch(p_ids, p_mask, torch.randint(3, 1000, (2, 5)), torch.ones(2, 5))
+    lp = lambda m: completion_logprobs(m, batch)[0].detach()  # noqa: E731
+    want, base = lp(sft), lp(Transformer.from_pretrained(tiny_model_dir))
+    assert float((want - base).abs().max()) > 0.05  # the SFT adapter matters
+
+    cfg = tiny(tmp_path / "run")
+    policy = load_policy(
+        replace(cfg, lora=replace(cfg.lora, init_from=str(tmp_path / "sft"))), "cpu", torch.float32
+    )
+    torch.testing.assert_close(policy.reference_logprobs(batch, 1.0), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lp(policy.core), want, atol=1e-5, rtol=0)  # a fresh adapter: starts at SFT
+
+    for m in lora.lora_modules(policy.core).values():  # stands in for training
+        torch.nn.init.normal_(m.lora_B.weight, std=0.5)
+    trained = lp(policy.core)
+    policy.save_final(tmp_path / "final")
+    saved = json.loads((tmp_path / "final" / "adapter_config.json").read_text())
+    assert saved["r"] == 2 + cfg.lora.r and set(saved["target_modules"]) == set(cfg.lora.targets)
+    fresh = lora.load_adapter(Transformer.from_pretrained(tiny_model_dir), tmp_path / "final")
+    torch.testing.assert_close(lp(fresh), trained, atol=1e-4, rtol=0)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(hf, tmp_path / "final").eval()
+    with torch.no_grad():
+        ids = batch.ids[:1]
+        ours = fresh(ids)
+        torch.testing.assert_close(peft_model(ids).logits, ours, atol=1e-4, rtol=1e-4)

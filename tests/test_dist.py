@@ -56,3 +56,32 @@ def test_two_ranks_log_once_checkpoint_once_and_resume(tmp_path):
     r = _run(["--steps", "4", "--resume", "--out-dir", str(run)], nproc=2)
     assert "resumed from" in r.stdout
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_full_fine_tune_with_ddp_equals_one_process(tmp_path):
+    """--model.parallel ddp keeps the replicated path for small full fine-tunes (FSDP: tests/test_fsdp.py)."""
+    common = ["--lora.r", "0", "--optim.lr", "1e-4", "--steps", "2", "--prompts-per-step", "4"]
+    _run([*common, "--out-dir", str(tmp_path / "one")])
+    r = _run([*common, "--model.parallel", "ddp", "--out-dir", str(tmp_path / "two")], nproc=2)
+    assert "replicated with DDP" in r.stdout
+    a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("one", "two"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_parallel_mode(monkeypatch):
+    from dataclasses import replace
+
+    from nanogrpo import dist
+    from nanogrpo.config import PRESETS
+    from nanogrpo.runtime import parallel_mode
+
+    cfg = PRESETS["tiny"][1]
+    full = replace(cfg, lora=replace(cfg.lora, r=0))
+    assert parallel_mode(full) == "none"  # one process: no wrapper whatever the flag
+    monkeypatch.setattr(dist, "world", lambda: 2)
+    assert parallel_mode(cfg) == "ddp" and parallel_mode(full) == "fsdp"
+    assert parallel_mode(replace(full, model=replace(cfg.model, parallel="ddp"))) == "ddp"
+    with pytest.raises(ValueError, match="--lora.r 0"):
+        parallel_mode(replace(cfg, model=replace(cfg.model, parallel="fsdp")))
+    with pytest.raises(ValueError, match="adamw"):
+        parallel_mode(replace(full, optim=replace(cfg.optim, name="muon")))

@@ -16,6 +16,13 @@ The parts (bf16 frozen weights, float32 LoRA adapters with AdamW; bytes per elem
   V) instead of the naive [M*T, V] float32 logits plus its log_softmax (two such tensors).
 The reference pass runs without grad and needs no more than the policy's forward.
 It prints a table, and the sum is compared with the card's memory. Measured peaks: docs/SCALING.md.
+
+A second table (--fsdp-ranks N, 0 = skip) is a full fine-tune sharded with FSDP2 over N GPUs, per rank:
+float32 weights [4] + grads [4] + AdamW moments [8], and the bf16 KL reference [2], all divided by N;
+while training, two decoder blocks unsharded in bf16 (the running one and the prefetched one, weights and
+gradients [2 + 2]) and the root group (embeddings, LM head, final norm: unsharded from forward to
+backward, weights and gradients [2 + 2]); while sampling, the whole model gathered in bf16 [2] and this
+rank's share (1/N) of the KV cache.
 """
 
 from __future__ import annotations
@@ -97,6 +104,43 @@ def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def plan_fsdp(c: dict, a: argparse.Namespace, ranks: int) -> dict[str, float]:
+    """Per-rank GiB of a full fine-tune sharded over `ranks` GPUs (see the module docstring)."""
+    H, V = c["hidden_size"], c["vocab_size"]
+    base = plan(c, a)  # activations, log-prob tile and KV cache are the same shapes as with LoRA
+    n_params = base["params (B)"] * 1e9
+    layer_params = sum(i * o for i, o in linear_shapes(c).values()) + 2 * H
+    root_params = V * H * (1 if c.get("tie_word_embeddings") else 2) + H
+    parts = {
+        "weights + grads + AdamW (fp32) / N": n_params * 16 / ranks,
+        "KL reference (bf16) / N": n_params * 2 / ranks,
+        "2 unsharded blocks (bf16 w + g)": 2 * layer_params * 4,
+        "root: embeddings + LM head (bf16 w + g)": root_params * 4,
+        "activations (train micro-batch)": base["activations (train micro-batch)"] * GB,
+        "log-probs, fused": base["log-probs, fused"] * GB,
+        "sampling: full model gathered (bf16)": n_params * 2,
+        "sampling: KV cache / N": base["KV cache (sampling)"] * GB / ranks,
+    }
+    out = {k: v / GB for k, v in parts.items()}
+    sharded = parts["weights + grads + AdamW (fp32) / N"] + parts["KL reference (bf16) / N"]
+    train = sum(parts[k] for k in list(parts)[2:6])
+    sample = parts["sampling: full model gathered (bf16)"] + parts["sampling: KV cache / N"]
+    out["peak per rank (sampling and training apart)"] = (sharded + max(train, sample)) / GB
+    out["unsharded, one GPU: weights+grads+AdamW+ref"] = n_params * 18 / GB
+    return out
+
+
+def _table(title: str, results: dict[str, dict[str, float]], peak_key: str, card_gb: float) -> None:
+    names = list(results)
+    print(title)
+    print(f"{'':44}" + "".join(f"{n:>14}" for n in names))
+    for k in results[names[0]]:
+        print(f"{k:44}" + "".join(f"{results[n][k]:>14.2f}" for n in names))
+    for n in names:
+        fits = results[n][peak_key] <= card_gb
+        print(f"{n}: {'fits' if fits else 'does NOT fit'} in {card_gb:g} GB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -111,24 +155,30 @@ def main() -> None:
     ap.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     ap.add_argument("--logprob-chunk", type=int, default=4096, help="token rows per fused log-prob tile")
     ap.add_argument("--card-gb", type=float, default=80.0)
+    ap.add_argument("--fsdp-ranks", type=int, default=8, help="full fine-tune with FSDP on N GPUs (0 = skip)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = {m: plan(load_config(m), a) for m in a.model}
+    fsdp = {m: plan_fsdp(load_config(m), a, a.fsdp_ranks) for m in a.model} if a.fsdp_ranks > 0 else {}
     if a.json:
-        print(json.dumps({"args": vars(a), "plan": results}, indent=2))
+        print(json.dumps({"args": vars(a), "plan": results, "fsdp": fsdp}, indent=2))
         return
-    names = list(results)
-    print(
+    _table(
         f"LoRA r={a.lora_r}, P={a.prompts_per_step} x G={a.group_size}, prompt {a.prompt_len} + "
         f"{a.max_new_tokens} new tokens, micro-batch {a.micro_batch or 'all'}, "
-        f"checkpointing {'on' if a.checkpointing else 'off'}; GiB"
+        f"checkpointing {'on' if a.checkpointing else 'off'}; GiB",
+        results,
+        "peak, fused (sampling and training apart)",
+        a.card_gb,
     )
-    print(f"{'':42}" + "".join(f"{n:>14}" for n in names))
-    for k in results[names[0]]:
-        print(f"{k:42}" + "".join(f"{results[n][k]:>14.2f}" for n in names))
-    for n in names:
-        fits = results[n]["peak, fused (sampling and training apart)"] <= a.card_gb
-        print(f"{n}: {'fits' if fits else 'does NOT fit'} in {a.card_gb:g} GB")
+    if fsdp:
+        print()
+        _table(
+            f"Full fine-tune, FSDP over {a.fsdp_ranks} GPUs, KL reference sharded, same batch; GiB per rank",
+            fsdp,
+            "peak per rank (sampling and training apart)",
+            a.card_gb,
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@ the metrics share.
 
 The model returns final hidden states; only the positions that predict a completion token are gathered,
 and kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
+
+The G completions of a prompt share it: the forward runs each prompt once, expands its keys/values to the
+group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
+row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
+large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
+of a group then share one dropout mask over the prompt.)
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.logprobs import token_logprobs
+
+from .kvcache import PrefixKV
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,29 +45,36 @@ class Batch:
     prompt_len: int  # Tp
     targets: torch.Tensor  # (N, Tc) completion ids
     mask: torch.Tensor  # (N, Tc) float, 1 on completion tokens
+    group: torch.Tensor  # (N,) long: rows with the same value share their prompt (and are adjacent)
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     def to(self, device: torch.device | str) -> Batch:
         t = lambda x: x.to(device)
-        return Batch(t(self.ids), t(self.attn), t(self.pos), self.prompt_len, t(self.targets), t(self.mask))
+        b = self
+        return Batch(t(b.ids), t(b.attn), t(b.pos), b.prompt_len, t(b.targets), t(b.mask), t(b.group))
 
     def rows(self, sl: slice) -> Batch:
-        return Batch(
-            self.ids[sl], self.attn[sl], self.pos[sl], self.prompt_len, self.targets[sl], self.mask[sl]
-        )
+        b = self
+        return Batch(b.ids[sl], b.attn[sl], b.pos[sl], b.prompt_len, b.targets[sl], b.mask[sl], b.group[sl])
 
 
 def make_batch(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
 ) -> Batch:
-    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc]."""
+    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc].
+
+    Adjacent rows with the same prompt form a group (their prompt runs once in the forward).
+    """
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Tp+Tc)
     # tokens after a completion's end only attend backwards (causal), so they cannot change earlier ones
     attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (N, Tp+Tc)
     pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (N, Tp+Tc)
-    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float())
+    new = torch.ones(len(ids), dtype=torch.bool)  # (N,) row starts a new group
+    new[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(1).cpu()
+    group = new.long().cumsum(0) - 1  # (N,)
+    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
 
 
 class LogprobHead(torch.nn.Module):
@@ -82,10 +97,18 @@ class LogprobHead(torch.nn.Module):
         mask: torch.Tensor,
         prompt_len: int,
         temperature: float,
+        group: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
         Tp, Tc = prompt_len, targets.shape[1]
-        hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+        first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
+        if group is not None and Tp > 0:
+            first = torch.ones_like(group, dtype=torch.bool)
+            first[1:] = group[1:] != group[:-1]
+        if first is None or bool(first.all()):  # no prompt is shared: one pass over prompt + completion
+            hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
+            hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+        else:
+            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first)  # (N, Tc, H)
         sel = mask.bool()  # (N, Tc)
         h = hidden[sel]  # (n_tok, H)
         weight = self.model.lm_head_weight  # (V, H)
@@ -97,6 +120,32 @@ class LogprobHead(torch.nn.Module):
         logp = logp.masked_scatter(sel, lp.float())
         entropy[sel] = ent.detach().float()
         return logp, entropy
+
+    def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
+        """The hidden states that predict the completion tokens, each prompt run once for its group."""
+        heads = first.nonzero().squeeze(1)  # (P,) one row per prompt
+        owner = first.long().cumsum(0) - 1  # (N,) row -> its prompt in 0..P-1
+        prefix = PrefixKV(len(self.model.model.layers))
+        h_prompt = self.model(
+            ids[heads, :Tp],
+            attention_mask=attn[heads, :Tp],
+            position_ids=pos[heads, :Tp],
+            kv_cache=prefix,
+            return_hidden=True,
+        )  # (P, Tp, H)
+        h_first = h_prompt[:, -1:].index_select(0, owner)  # (N, 1, H) predicts completion token 0
+        if Tc == 1:
+            return h_first
+        # completion tokens 0..Tc-2 predict tokens 1..Tc-1; they see the whole prompt and, causally, each other
+        end = Tp + Tc - 1
+        h_rest = self.model(
+            ids[:, Tp:end],
+            attention_mask=attn[:, :end],
+            position_ids=pos[:, Tp:end],
+            kv_cache=prefix.expand(owner),
+            return_hidden=True,
+        )  # (N, Tc-1, H)
+        return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
 
 
 def completion_logprobs(
@@ -117,5 +166,6 @@ def completion_logprobs(
     )
     with ctx:
         return model(
-            batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature
-        )
+            batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
+            batch.group,
+        )  # fmt: skip

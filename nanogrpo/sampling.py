@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .packed import packed_weights
+
 
 @dataclass
 class Generation:
@@ -194,18 +196,21 @@ def generate(
     was_training = model.training
     model.eval()  # LoRA dropout off while sampling
     try:
-        return _generate(
-            model, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-            eos_ids, stop_strings, tokenizer, generator, pad_id,
-        )  # fmt: skip
+        # on the CPU: packed bf16 weights with LoRA folded in, for the duration of this call (packed.py)
+        with packed_weights(model, batch_hint=len(prompts) * group_size) as head:
+            return _generate(
+                model, head, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
+                eos_ids, stop_strings, tokenizer, generator, pad_id,
+            )  # fmt: skip
     finally:
         model.train(was_training)
 
 
 def _generate(
-    model, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
-) -> Generation:
+    model, head, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
+) -> Generation:  # fmt: skip
     W = model.lm_head_weight  # (V, H)
+    lm_head = head if head is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     dev = W.device
     P, N = len(prompts), len(prompts) * G
     lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
@@ -225,7 +230,10 @@ def _generate(
     else:
         pos = torch.arange(L, device=dev).expand(P, L)
 
-    cache = model.new_kv_cache(P, S)
+    # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
+    # without casting the whole cache at every step
+    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else None
+    cache = model.new_kv_cache(P, S, dtype=cache_dtype)
     h = model(
         ids,
         position_ids=pos,
@@ -233,7 +241,7 @@ def _generate(
         kv_cache=cache,
         return_hidden=True,
     )
-    logits = (h[:, -1] @ W.T).float()  # (P, V) only the last position needs the LM head
+    logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
 
     # expand the prefilled prompts to their groups: G rows per prompt, adjacent
     cache = cache.repeat_interleave(G)
@@ -295,7 +303,7 @@ def _generate(
             kv_cache=cache,
             return_hidden=True,
         )  # (n, 1, H)
-        logits = (h[:, 0] @ W.T).float()  # (n, V)
+        logits = lm_head(h[:, 0]).float()  # (n, V)
 
     T = int(length.max())
     mask = torch.arange(T, device=dev)[None, :] < length[:, None]  # (N, T)

@@ -1,0 +1,79 @@
+"""Key/value caches: the sampler's preallocated cache, and the training forward's shared-prompt prefix.
+
+- `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
+- `PrefixKV`: the keys/values of the prompts, kept as autograd tensors. The training forward runs each
+  prompt once, expands its keys/values to the G completions of its group, then runs only the completion
+  tokens against them; gradients from all G completions flow back into the one prompt pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, k/v (L, B, n_kv, max_len, D), and the filled length."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        self.k, self.v, self.length = k, v, length
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new k/v (B, n_kv, T, D) after the filled part; return all keys/values so far."""
+        end = self.length + k.shape[2]
+        assert end <= self.max_len, f"KV cache full: {end} > max_len {self.max_len}"
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
+
+    def repeat_interleave(self, g: int) -> KVCache:
+        """A new cache whose rows i*g .. i*g+g-1 are copies of row i (one prefilled prompt -> g completions)."""
+        k = self.k.new_zeros(self.k.shape[0], self.batch * g, *self.k.shape[2:])
+        v = torch.zeros_like(k)
+        k[:, :, :, : self.length] = self.k[:, :, :, : self.length].repeat_interleave(g, dim=1)
+        v[:, :, :, : self.length] = self.v[:, :, :, : self.length].repeat_interleave(g, dim=1)
+        return KVCache(k, v, self.length)
+
+    def select(self, rows: torch.Tensor) -> KVCache:
+        """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
+        return KVCache(self.k[:, rows], self.v[:, rows], self.length)
+
+
+class PrefixKV:
+    """Per-layer keys/values (B, n_kv, S, D) of a prefix, as autograd tensors (nothing written in place).
+
+    Two modes. Recording (a fresh PrefixKV): a forward over the prefix stores each layer's k/v; a re-run of
+    a layer under activation checkpointing stores its recomputed k/v again, which changes nothing. Frozen
+    (from `expand`): a forward over the next tokens attends to the prefix + its own keys and stores nothing,
+    so one prefix serves any number of such forwards.
+    """
+
+    def __init__(self, num_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0  # the prefix length once recorded (the model's forward sets it)
+        self.frozen = False
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v (B, n_kv, T, D) of the current tokens -> all keys/values they attend to (B, n_kv, S, D)."""
+        if self.frozen:
+            return torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def expand(self, rows: torch.Tensor) -> PrefixKV:
+        """A frozen prefix whose row i is row rows[i] of this one (prompt -> its completions); differentiable:
+        the gradients of the rows that share a prompt add up in the prompt's keys/values."""
+        assert all(k is not None for k in self.k), "record the prefix (run the model over it) before expand"
+        out = PrefixKV(len(self.k))
+        out.k = [k.index_select(0, rows) for k in self.k]  # each (n, n_kv, S, D)
+        out.v = [v.index_select(0, rows) for v in self.v]
+        out.length, out.frozen = self.length, True
+        return out

@@ -1,0 +1,176 @@
+"""The speed-ups must not change results: shared-prompt training forward, packed CPU sampling weights, the
+float32 sampling cache and the single-query decode attention, each against the plain path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanogrpo import lora
+from nanogrpo.kvcache import PrefixKV
+from nanogrpo.model import Transformer, decode_attention
+from nanogrpo.model_zoo import resolve_model
+from nanogrpo.packed import PackedLinear, packed_weights, packing_supported
+from nanogrpo.policy import completion_logprobs, make_batch, pad_left
+from nanogrpo.sampling import generate
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+G = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    return resolve_model("tiny")
+
+
+def lora_model(tiny_dir, dtype=torch.float32, seed=0) -> Transformer:
+    """The tiny model with LoRA whose B is non-zero, so the adapters change the output."""
+    torch.manual_seed(seed)
+    m = Transformer.from_pretrained(tiny_dir, dtype=dtype)
+    lora.inject_lora(m, r=4, alpha=8)
+    for mod in lora.lora_modules(m).values():
+        torch.nn.init.normal_(mod.lora_B.weight, std=0.05)
+    return m
+
+
+def group_batch(vocab: int, seed: int = 0):
+    """P=3 prompts of different lengths (left padding) x G=3 completions of mixed lengths."""
+    g = torch.Generator().manual_seed(seed)
+    p_ids, p_mask = pad_left(PROMPTS, 0)
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (9, Tp)
+    comp = torch.randint(1, vocab, (len(p_ids), 6), generator=g)  # (9, 6)
+    mask = torch.ones(len(p_ids), 6)
+    mask[1, 3:], mask[4, 1:], mask[8, 5:] = 0, 0, 0
+    return make_batch(p_ids, p_mask, comp, mask)
+
+
+def logp_and_grads(model, batch):
+    logp, ent = completion_logprobs(model, batch, temperature=0.9)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((logp * torch.linspace(-1, 1, logp.shape[1])).sum(), params)
+    return logp.detach(), ent, grads
+
+
+def test_make_batch_finds_the_groups():
+    b = group_batch(100)
+    assert b.group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert b.rows(slice(2, 5)).group.tolist() == [0, 1, 1]
+    # identical prompts that are not adjacent are separate groups
+    p_ids, p_mask = pad_left([[1, 2], [3], [1, 2]], 0)
+    b = make_batch(p_ids, p_mask, torch.ones(3, 2, dtype=torch.long), torch.ones(3, 2))
+    assert b.group.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_shared_prompt_forward_equals_per_row(tiny_dir, checkpointing):
+    """Running each prompt once for its group gives the per-row log-probs, entropies and LoRA gradients."""
+    model = lora_model(tiny_dir)
+    model.activation_checkpointing = checkpointing
+    model.train()
+    batch = group_batch(model.config.vocab_size)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp, ent, grads = logp_and_grads(model, batch)
+    hook.remove()
+    assert calls == [(3, 6), (9, 5)]  # 3 prompts once, then the completions (all but their last token)
+
+    per_row = group_batch(model.config.vocab_size)
+    per_row.group = torch.arange(len(per_row))  # every row its own prompt: one full pass
+    logp_ref, ent_ref, grads_ref = logp_and_grads(model, per_row)
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=0)
+    assert (logp[batch.mask == 0] == 0).all()
+    for g, r in zip(grads, grads_ref):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_micro_batches_split_groups(tiny_dir):
+    """Micro-batches that cut through a group, and one-token completions, still match the per-row path."""
+    model = lora_model(tiny_dir)
+    batch = group_batch(model.config.vocab_size)
+    full, _ = completion_logprobs(model, batch)
+    parts = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + 4)))[0] for i in range(0, 9, 4)])
+    torch.testing.assert_close(parts, full, atol=1e-5, rtol=0)
+    one = batch.rows(slice(0, 9))
+    one.targets, one.mask = batch.targets[:, :1], batch.mask[:, :1]  # one-token completions
+    grouped, _ = completion_logprobs(model, one)
+    one.group = torch.arange(9)
+    torch.testing.assert_close(grouped, completion_logprobs(model, one)[0], atol=1e-5, rtol=0)
+
+
+def test_prefix_kv_records_then_expands():
+    kv = PrefixKV(2)
+    k, v = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    assert kv.update(0, k, v)[0] is k  # recording returns the keys as given
+    kv.update(1, k, v)
+    kv.length = 3
+    ex = kv.expand(torch.tensor([0, 0, 1]))
+    k2, v2 = ex.update(0, torch.zeros(3, 1, 2, 4), torch.zeros(3, 1, 2, 4))
+    assert k2.shape == (3, 1, 5, 4) and torch.equal(k2[1, :, :3], k[0]) and ex.k[0].shape == (3, 1, 3, 4)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_decode_attention_equals_sdpa(masked):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g) for s in [(5, 6, 1, 8), (5, 2, 7, 8), (5, 2, 7, 8)])
+    mask = None
+    if masked:
+        mask = torch.rand(5, 1, 1, 7, generator=g) > 0.3
+        mask[..., -1] = True
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(decode_attention(q, k, v, mask), ref, atol=1e-6, rtol=0)
+
+
+needs_packing = pytest.mark.skipif(
+    not packing_supported(torch.zeros(1, dtype=torch.bfloat16)), reason="no oneDNN bf16 packing in this torch"
+)
+
+
+@needs_packing
+def test_packed_linear_equals_linear():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g).bfloat16()
+    b = torch.randn(96, generator=g).bfloat16()
+    x = torch.randn(2, 5, 64, generator=g).bfloat16()
+    got = PackedLinear(w, b, batch_hint=10)(x)
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert got.shape == (2, 5, 96) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, atol=0.1, rtol=0.02)
+
+
+@needs_packing
+def test_packed_weights_fold_lora_and_restore(tiny_dir):
+    """Inside the block each projection applies W + BA (one packed matmul); after it, the plain modules."""
+    model = lora_model(tiny_dir, dtype=torch.bfloat16)
+    x = torch.randn(4, model.config.hidden_size).bfloat16()
+    proj = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        before = proj(x)
+        with packed_weights(model, batch_hint=4) as head:
+            assert head is not None
+            inside = proj(x)
+            logits = head(x)
+        after = proj(x)
+    assert torch.equal(before, after) and "forward" not in proj.__dict__
+    torch.testing.assert_close(inside.float(), before.float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(logits.float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02)
+    with lora.disabled(model), torch.no_grad(), packed_weights(model, batch_hint=4):
+        base = proj(x)  # a disabled adapter is not folded in
+    torch.testing.assert_close(base.float(), proj.base_layer(x).float(), atol=0.05, rtol=0.02)
+
+
+@needs_packing
+def test_bf16_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch):
+    """The packed weights + float32 cache path samples what the plain bf16 path samples (greedy: the same
+    tokens; sampled: log-probs within bf16 rounding), with LoRA on."""
+    model = lora_model(tiny_dir, dtype=torch.bfloat16)
+    kw = dict(group_size=G, max_new_tokens=8, pad_id=0)
+    fast = generate(model, PROMPTS, temperature=0.0, **kw)
+    fast_s = generate(model, PROMPTS, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw)
+    monkeypatch.setenv("NANOGRPO_PACKED", "0")
+    plain = generate(model, PROMPTS, temperature=0.0, **kw)
+    plain_s = generate(model, PROMPTS, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw)
+    agree = (fast.completion_ids == plain.completion_ids).float().mean()
+    assert agree > 0.9, f"greedy tokens agree on {agree:.0%} only"
+    same = fast_s.completion_ids == plain_s.completion_ids  # (N, T) the same draws up to a flipped token
+    first_diff = (~same).float().cumsum(1) == 0
+    torch.testing.assert_close(fast_s.logp[first_diff], plain_s.logp[first_diff], atol=0.05, rtol=0)

@@ -316,8 +316,9 @@ def main(cfg: TrainConfig) -> dict:
 
 
 def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
-    """Greedy answers of the base model (LoRA off) and the trained one on held-out prompts, scored with
-    the training graders; prints both means and the paired bootstrap 95% CI of the difference."""
+    """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
+    one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
+    95% CI of the difference."""
     from nanogrpo.evaluate import base_vs_trained, format_paired_table, save_eval
 
     source = cfg.data.eval or ("demo" if cfg.data.train == "demo" else "")
@@ -338,7 +339,8 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
         progress=False,
     )
     save_eval(out, rows, res)
-    print(f"\nheld-out: {len(rows)} prompts, greedy, base (LoRA off) vs trained; * = 95% CI excludes 0")
+    base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"
+    print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
     print(format_paired_table(res["summary"]))
     return res["summary"]
 

@@ -1,6 +1,8 @@
-"""Key/value caches: the sampler's preallocated cache, and the training forward's shared-prompt prefix.
+"""Key/value caches: the sampler's preallocated caches, and the training forward's shared-prompt prefix.
 
 - `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
+- `GroupedKVCache`: after the prefill, each prompt's keys/values once for its G completions, plus each
+  completion's own; decode attention reads a prompt's keys once per group.
 - `PrefixKV`: the keys/values of the prompts, kept as autograd tensors. The training forward runs each
   prompt once, expands its keys/values to the G completions of its group, then runs only the completion
   tokens against them; gradients from all G completions flow back into the one prompt pass.
@@ -32,14 +34,6 @@ class KVCache:
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
-
-    def repeat_interleave(self, g: int) -> KVCache:
-        """A new cache whose rows i*g .. i*g+g-1 are copies of row i (one prefilled prompt -> g completions)."""
-        k = self.k.new_zeros(self.k.shape[0], self.batch * g, *self.k.shape[2:])
-        v = torch.zeros_like(k)
-        k[:, :, :, : self.length] = self.k[:, :, :, : self.length].repeat_interleave(g, dim=1)
-        v[:, :, :, : self.length] = self.v[:, :, :, : self.length].repeat_interleave(g, dim=1)
-        return KVCache(k, v, self.length)
 
     def select(self, rows: torch.Tensor) -> KVCache:
         """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
@@ -77,3 +71,73 @@ class PrefixKV:
         out.v = [v.index_select(0, rows) for v in self.v]
         out.length, out.frozen = self.length, True
         return out
+
+
+class GroupedKVCache:
+    """The sampler's cache after the prefill: each prompt's keys/values once, shared by its G completions,
+    plus each completion's own keys/values.
+
+    Decode attention then reads a prompt's keys once for the whole group (the query rows of its G
+    completions stacked into one matmul) instead of G copies of them: less memory and less traffic for
+    long prompts and large groups. Rows may be dropped as completions end (`select`); `rows` maps each
+    remaining row to its place among the P*G completions.
+    """
+
+    def __init__(self, prefix: KVCache, group_size: int, max_new: int):
+        Lp = prefix.length
+        self.pk, self.pv = prefix.k[:, :, :, :Lp], prefix.v[:, :, :, :Lp]  # (layers, P, n_kv, Lp, D)
+        layers, P, nkv, _, D = self.pk.shape
+        self.G, self.prefix_len, self.length = group_size, Lp, Lp
+        self.k = self.pk.new_zeros(layers, P * group_size, nkv, max_new, D)  # (layers, n, n_kv, max_new, D)
+        self.v = torch.zeros_like(self.k)
+        self.rows: torch.Tensor | None = None  # (n,) index among the P*G completions; None = all, in order
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the completions' new k/v (n, n_kv, T, D); return their own keys/values so far."""
+        start = self.length - self.prefix_len
+        end = start + k.shape[2]
+        assert end <= self.k.shape[3], f"KV cache full: {end} new tokens > {self.k.shape[3]}"
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (n, n_kv, t, D)
+
+    def select(self, keep: torch.Tensor) -> GroupedKVCache:
+        """Only the given rows (e.g. the unfinished completions); the prompts' part is shared, not copied."""
+        out = object.__new__(GroupedKVCache)
+        out.__dict__.update(self.__dict__)
+        out.k, out.v = self.k[:, keep], self.v[:, keep]
+        out.rows = keep if self.rows is None else self.rows[keep]
+        return out
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        """One query per row. q (n, nh, 1, D); k/v (n, n_kv, t, D) from update; mask None or bool
+        (n, 1, 1, Lp + t). Returns (n, nh, 1, D): softmax over the prompt's keys and the row's own."""
+        n, nh, _, D = q.shape
+        kp, vp = self.pk[layer], self.pv[layer]  # (P, n_kv, Lp, D)
+        P, nkv, Lp, _ = kp.shape
+        G, g, rows = self.G, nh // nkv, self.rows
+        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P, nkv, G * g, -1)
+        to_rows = lambda x: x.reshape(P, nkv, G, g, -1).transpose(1, 2).reshape(P * G, nkv, g, -1)
+        qr = q.reshape(n, nkv, g, D)  # (n, n_kv, g, D)
+        if rows is not None:  # ended rows were dropped: put the others back in place, zeros elsewhere
+            qr = qr.new_zeros(P * G, nkv, g, D).index_copy_(0, rows, qr)  # (P*G, n_kv, g, D)
+        s_prompt = to_rows(to_groups(qr) @ kp.transpose(-1, -2))  # (P*G, n_kv, g, Lp)
+        if rows is not None:
+            s_prompt = s_prompt[rows]  # (n, n_kv, g, Lp)
+        s_own = q.reshape(n, nkv, g, D) @ k.transpose(-1, -2)  # (n, n_kv, g, t)
+        s = torch.cat([s_prompt, s_own], dim=-1) * D**-0.5  # (n, n_kv, g, Lp + t)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))  # mask broadcasts over the heads
+        p = s.softmax(-1)
+        p_prompt = p[..., :Lp]  # (n, n_kv, g, Lp)
+        if rows is not None:
+            p_prompt = p_prompt.new_zeros(P * G, nkv, g, Lp).index_copy_(0, rows, p_prompt)
+        y = to_rows(to_groups(p_prompt) @ vp)  # (P*G, n_kv, g, D)
+        if rows is not None:
+            y = y[rows]
+        y = y + p[..., Lp:] @ v  # (n, n_kv, g, D)
+        return y.reshape(n, nh, 1, D)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .kvcache import KVCache, PrefixKV
+from .kvcache import GroupedKVCache, KVCache, PrefixKV
 from .rope import apply_rope, rope_inv_freq
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
@@ -163,7 +163,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.hd, a.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, kv_cache: KVCache | PrefixKV | None, layer: int) -> torch.Tensor:
+    def forward(
+        self, x, cos, sin, mask, kv_cache: KVCache | GroupedKVCache | PrefixKV | None, layer: int
+    ) -> torch.Tensor:
         """x (B, T, H); mask as built in Transformer.forward."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd)  # (B, T, nh, D)
@@ -175,7 +177,11 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, D)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D)
-        if isinstance(mask, str) and mask == "flash":
+        if isinstance(kv_cache, GroupedKVCache):
+            assert T == 1, "a GroupedKVCache serves decode steps (one token per row); prefill a KVCache"
+            mask = mask if isinstance(mask, torch.Tensor) else None
+            y = kv_cache.attend(layer, q.to(k.dtype), k, v, mask).transpose(1, 2).to(q.dtype)  # (B, 1, nh, D)
+        elif isinstance(mask, str) and mask == "flash":
             from flash_attn import flash_attn_func
 
             # flash aligns its causal mask bottom-right, as a query block after a cache needs
@@ -285,7 +291,7 @@ class Transformer(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | PrefixKV | None = None,
+        kv_cache: KVCache | GroupedKVCache | PrefixKV | None = None,
         return_hidden: bool = False,
     ) -> torch.Tensor:
         """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding.

@@ -1,17 +1,21 @@
 """Batched generation with a preallocated KV cache: prefill each prompt once, expand to its group, decode.
 
 GRPO samples G completions of each of P prompts. The P prompts are left-padded into one batch (mixed
-lengths: an attention mask hides the pads, position ids count real tokens only), run through the model
-once (prefill), and only then is the KV cache repeated G times, so a prompt's tokens are computed once,
-not G times. Decoding then runs one token for all P*G rows per step. A row that has hit an EOS id or a
-stop string rides along (its outputs are ignored and padded at the end) until a quarter of the batch
-has ended; then the ended rows are dropped from the batch and the cache, so long completions do not
-pay for finished ones.
+lengths: an attention mask hides the pads, position ids count real tokens only) and run through the model
+once (prefill), so a prompt's tokens are computed once, not G times. Its keys and values are not copied
+G times either: the G completions share them (kvcache.GroupedKVCache), and each decode step reads a
+prompt's keys once for its whole group. Decoding runs one token for all P*G rows per step. A row that
+has hit an EOS id or a stop string rides along (its outputs are ignored and padded at the end) until a
+quarter of the batch has ended; then the ended rows are dropped from the batch and the cache, so long
+completions do not pay for finished ones.
 
 What the trainer keeps from a sample (GRPO's old_logp when the policy has not moved since sampling) is
 the log-probability of each sampled token under softmax(logits / temperature) in float32, *before*
 top-k / top-p filtering: the trainer recomputes exactly that distribution, so the importance ratio starts
 at 1. With temperature 0 (greedy) it is the log-prob under softmax(logits).
+
+On the CPU, a bf16 model samples with packed copies of its weights with LoRA folded in (packed.py) and a
+float32 cache (the fp32 attention kernels are the faster ones there).
 
 Departures from transformers' `generate`: only the last position of the prefill goes through the LM head
 (no [B, T, V] logits), a draw is one uniform per row through the CDF of the kept tokens (top-k and
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kvcache import GroupedKVCache
 from .packed import packed_weights
 
 
@@ -215,7 +220,7 @@ def _generate(
     P, N = len(prompts), len(prompts) * G
     lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
     L = int(lens.max())
-    S = L + max_new  # cache length: the longest prompt plus every new token
+    S = L + max_new  # sequence length: the longest prompt plus every new token
 
     # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
     ids = torch.full((P, L), pad_id, dtype=torch.long)
@@ -233,7 +238,7 @@ def _generate(
     # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
     # without casting the whole cache at every step
     cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else None
-    cache = model.new_kv_cache(P, S, dtype=cache_dtype)
+    cache = model.new_kv_cache(P, L, dtype=cache_dtype)
     h = model(
         ids,
         position_ids=pos,
@@ -243,8 +248,9 @@ def _generate(
     )
     logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
 
-    # expand the prefilled prompts to their groups: G rows per prompt, adjacent
-    cache = cache.repeat_interleave(G)
+    # expand the prefilled prompts to their groups: G rows per prompt, adjacent; the prompts' keys and
+    # values stay shared (one copy per prompt), each completion adds its own
+    cache = GroupedKVCache(cache, G, max_new)
     logits = logits.repeat_interleave(G, 0)  # (N, V)
     next_pos = lens.repeat_interleave(G)[:, None]  # (N, 1) position of the first new token
     if attn is not None:

@@ -21,6 +21,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from nanogrpo.kvcache import GroupedKVCache
 from nanogrpo.model import ModelArgs, Transformer
 from nanogrpo.model_zoo import resolve_model
 
@@ -181,21 +182,24 @@ def test_kv_cache_without_mask(tiny_model_dir):
         m(ids[:, :1], kv_cache=cache)
 
 
-def test_repeat_interleave_cache_gives_group_rows(tmp_path):
-    """Prefill 2 prompts once, expand to G=3 rows each, decode different tokens: equals full recomputation."""
+def test_grouped_cache_gives_group_rows(tmp_path):
+    """Prefill 2 prompts once, share them with G=3 rows each, decode different tokens, drop rows midway:
+    equals full recomputation."""
     _save(CONFIGS["mistral-gqa"], tmp_path)
     m = Transformer.from_pretrained(tmp_path)
     G, prompts, cont = 3, _ids((2, 6), seed=5), _ids((6, 4), seed=6)
+    full = m(torch.cat([prompts.repeat_interleave(G, 0), cont], 1))[:, 6:].detach()  # (6, 4, V)
     with torch.no_grad():
-        cache = m.new_kv_cache(2, 10)
+        cache = m.new_kv_cache(2, 6)
         m(prompts, kv_cache=cache)
-        group = cache.repeat_interleave(G)
-        assert group.batch == 6 and group.length == 6 and group.max_len == 10
-        steps = torch.cat([m(cont[:, t : t + 1], kv_cache=group) for t in range(4)], 1)  # (6, 4, V)
-        full = m(torch.cat([prompts.repeat_interleave(G, 0), cont], 1))[:, 6:]
-        sub = group.select(torch.tensor([1, 4]))
-    torch.testing.assert_close(steps, full, atol=1e-5, rtol=0)
-    torch.testing.assert_close(sub.k, group.k[:, [1, 4]])
+        group = GroupedKVCache(cache, G, max_new=4)
+        assert group.batch == 6 and group.length == 6 and group.pk.shape[1] == 2  # prompts stored once
+        steps = torch.cat([m(cont[:, t : t + 1], kv_cache=group) for t in range(2)], 1)  # (6, 2, V)
+        keep = torch.tensor([1, 4, 5])
+        sub = group.select(keep)
+        rest = torch.cat([m(cont[keep, t : t + 1], kv_cache=sub) for t in range(2, 4)], 1)  # (3, 2, V)
+    torch.testing.assert_close(steps, full[:, :2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(rest, full[keep, 2:], atol=1e-5, rtol=0)
 
 
 def test_return_hidden_times_lm_head_is_logits(tiny_model_dir):

@@ -76,7 +76,7 @@ def micro_slices(n: int, micro: int) -> list[slice]:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The Transformer inside a LogprobHead, itself maybe inside DDP."""
+    """The Transformer inside a LogprobHead, itself maybe inside DDP (FSDP keeps the module in place)."""
     model = model.module if hasattr(model, "module") else model
     return model.model if isinstance(model, LogprobHead) else model
 
@@ -87,9 +87,7 @@ class Policy:
 
     model: torch.nn.Module  # LogprobHead(Transformer): what the loss calls; in DDP or FSDP under torchrun
     tokenizer: object
-    ref_model: (
-        torch.nn.Module | None
-    )  # frozen copy for a full fine-tune with KL (sharded with FSDP); None with LoRA
+    ref_model: torch.nn.Module | None  # full fine-tune with KL: a frozen copy (FSDP: sharded); LoRA: None
     pad_id: int
     eos_ids: list[int]
     autocast: torch.dtype | None  # forward autocast dtype for a full fine-tune in bf16

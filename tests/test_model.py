@@ -236,7 +236,9 @@ def test_activation_checkpointing_same_gradients(tiny_model_dir):
 
 
 def test_bfloat16_matches_transformers(tiny_model_dir):
-    """bf16 is the training dtype on AMX CPUs and GPUs: same op order as transformers, so (near) equal."""
+    """bf16 is the training dtype on bf16 CPUs and GPUs: same op order as transformers except that on the
+    CPU attention runs in float32 (its bf16 kernels are slower there), so equal within ~1 bf16 ulp, and no
+    farther from the float32 model than transformers' bf16 is."""
     ids = _ids((2, 9), vocab=1024)
     ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
     with torch.no_grad():
@@ -244,7 +246,8 @@ def test_bfloat16_matches_transformers(tiny_model_dir):
         got = Transformer.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)(ids)
         f32 = Transformer.from_pretrained(tiny_model_dir)(ids)
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want.float(), atol=1e-3, rtol=0)
+    torch.testing.assert_close(got.float(), want.float(), atol=8e-3, rtol=0)
+    assert (got.float() - f32).abs().mean() <= 1.05 * (want.float() - f32).abs().mean()
     torch.testing.assert_close(got.float(), f32, atol=2e-2, rtol=0)
 
 
@@ -335,10 +338,17 @@ def test_smollm2_matches_transformers(smollm2_dir):
     ref = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     ours = Transformer.from_pretrained(smollm2_dir)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), ref(ids).logits, atol=1e-4, rtol=0)
+        f32 = ours(ids)  # (1, T, V)
+        torch.testing.assert_close(f32, ref(ids).logits, atol=1e-4, rtol=0)
         # (loaded in bf16, not cast with .to(): that would also round transformers' RoPE inv_freq buffer)
         ref = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).eval()
         ours = Transformer.from_pretrained(smollm2_dir, dtype=torch.bfloat16)
-        torch.testing.assert_close(ours(ids).float(), ref(ids).logits.float(), atol=1e-3, rtol=0)
+        # over 30 layers bf16 rounding adds up (mean |error| ~0.2 here); ours, with float32 attention on the
+        # CPU, must be about as close to the float32 logits as transformers' bf16 forward (measured: 0.236
+        # vs 0.218; the same op order as transformers gave equality within 1e-3)
+        err_ours = (ours(ids).float() - f32).abs()  # (1, T, V)
+        err_hf = (ref(ids).logits.float() - f32).abs()
+        assert err_ours.mean() <= 1.2 * err_hf.mean(), (err_ours.mean(), err_hf.mean())
+        assert err_ours.max() <= 1.5 * err_hf.max(), (err_ours.max(), err_hf.max())
     assert ours.config.num_hidden_layers == 30 and ours.config.num_key_value_heads == 3
     assert ours.config.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]

@@ -159,6 +159,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
         self.v_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, a.hidden_size, bias=a.o_bias)
+        self.fused_qkv = None  # q|k|v in one matmul: set by packed.packed_weights while the CPU samples
         if a.qk_norm:
             self.q_norm = RMSNorm(self.hd, a.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
@@ -168,9 +169,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, H); mask as built in Transformer.forward."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.nh, self.hd)  # (B, T, nh, D)
-        k = self.k_proj(x).view(B, T, self.nkv, self.hd)  # (B, T, n_kv, D)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, n_kv, T, D)
+        if self.fused_qkv is not None:
+            q, k, v = self.fused_qkv(x).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.nh, self.hd)  # (B, T, nh, D)
+        k = k.view(B, T, self.nkv, self.hd)  # (B, T, n_kv, D)
+        v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, n_kv, T, D)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, D)
@@ -209,9 +214,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
         self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
+        self.fused_gate_up = None  # gate|up in one matmul: set by packed.packed_weights while the CPU samples
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_gate_up is not None:
+            gate, up = self.fused_gate_up(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -1,11 +1,12 @@
 """Sampling weights for the CPU: every linear layer's weight with its LoRA update folded in, packed once per
-call to `generate` into oneDNN's blocked layout.
+call to `generate` into oneDNN's blocked layout, q|k|v and gate|up fused.
 
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain bf16
 `F.linear` re-lays out the weight on every call; a pre-packed weight skips that (15-30% faster matmuls
-on SmolLM2's shapes), and folding the LoRA update into the temporary copy removes the two low-rank
-matmuls per projection. The copies live only for the duration of the `with` block; the trained
-weights are untouched, so the sampler's model is the trained model up to bf16 rounding of W + BA.
+on SmolLM2's shapes), folding the LoRA update into the temporary copy removes the two low-rank matmuls
+per projection, and fusing the projections that read the same input saves a few percent more. The copies
+live only for the duration of the `with` block; the trained weights are untouched, so the sampler's
+model is the trained model up to bf16 rounding of W + BA.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
 no packing. `packed_weights(model)` is a no-op unless the model is a bf16 model on a CPU with oneDNN.
@@ -61,27 +62,43 @@ def effective_weight(m: nn.Module) -> torch.Tensor:
     return m.weight
 
 
+def _fused(mods: list[nn.Module], batch_hint: int) -> PackedLinear:
+    """One packed matmul for projections that read the same input (q|k|v, gate|up)."""
+    weight = torch.cat([effective_weight(m) for m in mods])  # (sum of outs, in)
+    biases = [m.bias for m in mods]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([weight.new_zeros(m.out_features) if b is None else b for m, b in zip(mods, biases)])
+    return PackedLinear(weight, bias, batch_hint)
+
+
 @contextlib.contextmanager
 def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[PackedLinear | None]:
-    """Inside the block, every nn.Linear / LoraLinear of `model` runs on a packed copy of its effective
-    weight. Yields a PackedLinear for the LM head (None when packing does not apply: use the plain weight).
+    """Inside the block the model's projections run on packed copies of their effective weights, q|k|v
+    and gate|up fused into one matmul each. Yields a PackedLinear for the LM head (None when packing does
+    not apply: then nothing changes, use the plain weight).
     """
     head = model.lm_head_weight
     if not packing_supported(head):
         yield None
         return
     patched: list[nn.Module] = []
+    fused: list[tuple[nn.Module, str]] = []
     try:
         with torch.no_grad():
-            for name, m in model.named_modules():
-                inside_lora = any(name.endswith(s) for s in (".base_layer", ".lora_A", ".lora_B"))
-                if name == "lm_head" or inside_lora or not isinstance(m, (nn.Linear, LoraLinear)):
-                    continue
-                # an instance attribute shadows the class's forward until it is deleted again
-                m.forward = PackedLinear(effective_weight(m), m.bias, batch_hint)
-                patched.append(m)
+            for layer in model.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                attn.fused_qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], batch_hint)
+                mlp.fused_gate_up = _fused([mlp.gate_proj, mlp.up_proj], batch_hint)
+                fused += [(attn, "fused_qkv"), (mlp, "fused_gate_up")]
+                for m in (attn.o_proj, mlp.down_proj):
+                    # an instance attribute shadows the class's forward until it is deleted again
+                    m.forward = PackedLinear(effective_weight(m), m.bias, batch_hint)
+                    patched.append(m)
             lm_head = PackedLinear(head, None, batch_hint)
         yield lm_head
     finally:
         for m in patched:
             del m.forward
+        for m, name in fused:
+            setattr(m, name, None)

@@ -142,20 +142,26 @@ def test_packed_weights_fold_lora_and_restore(tiny_dir):
     """Inside the block each projection applies W + BA (one packed matmul); after it, the plain modules."""
     model = lora_model(tiny_dir, dtype=torch.bfloat16)
     x = torch.randn(4, model.config.hidden_size).bfloat16()
-    proj = model.model.layers[0].self_attn.q_proj
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    proj = attn.o_proj
+    xo = torch.randn(4, proj.in_features).bfloat16()
     with torch.no_grad():
-        before = proj(x)
+        before, qkv = proj(xo), torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
+        gate_up = torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1)
         with packed_weights(model, batch_hint=4) as head:
             assert head is not None
-            inside = proj(x)
+            inside = proj(xo)
+            qkv_in, gate_up_in = attn.fused_qkv(x), mlp.fused_gate_up(x)
             logits = head(x)
-        after = proj(x)
+        after = proj(xo)
     assert torch.equal(before, after) and "forward" not in proj.__dict__
-    torch.testing.assert_close(inside.float(), before.float(), atol=0.05, rtol=0.02)
+    assert attn.fused_qkv is None and mlp.fused_gate_up is None
+    for got, want in [(inside, before), (qkv_in, qkv), (gate_up_in, gate_up)]:
+        torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
     torch.testing.assert_close(logits.float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02)
     with lora.disabled(model), torch.no_grad(), packed_weights(model, batch_hint=4):
-        base = proj(x)  # a disabled adapter is not folded in
-    torch.testing.assert_close(base.float(), proj.base_layer(x).float(), atol=0.05, rtol=0.02)
+        base = proj(xo)  # a disabled adapter is not folded in
+    torch.testing.assert_close(base.float(), proj.base_layer(xo).float(), atol=0.05, rtol=0.02)
 
 
 @needs_packing
@@ -174,3 +180,17 @@ def test_bf16_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch):
     same = fast_s.completion_ids == plain_s.completion_ids  # (N, T) the same draws up to a flipped token
     first_diff = (~same).float().cumsum(1) == 0
     torch.testing.assert_close(fast_s.logp[first_diff], plain_s.logp[first_diff], atol=0.05, rtol=0)
+
+
+@needs_packing
+def test_fused_projections_keep_biases():
+    """q|k|v fused: Qwen2's q/k/v biases (and a missing bias as zeros) land in the right columns."""
+    from nanogrpo.packed import _fused
+
+    torch.manual_seed(0)
+    mods = [torch.nn.Linear(32, n, bias=b).bfloat16() for n, b in [(32, True), (16, False), (16, True)]]
+    x = torch.randn(3, 32).bfloat16()
+    with torch.no_grad():
+        want = torch.cat([m(x) for m in mods], -1)
+        got = _fused(mods, batch_hint=3)(x)
+    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)

@@ -29,85 +29,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from memwatch import MemoryMonitor  # noqa: E402
+from step_trl import run_trl, trl_install_line  # noqa: E402
+
+from nanogrpo.lora import DEFAULT_TARGETS as TARGETS  # noqa: E402
+
 FILLER = (
     "Background notes follow; they do not change the question. The quick brown fox jumps over the lazy "
     "dog while the river runs past old mills, green fields and quiet villages under a grey sky. "
 ).split()
-
-
-def trl_install_line() -> str:
-    import torch
-
-    base = torch.__version__.split("+")[0]
-    # pinning torch to the installed version keeps pip from swapping it (e.g. a CPU build for a CUDA one)
-    return f"{sys.executable} -m pip install trl 'torch=={base}'"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# memory: a background thread samples RSS; the step window starts at the first sampling call
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now (/proc on Linux, else psutil)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import psutil
-
-        return psutil.Process().memory_info().rss
-
-
-class MemoryMonitor:
-    def __init__(self, every_s: float = 0.01):
-        self.every_s = every_s
-        self.base = self.peak = 0
-        self._on = False
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            if self._on:
-                self.peak = max(self.peak, rss_bytes())
-
-    def start(self) -> None:
-        """Called once, right before the first step (after the model and optimizer exist)."""
-        import torch
-
-        if self._on:
-            return
-        self.base = self.peak = rss_bytes()
-        self._on = True
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-
-    def result(self) -> dict:
-        import torch
-
-        self._stop.set()
-        self.peak = max(self.peak, rss_bytes())
-        out = {
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
-            "step_rss_gib": (self.peak - self.base) / 2**30,
-        }
-        if torch.cuda.is_available():
-            out["cuda_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        return out
 
 
 def write_prompts(path: Path, n: int, filler_words: int) -> None:
@@ -197,139 +138,6 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "checkpointing": cfg.model.activation_checkpointing,
         **mem.result(),
     }
-
-
-def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
-    import torch
-    import trl
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-
-    from nanogrpo.config import ModelConfig
-    from nanogrpo.model_zoo import resolve_model
-    from nanogrpo.runtime import resolve_device_dtype
-    from rewards import Sample, build_reward
-    from rewards.options import RewardConfig
-
-    torch.manual_seed(0)
-    mem = MemoryMonitor()
-    device, dtype = resolve_device_dtype(ModelConfig(path=a.model, dtype=a.dtype, device=a.device))
-    model_dir = resolve_model(a.model)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    rows = [json.loads(line) for line in data.read_text().splitlines()]
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
-    grader = build_reward(RewardConfig(spec="rouge_l:1"))
-
-    def rouge_l(prompts, completions, reference, **_) -> list[float | None]:
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        batch = [
-            Sample(prompt=str(p), completion=t, group=i // a.group, row={"reference": ref})
-            for i, (p, t, ref) in enumerate(zip(prompts, texts, reference))
-        ]
-        return grader(batch)[0]
-
-    args = trl.GRPOConfig(
-        output_dir=str(out_dir),
-        max_steps=a.warmup + a.steps,
-        per_device_train_batch_size=a.prompts * a.group,
-        gradient_accumulation_steps=1,
-        num_generations=a.group,
-        max_completion_length=a.new_tokens,
-        generation_kwargs={"min_new_tokens": a.new_tokens},  # no early EOS: fixed length, as in nanogrpo
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        epsilon=0.2,
-        loss_type="dapo",  # token-mean over the batch: nanogrpo's default aggregation
-        scale_rewards="group",
-        learning_rate=1e-4,
-        lr_scheduler_type="constant",
-        max_grad_norm=1.0,
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,
-        gradient_checkpointing=a.checkpointing,  # TRL's default is on; nanogrpo's is off
-        use_vllm=False,
-        use_cpu=device.type == "cpu",
-        shuffle_dataset=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    peft_cfg = LoraConfig(
-        r=a.lora_r,
-        lora_alpha=2 * a.lora_r,
-        lora_dropout=0.0,
-        target_modules=list(TARGETS),
-        task_type="CAUSAL_LM",
-    )
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=rouge_l,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tok,
-        peft_config=peft_cfg,
-    )
-
-    t_step: list[float] = []
-    t_sample: list[float] = []
-    cpu_step: list[float] = []
-    cpu_sample: list[float] = []
-    prompt_lens: list[float] = []
-    logged: list[dict] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            mem.start()
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-            t_sample.append(0.0)
-            cpu_sample.append(0.0)
-
-        def on_step_end(self, args, state, control, **kw):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t_step.append(time.perf_counter() - self.t0)
-            cpu_step.append(time.process_time() - self.c0)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                logged.append(dict(logs))
-
-    gen = trainer._generate_single_turn
-
-    def timed_generate(prompt_ids, *args, **kw):
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = gen(prompt_ids, *args, **kw)
-        t_sample[-1] += time.perf_counter() - t0
-        cpu_sample[-1] += time.process_time() - c0
-        prompt_lens.append(sum(map(len, prompt_ids)) / len(prompt_ids))
-        return out
-
-    trainer._generate_single_turn = timed_generate
-    trainer.add_callback(Timer())
-    trainer.train()
-    w = a.warmup
-    return {
-        "version": f"TRL {trl.__version__}",
-        "t_step": t_step[w:],
-        "t_sample": t_sample[w:],
-        "cpu_step": cpu_step[w:],
-        "cpu_sample": cpu_sample[w:],
-        "len_mean": statistics.mean(x["completions/mean_length"] for x in logged[w:]),
-        "prompt_len": statistics.mean(prompt_lens[w:]),
-        "reward": statistics.mean(x["reward"] for x in logged[w:]),
-        "checkpointing": bool(trainer.args.gradient_checkpointing),
-        **mem.result(),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the driver: one subprocess per side and run, then a table
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

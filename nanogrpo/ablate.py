@@ -8,7 +8,7 @@
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
 enumerable tabular policy of nanogrpo.toy, so KL(pi || ref), entropy, expected reward and the distance to the
 analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds per run.
-'lm': the same grid through `train.py` (one subprocess per run, curves read back from metrics.jsonl): a
+'lm' (nanogrpo/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves from metrics.jsonl): a
 short SFT warm-up of the preset's model on 16 prompts of the built-in demo task (once per output folder), then
 GRPO from it with ROUGE-L against the one-word answers; the warmed-up model is also the KL reference. About
 half a minute per 300-step run of the tiny preset on one CPU thread; `--smoke` is 2 variants x 2 seeds.
@@ -22,11 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import random
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -34,9 +30,7 @@ from pathlib import Path
 
 import torch
 
-from nanogrpo.config import PRESETS, GRPOConfig
-from nanogrpo.data import demo_rows
-from nanogrpo.model_zoo import resolve_model
+from nanogrpo.config import GRPOConfig
 from nanogrpo.toy import ToySettings, toy_optimum, train_toy
 
 # name -> GRPOConfig fields; the names are what tables and plots show
@@ -51,6 +45,10 @@ VARIANTS: dict[str, dict] = {
     "k3-is-seq-loss": dict(kl_placement="loss", kl_estimator="k3", kl_is_weight=True, kl_reward_to_go=True),
 }
 DEFAULT_VARIANTS = ["none", "k1-loss", "k3-loss", "k2-seq-loss", "k3-is-loss", "k1-reward"]
+# lm --smoke: the grid's defaults become these
+SMOKE = dict(
+    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=300
+)
 
 
 @dataclass(frozen=True)
@@ -285,136 +283,6 @@ def write(results: list[dict], out: Path, prefix: str, meta: dict) -> list[dict]
     return rows
 
 
-# ----------------------------------------------------------------------------- small LM (train.py)
-
-TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
-LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step
-# The flags of every cell (flags after `--` come later on the command line, so they override these).
-# Full fine-tuning, so the KL reference is the warmed-up model itself; top-k off, so the sampler draws from
-# the very pi whose log-probs, entropy and KL are logged; ROUGE-L against the one-word answer; a 5-step
-# warm-up, because Adam's first steps have full size whatever the gradient and knock the reward down.
-LM_FLAGS = ["--lora.r", "0", "--optim.lr", "2e-3", "--prompts-per-step", "8", "--grpo.group-size", "8",
-            "--reward.spec", "rouge_l:1", "--sampling.top-k", "0", "--sampling.max-new-tokens", "8",
-            "--optim.warmup-steps", "5", "--log-samples-every", "10"]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LMSettings:
-    """How the cells run train.py."""
-
-    preset: str = "tiny"
-    steps: int = 300
-    mu: int = 4  # num_iterations of the off-policy cells
-    extra: tuple[str, ...] = ()  # train.py flags placed after LM_FLAGS, so they override them
-    model: str = ""  # the warmed-up model folder ('' = the preset's model)
-    task: str = ""  # the JSONL task ('' = the preset's)
-    threads: int = 1  # OMP_NUM_THREADS of each train.py
-
-
-SMOKE = dict(
-    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=300
-)
-
-
-def lm_task(out: Path, n: int = LM_ROWS) -> Path:
-    """n rows of the built-in demo task (a fixed shuffle) as JSONL in the output folder."""
-    path = out / "task.jsonl"
-    if not path.exists():
-        rows = demo_rows("train")
-        random.Random(0).shuffle(rows)
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
-    return path
-
-
-def _train(cmd: list[str], rd: Path, threads: int) -> float:
-    """Run train.py with its console in rd/train.log; returns the wall time in seconds.
-
-    threads: torch's intra-op threads (OMP_NUM_THREADS). The tiny model gains nothing from more than one, and
-    on a CPU that other jobs also use, two threads that wait for each other made a 60-step cell take 320 s
-    instead of 10 s."""
-    rd.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with (rd / "train.log").open("w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    if rc:
-        raise RuntimeError(f"train.py exited {rc}: {' '.join(cmd)}\n{(rd / 'train.log').read_text()[-3000:]}")
-    wall = time.perf_counter() - t0
-    (rd / "ablate.json").write_text(json.dumps({"cmd": cmd, "wall_s": wall}))
-    return wall
-
-
-def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float, threads: int = 1) -> Path:
-    """SFT of the whole model on the task's references, once per output folder: the start of every cell and
-    its KL reference. Returns an HF model folder (train.py saves weights + tokenizer; the base's config is
-    copied next to them)."""
-    model = out / "sft" / "model"
-    if (model / "config.json").exists():
-        return model
-    shutil.rmtree(out / "sft", ignore_errors=True)
-    n = sum(1 for line in task.read_text().splitlines() if line.strip())
-    _train([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
-            "--prompts-per-step", str(n), "--steps", str(steps), "--optim.lr", str(lr), "--seed", "0",
-            "--out-dir", str(out / "sft")], out / "sft", threads)  # fmt: skip
-    base = resolve_model(PRESETS[preset][1].model.path)
-    for name in ("generation_config.json", "config.json"):  # config.json last: it marks the folder complete
-        if (base / name).exists():
-            shutil.copy(base / name, model / name)
-    return model
-
-
-def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
-    """The train.py command line of one grid cell (tyro flags of nanogrpo.config.GRPOConfig)."""
-    g = run.grpo(GRPOConfig(), s.mu)
-    # no KL runs as an in-loss KL with beta 0: the same loss, but train.py then computes the reference's
-    # log-probs, so these runs log their KL from the reference too
-    placement, beta = (g.kl_placement, g.beta) if g.kl_placement != "none" else ("loss", 0.0)
-    flag = lambda name, on: f"--grpo.{'' if on else 'no-'}{name}"  # noqa: E731
-    start = (["--model.path", s.model] if s.model else []) + (["--data.train", s.task] if s.task else [])
-    return [
-        sys.executable, str(TRAIN_PY), s.preset, *start, *LM_FLAGS, "--out-dir", str(out_dir), "--seed", str(run.seed),
-        "--steps", str(s.steps), "--grpo.kl-placement", placement, "--grpo.kl-estimator", g.kl_estimator,
-        "--grpo.beta", str(beta), "--grpo.num-iterations", str(g.num_iterations), flag("adv-std-norm", g.adv_std_norm),
-        flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *s.extra,
-    ]  # fmt: skip
-
-
-def read_metrics(run_dir: Path) -> dict[str, list[float]]:
-    """Curves from a train.py run folder's metrics.jsonl (missing values become nan)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    get = lambda r, k: float(r[k]) if r.get(k) is not None else math.nan  # noqa: E731
-    return {k: [get(r, k) for r in rows] for k in ("kl", "entropy", "reward", "grad_norm")}
-
-
-def cell_name(run: Run) -> str:
-    beta = "" if run.variant == "none" else f"_b{run.beta:g}"  # no-KL cells are the same run at every beta
-    return f"{run.variant}{beta}_s{run.seed}_{'off' if run.off_policy else 'on'}_{'std' if run.std_norm else 'nostd'}"
-
-
-def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
-    """Each cell as a train.py subprocess (sequential: one CPU), then the toy's collapse detection on its
-    curves (reward and entropy smoothed over 5 steps: one LM step is a noisy sample). A cell whose
-    summary.json exists (train.py writes it last) is read back, not re-run."""
-    results = []
-    for i, run in enumerate(runs):
-        rd = out / "runs" / cell_name(run)
-        if not (rd / "summary.json").exists():
-            shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
-            cmd = lm_command(run, rd, s)
-            print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
-            _train(cmd, rd, s.threads)
-        done = rd / "ablate.json"  # absent when the folder came from elsewhere
-        wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
-        c = read_metrics(rd)
-        col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
-        results.append({"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall})
-        print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
-              f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
-              f"collapse {col['any']} ({wall or 0:.0f} s)", flush=True)  # fmt: skip
-    return results
-
-
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -438,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=ToySettings.lr, help="toy: Adam learning rate")
     ap.add_argument("--noise", type=float, default=ToySettings.noise, help="toy: reward noise std")
     ap.add_argument("--preset", default="tiny", help="lm: train.py preset")
-    ap.add_argument("--rows", type=int, default=LM_ROWS, help="lm: prompts of the demo task to train on")
+    ap.add_argument("--rows", type=int, default=None, help="lm: prompts of the demo task to train on (16)")
     ap.add_argument("--sft-steps", type=int, default=38, help="lm: SFT warm-up steps (every row each step)")
     ap.add_argument("--sft-lr", type=float, default=1e-2, help="lm: SFT warm-up learning rate")
     ap.add_argument("--threads", type=int, default=1, help="lm: torch threads of each train.py")
@@ -472,7 +340,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f}", flush=True)  # fmt: skip
         meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
-        task = lm_task(out, a.rows)
+        from .ablate_lm import LM_FLAGS, LM_ROWS, LMSettings, lm_task, lm_warmup, run_lm
+
+        task = lm_task(out, a.rows or LM_ROWS)
         model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
         s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads)
         results = run_lm(runs, out, s)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nanogrpo import ablate
+from nanogrpo import ablate, ablate_lm
 from nanogrpo.config import GRPOConfig
 from nanogrpo.toy import TabularPolicy, ToySettings, optimal_policy_logp, toy_optimum, toy_reward, train_toy
 
@@ -85,8 +85,8 @@ def test_collapse_detector_on_synthetic_curves():
 
 def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
     run = ablate.Run("k2-seq-loss", 0.02, 3, off_policy=True, std_norm=False)
-    lm = ablate.LMSettings("tiny", steps=7, mu=2, extra=("--lora.r", "4"))
-    cmd = ablate.lm_command(run, tmp_path / "r", lm)
+    lm = ablate_lm.LMSettings("tiny", steps=7, mu=2, extra=("--lora.r", "4"))
+    cmd = ablate_lm.lm_command(run, tmp_path / "r", lm)
     s = " ".join(cmd)
     for part in ("train.py tiny", "--seed 3", "--steps 7", "--grpo.kl-placement loss", "--grpo.kl-estimator k2",
                  "--grpo.beta 0.02", "--grpo.num-iterations 2", "--grpo.no-adv-std-norm", "--grpo.kl-reward-to-go",
@@ -94,11 +94,13 @@ def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
         assert part in s, part
     assert s.index("--lora.r 0") < s.index("--lora.r 4")  # flags after `--` come last: they win
     # no KL is an in-loss KL with beta 0, so the KL from the reference is still computed and logged
-    none = " ".join(ablate.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate.LMSettings()))
+    none = " ".join(
+        ablate_lm.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate_lm.LMSettings())
+    )
     assert (
         "--grpo.kl-placement loss" in none and "--grpo.beta 0.0" in none and "--grpo.num-iterations 1" in none
     )
-    assert ablate.cell_name(ablate.Run("none", 0.2, 0, False, True)) == "none_s0_on_std"  # shared by betas
+    assert ablate_lm.cell_name(ablate.Run("none", 0.2, 0, False, True)) == "none_s0_on_std"  # shared by betas
     # a finished run folder (summary.json written) is read back, not re-run
     rd = tmp_path / "out" / "runs" / "k2-seq-loss_b0.02_s3_off_nostd"
     rd.mkdir(parents=True)
@@ -108,8 +110,8 @@ def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
     ]
     (rd / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (rd / "summary.json").write_text("{}")
-    monkeypatch.setattr(ablate.subprocess, "run", lambda *a, **k: pytest.fail("should not run train.py"))
-    res = ablate.run_lm([run], tmp_path / "out", ablate.LMSettings(steps=20, mu=2))
+    monkeypatch.setattr(ablate_lm.subprocess, "run", lambda *a, **k: pytest.fail("should not run train.py"))
+    res = ablate_lm.run_lm([run], tmp_path / "out", ablate_lm.LMSettings(steps=20, mu=2))
     assert res[0]["curves"]["kl"][3] == pytest.approx(0.03)
     # 5-step trailing mean of 2.05 - 0.1 t is 2.05 - 0.1 (t - 2): below 0.25 * 2.05 first at t = 18
     assert res[0]["collapse"]["entropy"] == 18
@@ -137,7 +139,7 @@ def test_lm_grid_end_to_end(tmp_path):
     argv = "lm --variants k3-loss --betas 0.05 --seeds 0 --policy on --std-norm on --steps 2".split()
     argv += ["--out", str(tmp_path), "--", "--grpo.group-size", "4"]
     ablate.main(argv)
-    assert len((tmp_path / "task.jsonl").read_text().splitlines()) == ablate.LM_ROWS
+    assert len((tmp_path / "task.jsonl").read_text().splitlines()) == ablate_lm.LM_ROWS
     sft = tmp_path / "sft" / "model"
     assert (sft / "config.json").exists() and (sft / "model.safetensors").exists()
     rd = tmp_path / "runs" / "k3-loss_b0.05_s0_on_std"

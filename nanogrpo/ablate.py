@@ -8,10 +8,11 @@
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
 enumerable tabular policy of nanogrpo.toy, so KL(pi || ref), entropy, expected reward and the distance to the
 analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds per run.
-'lm' (nanogrpo/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves from metrics.jsonl): a
-short SFT warm-up of the preset's model on 16 prompts of the built-in demo task (once per output folder), then
-GRPO from it with ROUGE-L against the one-word answers; the warmed-up model is also the KL reference. About
-half a minute per 300-step run of the tiny preset on one CPU thread; `--smoke` is 2 variants x 2 seeds.
+'lm' (nanogrpo/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves read back
+from metrics.jsonl): a short SFT warm-up of the preset's model on 16 prompts of the built-in demo task
+(once per output folder), then GRPO from it with ROUGE-L against the one-word answers; the warmed-up model
+is also the KL reference. About half a minute per 300-step run of the tiny preset on one CPU thread;
+`--smoke` is 2 variants x 2 seeds.
 
 Collapse (each criterion reported separately, first step where it holds): entropy below 25% of its start;
 reward more than 50% below its running peak; grad norm above 10x the running median of the previous steps.

@@ -1,7 +1,16 @@
-"""Models that need no hub: a random tiny Llama with a locally trained tokenizer, and SmolLM2 from a GGUF.
+"""Models that need no hub: a random tiny Llama with a locally trained tokenizer, SmolLM2 from a GGUF, and
+random models of real shapes.
 
-`resolve_model(name_or_path)` turns 'tiny', 'smollm2' or a folder into an HF-format folder (config.json,
-*.safetensors, tokenizer with a chat template). Built folders live in $NANOGRPO_CACHE (default
+`resolve_model(name_or_path)` turns 'tiny', 'smollm2', 'random:SHAPE' or a folder into an HF-format folder
+(config.json, *.safetensors, tokenizer with a chat template).
+
+'random:qwen2.5-0.5b' (also qwen2.5-1.5b, llama-3-8b; see RANDOM_SHAPES) is a model with the real
+architecture and tensor shapes but random weights (normal, std 0.02; norms 1), for timing and memory
+measurements where the text does not matter. Overrides follow a colon, 'random:qwen2.5-0.5b:layers=2' or
+'random:llama-3-8b:layers=1,vocab_size=1024'. It needs torch and safetensors only, plus `tokenizers` for
+its tokenizer (the tiny model's ChatML BPE, 1,024 tokens: prompts use the low ids of the real vocabulary);
+without `tokenizers` the folder has no tokenizer and callers must work with token ids.
+`random_transformer(spec)` builds the same model in memory, writing nothing (no safetensors needed). Built folders live in $NANOGRPO_CACHE (default
 ~/.cache/nanogrpo), are built once, and appear atomically (written to a temporary folder, then renamed),
 so concurrent processes never see half a model. Nothing here touches the network.
 
@@ -24,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # bump when the recipe changes, so old cached builds are not reused
 TINY_VERSION = "tiny-v1"
+RANDOM_VERSION = "v1"
 SMOLLM2_VERSION = "smollm2-135m-instruct-v1"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -89,22 +99,32 @@ def _build_once(name: str, build: Callable[[Path], None]) -> Path:
     return final
 
 
-def _build_tiny(out: Path) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2: pad, -, EOS
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+def _train_tokenizer():
+    """The tiny ChatML byte-level BPE (1,024 tokens), trained on _tiny_corpus: deterministic, offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=1024,
-        special_tokens=specials,
+        special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    assert [tok.token_to_id(t) for t in SPECIALS] == [0, 1, 2], "special tokens moved"
+    return tok
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = _train_tokenizer()
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -174,15 +194,155 @@ def _build_smollm2(out: Path) -> None:
     tok.save_pretrained(out)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# random models of real shapes
+
+# config.json fields of the real models (shapes only; weights are random): Qwen2.5 has a bias on q/k/v
+RANDOM_SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
+        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=1536,
+        intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    ),
+    "llama-3-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+_OVERRIDABLE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+_OVERRIDABLE += ("num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def random_config(spec: str) -> dict:
+    """config.json of 'SHAPE' or 'SHAPE:key=value,...' (the part after 'random:'); 'layers' is short for
+    num_hidden_layers. EOS and pad are the tiny tokenizer's <|im_end|> (2) and <|endoftext|> (0)."""
+    shape, _, over = spec.partition(":")
+    if shape not in RANDOM_SHAPES:
+        raise ValueError(f"random:{spec}: unknown shape {shape!r}; use one of {sorted(RANDOM_SHAPES)}")
+    cfg = {**RANDOM_SHAPES[shape], "hidden_act": "silu", "eos_token_id": 2, "pad_token_id": 0}
+    cfg["bos_token_id"] = None
+    for item in filter(None, over.split(",")):
+        key, eq, val = item.partition("=")
+        key = "num_hidden_layers" if key == "layers" else key
+        if not eq or key not in _OVERRIDABLE or not val.isdigit() or int(val) < 1:
+            raise ValueError(
+                f"random:{spec}: bad override {item!r}; write key=positive int with key in layers, "
+                f"{', '.join(_OVERRIDABLE)} (e.g. random:{shape}:layers=2)"
+            )
+        cfg[key] = int(val)
+    return cfg
+
+
+def _random_state_dict(cfg: dict, device: str, dtype, seed: int = 0) -> dict:
+    """HF-named tensors for cfg: matrices and biases ~ N(0, 0.02), norm weights 1 (tied head not stored)."""
+    import torch
+
+    from .model import ModelArgs, Transformer
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in Transformer(ModelArgs.from_hf(cfg)).state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        shapes.pop("lm_head.weight")
+    gen = torch.Generator(device).manual_seed(seed)
+    sd = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            sd[name] = torch.ones(shape, dtype=dtype, device=device)
+        else:  # drawn in float32 on the device (fast on a GPU), stored in dtype
+            t = torch.empty(shape, device=device).normal_(0.0, 0.02, generator=gen)
+            sd[name] = t.to(dtype)
+    return sd
+
+
+def random_transformer(spec: str, device: str = "cpu", dtype=None):
+    """The 'random:SPEC' model built in memory (nothing written; no safetensors needed): the same
+    architecture and shapes as resolve_model('random:SPEC'), weights drawn the same way."""
+    import torch
+
+    from .model import ModelArgs, Transformer
+
+    spec = spec.removeprefix("random:")
+    cfg = random_config(spec)
+    dtype = dtype or torch.bfloat16
+    with torch.device("meta"):
+        model = Transformer(ModelArgs.from_hf(cfg))
+    sd = _random_state_dict(cfg, str(device), dtype)
+    if cfg.get("tie_word_embeddings"):
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    model.load_state_dict(sd, strict=True, assign=True)
+    if cfg.get("tie_word_embeddings"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
+
+
+def _write_tokenizer(out: Path) -> bool:
+    """The tiny tokenizer in HF's file layout, written with `tokenizers` alone (no transformers);
+    False when `tokenizers` is missing (then the folder has no tokenizer)."""
+    try:
+        tok = _train_tokenizer()
+    except ImportError:
+        return False
+    tok.save(str(out / "tokenizer.json"))
+    added = {
+        str(i): dict(content=t, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+        for i, t in enumerate(SPECIALS)
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": added,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "unk_token": None,
+        "chat_template": CHATML_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1 << 20,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return True
+
+
+def _build_random(spec: str, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = random_config(spec)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sd = {k: v.cpu().contiguous() for k, v in _random_state_dict(cfg, device, torch.bfloat16).items()}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    _write_tokenizer(out)
+
+
+def _random_dir_name(spec: str) -> str:
+    return "random-" + "".join(c if c.isalnum() or c in ".-" else "-" for c in spec) + f"-{RANDOM_VERSION}"
+
+
 def resolve_model(name_or_path: str) -> Path:
-    """'tiny' or 'smollm2' (built once in the cache), or an HF model folder; returns the folder."""
+    """'tiny', 'smollm2', 'random:SHAPE[:overrides]' (built once in the cache), or an HF model folder;
+    returns the folder."""
+    if name_or_path.startswith("random:"):
+        spec = name_or_path.removeprefix("random:")
+        random_config(spec)  # a bad name fails here, before anything is built
+        return _build_once(_random_dir_name(spec), lambda out: _build_random(spec, out))
     if name_or_path == "tiny":
         return _build_once(TINY_VERSION, _build_tiny)
     if name_or_path == "smollm2":
         return _build_once(SMOLLM2_VERSION, _build_smollm2)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
-        raise ValueError(f"model {name_or_path!r} is neither 'tiny', 'smollm2' nor an existing folder")
+        raise ValueError(
+            f"model {name_or_path!r} is neither 'tiny', 'smollm2', 'random:SHAPE' "
+            f"({', '.join(RANDOM_SHAPES)}) nor an existing folder"
+        )
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} has no config.json: an HF model folder needs config.json and *.safetensors")
     return path
@@ -190,5 +350,5 @@ def resolve_model(name_or_path: str) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m nanogrpo.model_zoo tiny|smollm2|PATH")
+        sys.exit("usage: python -m nanogrpo.model_zoo tiny|smollm2|random:SHAPE[:layers=N]|PATH")
     print(resolve_model(sys.argv[1]))

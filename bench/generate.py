@@ -5,16 +5,28 @@ every completion has exactly N tokens and both sides do the same work). transfor
 to P*G rows before its prefill (num_return_sequences); nanogrpo prefills P rows and expands the cache.
 
     python bench/generate.py --model smollm2 --prompts 4 --group 8 --new-tokens 64 --dtype bfloat16
+    python bench/generate.py --model random:qwen2.5-1.5b --device cuda --roofline 1,64 --json gen.json
+
+--roofline B1,B2 also times nanogrpo's decode step alone at each batch (P x G rows) and compares the bytes
+a step must read (weights + KV cache) per second with the device's copy bandwidth (measured here on CUDA,
+or --peak-gbs): the share of the memory-bandwidth roofline that decoding reaches.
+
+Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
+prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
+shape ('random:qwen2.5-0.5b', see nanogrpo.model_zoo) runs on a machine with torch alone; without
+safetensors such a model is built in memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -22,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanogrpo.model import ModelArgs, Transformer  # noqa: E402
-from nanogrpo.model_zoo import resolve_model  # noqa: E402
+from nanogrpo.model_zoo import random_config, random_transformer, resolve_model  # noqa: E402
 from nanogrpo.sampling import generate  # noqa: E402
 
 QUESTIONS = [
@@ -37,42 +49,118 @@ QUESTIONS = [
 ]
 
 
-def make_prompts(tokenizer, n: int) -> list[list[int]]:
-    """Chat-formatted prompts of mixed lengths (as in training), cycling through QUESTIONS."""
-    out = []
-    for i in range(n):
-        msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-        if tokenizer.chat_template:
-            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        else:
-            text = msgs[0]["content"]
-        out.append(tokenizer.encode(text, add_special_tokens=False))
-    return out
+def make_prompts(path: Path, n: int, vocab: int) -> tuple[list[list[int]], object, str]:
+    """Chat-formatted prompts of mixed lengths (as in training), cycling through QUESTIONS. Without
+    transformers, the plain questions through `tokenizers`; without a tokenizer at all, random token ids
+    of mixed lengths (a random-weights model does not care). Returns (prompts, tokenizer or None, how)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path) if path.is_dir() else None
+    except (ImportError, OSError, ValueError):
+        tok = None
+    if tok is not None:
+        out = []
+        for i in range(n):
+            msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+            if tok.chat_template:
+                text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            else:
+                text = msgs[0]["content"]
+            out.append(tok.encode(text, add_special_tokens=False))
+        return out, tok, "chat template (transformers)"
+    try:
+        from tokenizers import Tokenizer
+
+        raw = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return (
+            [raw.encode(QUESTIONS[i % len(QUESTIONS)]).ids for i in range(n)],
+            None,
+            "tokenizers, no template",
+        )
+    except Exception:  # no tokenizers package or no tokenizer.json
+        g = torch.Generator().manual_seed(0)
+        lens = [12 + 7 * (i % 5) for i in range(n)]
+        ids = [torch.randint(3, min(vocab, 1024), (k,), generator=g).tolist() for k in lens]
+        return ids, None, "random token ids (no tokenizer)"
 
 
-def eos_ids(path: Path) -> list[int]:
+def model_args(path: Path) -> ModelArgs:
     cfg = json.loads((path / "config.json").read_text())
     gen = path / "generation_config.json"
-    return ModelArgs.from_hf(cfg, json.loads(gen.read_text()) if gen.is_file() else None).eos_token_ids
+    return ModelArgs.from_hf(cfg, json.loads(gen.read_text()) if gen.is_file() else None)
 
 
 def timed(fn, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
     """Wall-clock and process CPU seconds of each repeat. CPU time is the steadier number on a shared
     machine (with one thread it is the compute actually spent); wall time is what a user waits."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
         fn()
     wall, cpu = [], []
     for _ in range(repeats):
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         fn()
+        sync()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return wall, cpu
 
 
+def copy_bandwidth_gbs(device: str) -> float:
+    """Device-to-device copy (bytes read + written per second), as bench/kernels.py measures it."""
+    x = torch.empty(1 << 29, dtype=torch.bfloat16, device=device)  # 1 GiB: many times the L2
+    y = torch.empty_like(x)
+    wall, _ = timed(lambda: y.copy_(x), warmup=2, repeats=10)
+    return 2 * x.numel() * x.element_size() / statistics.median(wall) / 1e9
+
+
+def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int, peak: float) -> dict:
+    """Seconds per decode step at `batch` rows (P prompts x G), from two timings of the same prompts
+    ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and the bytes a
+    step must read at least: every weight once (the embedding table only as the tied LM head) plus the
+    KV cache (each prompt's keys once per group, as the sampler shares them, and on average N/2 keys of
+    each completion's own). Utilisation = those bytes / step time / peak bandwidth."""
+    G = min(a.group, batch)
+    P = batch // G
+    assert P * G == batch and P <= len(prompts), f"batch {batch} is not P x G with G={G}"
+    prompts, N = prompts[:P], a.new_tokens
+    gen = torch.Generator(a.device).manual_seed(0)
+
+    def run(n: int) -> None:
+        generate(model, prompts, group_size=G, max_new_tokens=n, temperature=1.0, generator=gen, pad_id=pad)
+
+    t_full = statistics.median(timed(lambda: run(N), a.warmup, a.repeats)[0])
+    t_one = statistics.median(timed(lambda: run(1), a.warmup, a.repeats)[0])
+    t_step = max(t_full - t_one, 1e-9) / (N - 1)
+    c, w = model.config, model.lm_head.weight
+    tied = w is model.model.embed_tokens.weight
+    params = {id(p): p for p in model.parameters()}.values()
+    weights = sum(p.numel() * p.element_size() for p in params)
+    if not tied:  # an untied embedding table is only gathered (B rows), not read whole
+        weights -= model.model.embed_tokens.weight.numel() * w.element_size()
+    elem = w.element_size() if w.is_cuda else 4  # the CPU sampler keeps a float32 cache
+    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem  # bytes per cached token
+    kv = (P * max(map(len, prompts)) + batch * N / 2) * kv_token
+    gbs = (weights + kv) / t_step / 1e9
+    return {
+        "batch": batch, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
+        "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
+        "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
+        "utilisation": gbs / peak if peak else None,
+    }  # fmt: skip
+
+
+def load_ours(name: str, path: Path | None, dtype: torch.dtype, device: str) -> Transformer:
+    if path is None:
+        return random_transformer(name, device=device, dtype=dtype)
+    return Transformer.from_pretrained(path, dtype=dtype, device=device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2", help="'tiny', 'smollm2' or an HF model folder")
+    ap.add_argument("--model", default="smollm2", help="'tiny', 'smollm2', 'random:SHAPE' or an HF folder")
     ap.add_argument("--prompts", type=int, default=4, help="P: prompts per batch")
     ap.add_argument("--group", type=int, default=8, help="G: completions per prompt")
     ap.add_argument("--new-tokens", type=int, default=64, help="N: tokens per completion")
@@ -84,43 +172,68 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per sampler (the median is shown)")
     ap.add_argument("--only", choices=["nanogrpo", "transformers"], default=None, help="run one side only")
+    ap.add_argument(
+        "--roofline", default="", help="decode batches to time against the bandwidth roofline, e.g. 1,64"
+    )
+    ap.add_argument("--peak-gbs", type=float, default=0.0, help="peak bandwidth (0: measure a copy on CUDA)")
+    ap.add_argument("--json", default="", help="also write every measurement to this file")
     args = ap.parse_args()
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    path = resolve_model(args.model)
-    tok = AutoTokenizer.from_pretrained(path)
-    prompts = make_prompts(tok, args.prompts)
     P, G, N = args.prompts, args.group, args.new_tokens
-    eos = eos_ids(path) if args.eos else []
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    batches = [int(b) for b in args.roofline.split(",") if b]
+    notes: list[str] = []
+    # a random model without safetensors is built in memory (no folder, no tokenizer, no transformers side)
+    in_memory = args.model.startswith("random:") and importlib.util.find_spec("safetensors") is None
+    path = None if in_memory else resolve_model(args.model)
+    if in_memory:
+        notes.append("safetensors missing: random model built in memory, transformers side skipped")
+    cfg = random_config(args.model.removeprefix("random:")) if in_memory else None
+    margs = ModelArgs.from_hf(cfg) if cfg else model_args(path)
+    n_prompts = max([P] + [b // min(G, b) for b in batches])
+    prompts, tok, how = make_prompts(path or Path("/nonexistent"), n_prompts, margs.vocab_size)
+    eos = margs.eos_token_ids if args.eos else []
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else margs.pad_token_id or 0
     temperature = 0.0 if args.greedy else 1.0
+    only = args.only
+    if only != "nanogrpo" and (in_memory or importlib.util.find_spec("transformers") is None):
+        if only == "transformers":
+            sys.exit("--only transformers: transformers is not installed (or the model has no folder)")
+        notes.append("transformers side skipped: transformers is not installed (pip install transformers)")
+        only = "nanogrpo"
     results: dict[str, tuple[tuple[list[float], list[float]], int]] = {}
+    roofline: list[dict] = []
+    peak, peak_from = args.peak_gbs, "--peak-gbs"
 
-    if args.only != "transformers":
-        model = Transformer.from_pretrained(path, dtype=dtype, device=args.device)
+    if only != "transformers":
+        model = load_ours(args.model, path, dtype, args.device)
         gen = torch.Generator(args.device).manual_seed(0)
         ntok = []
 
         def ours():
             g = generate(
-                model, prompts, group_size=G, max_new_tokens=N, temperature=temperature,
+                model, prompts[:P], group_size=G, max_new_tokens=N, temperature=temperature,
                 eos_ids=eos, generator=gen, pad_id=pad,
             )  # fmt: skip
             ntok.append(int(g.mask.sum()))
 
         results["nanogrpo"] = (timed(ours, args.warmup, args.repeats), ntok[-1])
+        if batches:
+            if not peak and args.device.startswith("cuda"):
+                peak, peak_from = copy_bandwidth_gbs(args.device), "measured device copy"
+            roofline = [decode_roofline(model, prompts, b, args, pad, peak) for b in batches]
         del model
 
-    if args.only != "nanogrpo":
+    if only != "nanogrpo":
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
-        L = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts], device=args.device)
-        attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=args.device)
-        cfg = GenerationConfig(
+        L = max(len(p) for p in prompts[:P])
+        ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts[:P]], device=args.device)
+        attn = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts[:P]], device=args.device)
+        gcfg = GenerationConfig(
             max_new_tokens=N,
             do_sample=not args.greedy,
             temperature=1.0,
@@ -135,11 +248,12 @@ def main() -> None:
         def theirs():
             torch.manual_seed(0)
             with torch.inference_mode():
-                out = hf.generate(input_ids=ids, attention_mask=attn, generation_config=cfg)
+                out = hf.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg)
             new = out[:, L:]
             if eos:  # count up to and including the first EOS, as our mask does
-                done = torch.isin(new, torch.tensor(eos, device=new.device)).long().cumsum(1)
-                ntok.append(int(((done == 0) | ((done == 1) & torch.isin(new, torch.tensor(eos)))).sum()))
+                is_eos = torch.isin(new, torch.tensor(eos, device=new.device))
+                done = is_eos.long().cumsum(1)
+                ntok.append(int(((done == 0) | ((done == 1) & is_eos)).sum()))
             else:
                 assert new.shape == (P * G, N), (
                     f"transformers returned {tuple(new.shape)}, wanted {(P * G, N)}"
@@ -148,24 +262,57 @@ def main() -> None:
 
         results["transformers"] = (timed(theirs, args.warmup, args.repeats), ntok[-1])
 
-    lens = [len(p) for p in prompts]
+    lens = [len(p) for p in prompts[:P]]
+    c = margs
+    shape = (
+        f"{c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, heads {c.num_attention_heads}"
+        f"/{c.num_key_value_heads}, vocab {c.vocab_size}"
+    )
     print(
-        f"\nmodel {args.model} | {args.dtype} on {args.device}, {torch.get_num_threads()} threads | "
-        f"P={P} prompts ({min(lens)}-{max(lens)} tokens) x G={G} x N={N} new tokens | "
+        f"\nmodel {args.model} ({shape}) | {args.dtype} on {args.device}, {torch.get_num_threads()} threads | "
+        f"P={P} prompts ({min(lens)}-{max(lens)} tokens: {how}) x G={G} x N={N} new tokens | "
         f"{'greedy' if args.greedy else 'T=1'}, EOS {'on' if args.eos else 'off'}"
     )
+    for n in notes:
+        print(n)
     print(f"{'sampler':<14}{'wall s':>9}{'cpu s':>9}{'tokens':>8}{'tok/s wall':>12}{'tok/s cpu':>11}")
     tps: dict[str, tuple[float, float]] = {}
     for name, ((wall, cpu), n) in results.items():
-        w, c = statistics.median(wall), statistics.median(cpu)
-        tps[name] = (n / w, n / c)
-        print(f"{name:<14}{w:>9.2f}{c:>9.2f}{n:>8}{n / w:>12.1f}{n / c:>11.1f}")
+        w, cp = statistics.median(wall), statistics.median(cpu)
+        tps[name] = (n / w, n / cp)
+        print(f"{name:<14}{w:>9.2f}{cp:>9.2f}{n:>8}{n / w:>12.1f}{n / cp:>11.1f}")
     if len(tps) == 2:
         (ow, oc), (tw, tc) = tps["nanogrpo"], tps["transformers"]
         print(
             f"{'ratio':<14}{'':>9}{'':>9}{'':>8}{ow / tw:>11.2f}x{oc / tc:>10.2f}x  (nanogrpo / transformers)"
         )
+    if roofline:
+        where = f"peak {peak:.0f} GB/s ({peak_from})" if peak else "no peak bandwidth: pass --peak-gbs"
+        print(f"\ndecode vs the bandwidth roofline (weights + KV cache read per step), {where}")
+        print(f"{'batch':>6}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}{'of peak':>9}")
+        for r in roofline:
+            util = f"{100 * r['utilisation']:.0f}%" if r["utilisation"] is not None else "-"
+            mb = (r["weight_bytes"] + r["kv_bytes_mean"]) / 1e6
+            pg = f"{r['P']}x{r['G']}"
+            print(
+                f"{r['batch']:>6}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
+                f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}"
+            )
     print("reproduce: python " + " ".join(shlex.quote(a) for a in ["bench/generate.py", *sys.argv[1:]]))
+    if args.json:
+        out = {
+            "args": vars(args), "model": {"name": args.model, "path": str(path) if path else None, **asdict(c)},
+            "dtype": args.dtype, "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+            "torch": torch.__version__, "P": P, "G": G, "N": N, "prompt_lens": lens, "prompts_from": how,
+            "notes": notes, "peak_GBps": peak or None, "peak_from": peak_from if peak else None,
+            "samplers": {
+                name: {"wall_s": wall, "cpu_s": cpu, "tokens": n, "tok_per_s_wall": tps[name][0]}
+                for name, ((wall, cpu), n) in results.items()
+            },
+            "roofline": roofline,
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

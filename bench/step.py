@@ -3,6 +3,7 @@
     python bench/step.py                              # SmolLM2-135M + LoRA r=16, P=2 x G=8, 32 new tokens
     python bench/step.py --model tiny --steps 2       # seconds, to check that both sides run
     python bench/step.py --threads 1 --repeat 2       # on a shared machine: 1 thread a side, twice
+    python bench/step.py --model random:qwen2.5-1.5b --side nanogrpo --device cuda --plan  # plan vs peak
 
 Both sides train the same model folder with the same LoRA (rank, alpha, target layers), dtype (bf16 on a
 GPU or a bf16-capable CPU, as nanogrpo.runtime.resolve_device_dtype picks), prompts (the built-in demo
@@ -22,11 +23,19 @@ included), "RSS added" the highest RSS sampled during the steps minus the RSS ju
 step, and on CUDA the peak of torch.cuda.max_memory_allocated over the steps.
 
 TRL is not a dependency of nanogrpo: the bench asks for it and prints the pip line when it is missing.
+
+--plan checks bench/memory_plan.py against the measurement: it runs `memory_plan.py --model FOLDER --json`
+on the same config.json with this run's settings (P, G, the longest prompt seen in tokens, new tokens,
+micro-batch, checkpointing, LoRA rank; the log-prob tile at the kernel's real row count and at the plan's
+default) and prints the predicted peak next to torch.cuda.max_memory_allocated. nanogrpo's side needs
+transformers, tokenizers, safetensors, tyro, tqdm and numpy (train.py does); the bench says which are
+missing before it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -84,6 +93,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
 
     mem = MemoryMonitor()
     prompt_lens: list[float] = []
+    prompt_max: list[int] = []
     generate = train.generate
 
     cpu0: list[float] = []
@@ -96,6 +106,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         mem.start()
         cpu0.append(time.process_time())
         prompt_lens.append(sum(map(len, prompts)) / len(prompts))
+        prompt_max.append(max(map(len, prompts)))
         out = generate(model, prompts, **{**kw, "eos_ids": (), "stop_strings": ()})
         cpu_sample.append(time.process_time() - cpu0[-1])
         return out
@@ -109,6 +120,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     cfg = TrainConfig(
         steps=a.warmup + a.steps,
         prompts_per_step=a.prompts,
+        micro_batch=a.micro_batch,
         seed=0,
         out_dir=str(out_dir),
         log_samples_every=0,
@@ -134,6 +146,8 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "cpu_sample": cpu_sample[a.warmup :],
         "len_mean": statistics.mean(s["len_mean"] for s in timed),
         "prompt_len": statistics.mean(prompt_lens[a.warmup :]),
+        "prompt_len_max": max(prompt_max),
+        "micro_batch": a.micro_batch,
         "reward": statistics.mean(s["reward"] for s in timed),
         "checkpointing": cfg.model.activation_checkpointing,
         **mem.result(),
@@ -154,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ...")
     p.add_argument("--threads", type=int, default=0, help="torch threads per side (0 = torch's default)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing on both sides")
+    p.add_argument("--micro-batch", type=int, default=0, help="nanogrpo: completions per fwd/bwd (0 = all)")
+    p.add_argument("--plan", action="store_true", help="compare bench/memory_plan.py with the CUDA peak")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--repeat", type=int, default=1, help="run both sides this many times, alternating")
@@ -166,6 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 BENCH_FLAGS = "model prompts group new_tokens filler_words lora_r dtype device steps warmup threads".split()
+BENCH_FLAGS += ["micro_batch"]
+NANOGRPO_NEEDS = ("transformers", "tokenizers", "safetensors", "tyro", "tqdm", "numpy")
 
 
 def flag_list(a: argparse.Namespace) -> list[str]:
@@ -242,6 +260,47 @@ def hardware_line(a: argparse.Namespace) -> str:
     return f"{str(dtype).removeprefix('torch.')} on {where}, torch {torch.__version__}"
 
 
+def check_plan(a: argparse.Namespace, r: dict) -> dict:
+    """bench/memory_plan.py on the same config.json and settings; its peak next to the measured one."""
+    from kernels.logprobs import DEFAULT_CHUNK_ELEMS
+    from nanogrpo.model_zoo import resolve_model
+
+    folder = resolve_model(a.model)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    chunk = max(1, DEFAULT_CHUNK_ELEMS // vocab)  # rows of the log-prob kernel's tile
+    base = [sys.executable, str(ROOT / "bench" / "memory_plan.py"), "--model", str(folder), "--json"]
+    base += ["--lora-r", str(a.lora_r), "--prompts-per-step", str(a.prompts), "--group-size", str(a.group)]
+    base += ["--prompt-len", str(r["prompt_len_max"]), "--max-new-tokens", str(a.new_tokens)]
+    base += ["--micro-batch", str(a.micro_batch), "--fsdp-ranks", "0"]
+    base += [] if a.checkpointing else ["--no-checkpointing"]
+    peak_key = "peak, fused (sampling and training apart)"
+    out: dict = {"measured_cuda_peak_gib": r.get("cuda_peak_gib")}
+    for name, extra in (("kernel_chunk", ["--logprob-chunk", str(chunk)]), ("default_chunk", [])):
+        cmd = base + extra
+        plan = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["plan"]
+        plan = next(iter(plan.values()))
+        out[name] = {
+            "command": shlex.join(["python", "bench/memory_plan.py", *cmd[2:]]),
+            "plan": plan,
+            "predicted_gib": plan[peak_key],
+        }
+    measured = out["measured_cuda_peak_gib"]
+    print(
+        f"\nmemory plan vs measured (one GRPO step, {a.model}, longest prompt {r['prompt_len_max']} tokens)"
+    )
+    for name, label in (
+        ("kernel_chunk", f"log-prob tile {chunk} rows"),
+        ("default_chunk", "plan's default tile"),
+    ):
+        pred = out[name]["predicted_gib"]
+        ratio = f"{measured / pred:.2f}" if measured else "n/a (no CUDA)"
+        print(f"  predicted peak {pred:7.2f} GiB ({label}); measured / predicted {ratio}")
+        out[name]["ratio"] = measured / pred if measured else None
+    print(f"  measured torch.cuda.max_memory_allocated: {f'{measured:.2f} GiB' if measured else 'n/a'}")
+    print(f"  plan: {out['kernel_chunk']['command']}")
+    return out
+
+
 def main() -> None:
     a = parse_args()
     if a.worker:
@@ -254,6 +313,14 @@ def main() -> None:
         Path(a.result).write_text(json.dumps(run(a, Path(a.data), out_dir)))
         return
     sides = ["nanogrpo", "trl"] if a.side == "both" else [a.side]
+    if "trl" in sides and a.micro_batch:
+        raise ValueError("--micro-batch applies to nanogrpo's side only: add --side nanogrpo")
+    missing = [m for m in NANOGRPO_NEEDS if importlib.util.find_spec(m) is None]
+    if "nanogrpo" in sides and missing:
+        sys.exit(
+            f"cannot run nanogrpo's train.py: missing Python packages {', '.join(missing)} "
+            "(pip install them, or offline put their wheels in .whl/: see bench/gpu_check.sh)"
+        )
     if "trl" in sides:
         try:
             import trl  # noqa: F401
@@ -272,8 +339,10 @@ def main() -> None:
     cmd = "python bench/step.py " + " ".join(shlex.quote(f) for f in flag_list(a))
     cmd += f" --repeat={a.repeat}" if a.repeat > 1 else ""
     print(f"reproduce: {cmd}" + (f" --side={a.side}" if a.side != "both" else ""))
+    plan = check_plan(a, runs[-1]["nanogrpo"]) if a.plan and "nanogrpo" in sides else None
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "table": table, "runs": runs}, indent=2))
+        out = {"args": vars(a), "table": table, "runs": runs, "plan_check": plan}
+        Path(a.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

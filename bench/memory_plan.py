@@ -3,6 +3,11 @@
     python bench/memory_plan.py                                  # Llama-3-8B and Qwen2.5-7B, the default plan
     python bench/memory_plan.py --model /models/Qwen2.5-7B-Instruct --group-size 16 --max-new-tokens 1024
     python bench/memory_plan.py --json
+    python bench/memory_plan.py --model random:qwen2.5-1.5b --prompts-per-step 8 --max-new-tokens 256
+
+--model takes a known name (below), 'random:SHAPE' (the shapes of nanogrpo.model_zoo.RANDOM_SHAPES:
+qwen2.5-0.5b, qwen2.5-1.5b, llama-3-8b) or an HF folder with a config.json. `bench/step.py --plan` runs
+this on the config.json of the model it trains and prints the prediction next to the measured CUDA peak.
 
 The parts (bf16 frozen weights, float32 LoRA adapters with AdamW; bytes per element in brackets):
 - weights: every parameter of the base model [2];
@@ -29,7 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 GB = 1024**3
 
@@ -50,6 +58,12 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def load_config(name_or_path: str) -> dict:
     if name_or_path in KNOWN:
         return dict(KNOWN[name_or_path])
+    if name_or_path.startswith("random:"):
+        from nanogrpo.model_zoo import random_config
+
+        cfg = random_config(name_or_path.removeprefix("random:"))
+        cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+        return cfg
     cfg = json.loads((Path(name_or_path) / "config.json").read_text())
     cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])

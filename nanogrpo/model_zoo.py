@@ -288,7 +288,6 @@ def _write_tokenizer(out: Path) -> bool:
         tok = _train_tokenizer()
     except ImportError:
         return False
-    tok.save(str(out / "tokenizer.json"))
     added = {
         str(i): dict(content=t, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
         for i, t in enumerate(SPECIALS)
@@ -305,6 +304,10 @@ def _write_tokenizer(out: Path) -> bool:
         "model_max_length": 1 << 20,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # tokenizer.json last, through a rename: its presence means the tokenizer is complete
+    tmp = out / f".tokenizer-{os.getpid()}.json"
+    tok.save(str(tmp))
+    os.replace(tmp, out / "tokenizer.json")
     return True
 
 
@@ -332,7 +335,10 @@ def resolve_model(name_or_path: str) -> Path:
     if name_or_path.startswith("random:"):
         spec = name_or_path.removeprefix("random:")
         random_config(spec)  # a bad name fails here, before anything is built
-        return _build_once(_random_dir_name(spec), lambda out: _build_random(spec, out))
+        path = _build_once(_random_dir_name(spec), lambda out: _build_random(spec, out))
+        if not (path / "tokenizer.json").is_file():  # built where `tokenizers` was missing: add it now
+            _write_tokenizer(path)
+        return path
     if name_or_path == "tiny":
         return _build_once(TINY_VERSION, _build_tiny)
     if name_or_path == "smollm2":

@@ -96,3 +96,20 @@ def test_matches_transformers_and_tokenizer_loads(small_dir) -> None:
     with torch.no_grad():
         assert type(hf).__name__ == "Qwen2ForCausalLM"
         torch.testing.assert_close(ours(x), hf(x).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_tokenizer_added_later_when_built_without_tokenizers(tmp_path, monkeypatch) -> None:
+    import nanogrpo.model_zoo as zoo
+
+    def no_tokenizers():
+        raise ImportError("tokenizers")
+
+    monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
+    spec = "random:qwen2.5-0.5b:layers=1,hidden_size=32,intermediate_size=64,num_attention_heads=2,num_key_value_heads=1,vocab_size=512"  # noqa: E501
+    monkeypatch.setattr(zoo, "_train_tokenizer", no_tokenizers)
+    path = resolve_model(spec)
+    assert (path / "model.safetensors").is_file() and not (path / "tokenizer.json").exists()
+    monkeypatch.undo()
+    monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
+    assert resolve_model(spec) == path
+    assert (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file()

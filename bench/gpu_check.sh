@@ -121,7 +121,7 @@ else
     MODEL=${GPU_MODEL:-random:qwen2.5-1.5b}
     model_steps "$MODEL" \
         "${GENERATE_ARGS:---model $MODEL --device cuda --prompts 4 --group 8 --new-tokens 64 --roofline 1,64 --warmup 1 --repeats 2 --json $RESULTS/generate.json}" \
-        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cuda --prompts 8 --group 8 --new-tokens 256 --filler-words 40 --micro-batch 16 --checkpointing --steps 1 --warmup 1 --plan --json $RESULTS/step.json}"
+        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cuda --prompts 8 --group 8 --new-tokens 256 --filler-words 70 --micro-batch 16 --checkpointing --steps 1 --warmup 1 --plan --json $RESULTS/step.json}"
 fi
 
 # the table, last

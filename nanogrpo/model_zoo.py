@@ -346,8 +346,8 @@ def resolve_model(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ValueError(
-            f"model {name_or_path!r} is neither 'tiny', 'smollm2', 'random:SHAPE' "
-            f"({', '.join(RANDOM_SHAPES)}) nor an existing folder"
+            f"model {name_or_path!r} is neither 'tiny', 'smollm2' nor an existing folder "
+            f"(nor 'random:SHAPE' with SHAPE one of {', '.join(RANDOM_SHAPES)})"
         )
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} has no config.json: an HF model folder needs config.json and *.safetensors")

@@ -186,15 +186,16 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
         TrainConfig(
-            steps=40,
+            steps=80,
             prompts_per_step=4,
             eval_prompts=27,
             out_dir="runs/demo",
             model=ModelConfig(path="smollm2"),
             lora=LoraConfig(r=16, alpha=32),
-            sampling=SamplingConfig(max_new_tokens=16, temperature=0.8),
-            grpo=GRPOConfig(group_size=8),
-            optim=OptimConfig(lr=5e-4),
+            # T=1 and clip-higher (DAPO) keep the groups varied long enough to find the one-word answer
+            sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
+            grpo=GRPOConfig(group_size=8, eps_high=0.28),
+            optim=OptimConfig(lr=3e-4),
             reward=RewardConfig(spec="rouge_l:1"),
         ),
     ),

@@ -12,13 +12,17 @@ this on the config.json of the model it trains and prints the prediction next to
 The parts (bf16 frozen weights, float32 LoRA adapters with AdamW; bytes per element in brackets):
 - weights: every parameter of the base model [2];
 - LoRA: adapter weights [4] + grads [4] + AdamW moments [8];
-- KV cache while sampling: 2 x layers x kv_heads x head_dim x (P*G) x (prompt + max_new_tokens) [2];
-- activations of one training micro-batch of M sequences of T tokens: with activation checkpointing each
-  layer keeps its input [M, T, H] [2] and one layer at a time is recomputed (q, k, v, o, the MLP's three
-  [M, T, I] tensors, norms: ~ (4H + 3I + 2H) per token [2]), LoRA inputs included; SDPA/flash attention
-  needs no [T, T] matrix; without checkpointing every layer keeps its recompute set;
-- log-probs: the fused kernel holds one [chunk, V] float32 tile per token chunk (default 4096 rows x
-  V) instead of the naive [M*T, V] float32 logits plus its log_softmax (two such tensors).
+- KV cache while sampling: 2 x layers x kv_heads x head_dim x (P x prompt + P*G x max_new_tokens) [2]
+  (each prompt's keys once, shared by its G completions: nanogrpo.kvcache.GroupedKVCache);
+- activations of one training micro-batch of M completions (whole groups): each prompt runs once for its
+  group (nanogrpo.kvcache.PrefixKV), so a micro-batch is Tm = M/G x prompt + M x max_new_tokens tokens.
+  With activation checkpointing each layer keeps its input [Tm, H] [2] and one layer at a time is
+  recomputed (q, k, v, o, the MLP's three [Tm, I] tensors, norms: ~ (4H + 3I + 2H) per token [2]), LoRA
+  inputs included; without checkpointing every layer keeps its recompute set. The completions' attention
+  also keeps the prompt keys/values expanded to the M rows, per layer [2];
+- log-probs: the Triton kernel keeps no vocabulary-sized tensor in the forward; its backward writes dz in
+  chunks of C = 2^28 / V rows (`TRITON_CHUNK_ELEMS` in kernels/logprobs.py) x V [2], instead of the naive
+  [M x max_new_tokens, V] float32 logits plus their log_softmax (two such tensors).
 The reference pass runs without grad and needs no more than the policy's forward.
 It prints a table, and the sum is compared with the card's memory. Measured peaks: docs/SCALING.md.
 
@@ -38,6 +42,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TRITON_CHUNK_ELEMS = 1 << 28  # kernels/logprobs.py (not imported: that module needs triton)
 
 GB = 1024**3
 
@@ -87,16 +93,19 @@ def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
     n_params = L * layer_params + V * H * (1 if c.get("tie_word_embeddings") else 2) + H
     lora_params = L * sum(a.lora_r * (i + o) for name, (i, o) in shapes.items() if name in TARGETS)
     N = a.prompts_per_step * a.group_size  # completions per step
-    T = a.prompt_len + a.max_new_tokens
     M = a.micro_batch or N
-    kv = 2 * L * c["num_key_value_heads"] * c["head_dim"] * N * T * 2
+    kv_per_token = 2 * L * c["num_key_value_heads"] * c["head_dim"] * 2  # k and v of every layer, bf16
+    kv = kv_per_token * (a.prompts_per_step * a.prompt_len + N * a.max_new_tokens)
     per_token_layer = (4 * H + 3 * I + 2 * H) * 2 + sum(
         i for n, (i, o) in shapes.items()
     ) * 2  # recompute set
-    keep = M * T * H * 2 * L  # checkpointed layer inputs
-    acts = keep + M * T * per_token_layer if a.checkpointing else M * T * per_token_layer * L
+    Tm = -(-M // a.group_size) * a.prompt_len + M * a.max_new_tokens  # tokens of one micro-batch
+    keep = Tm * H * 2 * L  # checkpointed layer inputs
+    acts = keep + Tm * per_token_layer if a.checkpointing else Tm * per_token_layer * L
+    acts += kv_per_token * M * a.prompt_len  # the prompt's keys/values expanded to the completions
     tok = M * a.max_new_tokens  # completion tokens through the LM head
-    fused = min(tok, a.logprob_chunk) * V * 4 * 2  # one tile + its grad in backward
+    rows = a.logprob_chunk or max(128, (TRITON_CHUNK_ELEMS // V) // 128 * 128)  # the kernel's dz chunk
+    fused = min(tok, rows) * V * 2  # dz in bf16, the only vocabulary-sized tensor
     naive = tok * V * 4 * 2  # logits + log_softmax, float32
     parts = {
         "weights (bf16)": n_params * 2,
@@ -167,7 +176,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (0 = all)")
     ap.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
-    ap.add_argument("--logprob-chunk", type=int, default=4096, help="token rows per fused log-prob tile")
+    ap.add_argument(
+        "--logprob-chunk",
+        type=int,
+        default=0,
+        help="rows of the log-prob backward's dz chunk (0 = the kernel's)",
+    )
     ap.add_argument("--card-gb", type=float, default=80.0)
     ap.add_argument("--fsdp-ranks", type=int, default=8, help="full fine-tune with FSDP on N GPUs (0 = skip)")
     ap.add_argument("--json", action="store_true")

@@ -262,42 +262,35 @@ def hardware_line(a: argparse.Namespace) -> str:
 
 def check_plan(a: argparse.Namespace, r: dict) -> dict:
     """bench/memory_plan.py on the same config.json and settings; its peak next to the measured one."""
-    from kernels.logprobs import DEFAULT_CHUNK_ELEMS
     from nanogrpo.model_zoo import resolve_model
 
     folder = resolve_model(a.model)
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    chunk = max(1, DEFAULT_CHUNK_ELEMS // vocab)  # rows of the log-prob kernel's tile
-    base = [sys.executable, str(ROOT / "bench" / "memory_plan.py"), "--model", str(folder), "--json"]
-    base += ["--lora-r", str(a.lora_r), "--prompts-per-step", str(a.prompts), "--group-size", str(a.group)]
-    base += ["--prompt-len", str(r["prompt_len_max"]), "--max-new-tokens", str(a.new_tokens)]
-    base += ["--micro-batch", str(a.micro_batch), "--fsdp-ranks", "0"]
-    base += [] if a.checkpointing else ["--no-checkpointing"]
-    peak_key = "peak, fused (sampling and training apart)"
-    out: dict = {"measured_cuda_peak_gib": r.get("cuda_peak_gib")}
-    for name, extra in (("kernel_chunk", ["--logprob-chunk", str(chunk)]), ("default_chunk", [])):
-        cmd = base + extra
-        plan = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["plan"]
-        plan = next(iter(plan.values()))
-        out[name] = {
-            "command": shlex.join(["python", "bench/memory_plan.py", *cmd[2:]]),
-            "plan": plan,
-            "predicted_gib": plan[peak_key],
-        }
-    measured = out["measured_cuda_peak_gib"]
+    cmd = [sys.executable, str(ROOT / "bench" / "memory_plan.py"), "--model", str(folder), "--json"]
+    cmd += ["--lora-r", str(a.lora_r), "--prompts-per-step", str(a.prompts), "--group-size", str(a.group)]
+    cmd += ["--prompt-len", str(r["prompt_len_max"]), "--max-new-tokens", str(a.new_tokens)]
+    cmd += ["--micro-batch", str(a.micro_batch), "--fsdp-ranks", "0"]
+    cmd += [] if a.checkpointing else ["--no-checkpointing"]
+    plan = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["plan"]
+    plan = next(iter(plan.values()))
+    measured = r.get("cuda_peak_gib")
+    pred = plan["peak, fused (sampling and training apart)"]
+    out = {
+        "command": shlex.join(["python", "bench/memory_plan.py", *cmd[2:]]),
+        "plan": plan,
+        "predicted_gib": pred,
+        "measured_cuda_peak_gib": measured,
+        "ratio": measured / pred if measured else None,
+    }
     print(
         f"\nmemory plan vs measured (one GRPO step, {a.model}, longest prompt {r['prompt_len_max']} tokens)"
     )
-    for name, label in (
-        ("kernel_chunk", f"log-prob tile {chunk} rows"),
-        ("default_chunk", "plan's default tile"),
-    ):
-        pred = out[name]["predicted_gib"]
-        ratio = f"{measured / pred:.2f}" if measured else "n/a (no CUDA)"
-        print(f"  predicted peak {pred:7.2f} GiB ({label}); measured / predicted {ratio}")
-        out[name]["ratio"] = measured / pred if measured else None
-    print(f"  measured torch.cuda.max_memory_allocated: {f'{measured:.2f} GiB' if measured else 'n/a'}")
-    print(f"  plan: {out['kernel_chunk']['command']}")
+    print(f"  predicted peak {pred:7.2f} GiB")
+    print(
+        f"  measured torch.cuda.max_memory_allocated: {f'{measured:.2f} GiB' if measured else 'n/a (no CUDA)'}"
+    )
+    if measured:
+        print(f"  measured / predicted {measured / pred:.2f}")
+    print(f"  plan: {out['command']}")
     return out
 
 

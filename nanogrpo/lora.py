@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts in front of the wrapped model's module paths
@@ -214,6 +213,8 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
     }
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.contiguous().cpu() for k, v in adapter_state_dict(model).items()}
+    from safetensors.torch import save_file  # here: the sampler imports this module, and needs no files
+
     save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
     return out
 
@@ -238,6 +239,8 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
         raise ValueError("adapters are merged into the weights; unmerge(model) before load_adapter")
     elif any(m.r != r or m.alpha != alpha for m in mods.values()):
         raise ValueError(f"{d}: adapter has r={r}, alpha={alpha:g}; the model's adapters differ")
+    from safetensors.torch import load_file
+
     # PEFT strips the adapter name when saving; tolerate files that kept it (`lora_A.default.weight`)
     state = {
         re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", k): v

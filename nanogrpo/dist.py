@@ -82,5 +82,8 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group together: a rank that tears down while rank 0 still writes its plots and
+    run page can abort (gloo) instead of exiting cleanly."""
     if is_distributed():
+        dist.barrier()
         dist.destroy_process_group()

@@ -352,3 +352,27 @@ def test_smollm2_matches_transformers(smollm2_dir):
         assert err_ours.max() <= 1.5 * err_hf.max(), (err_ours.max(), err_hf.max())
     assert ours.config.num_hidden_layers == 30 and ours.config.num_key_value_heads == 3
     assert ours.config.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+@pytest.mark.parametrize("name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused"])
+def test_packed_sampling_weights_keep_each_architecture(name, tmp_path):
+    """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
+    plain bf16 forward's logits, and the plain modules come back after the block."""
+    from nanogrpo.packed import packed_weights, packing_supported
+
+    if not packing_supported(torch.zeros(1, dtype=torch.bfloat16)):
+        pytest.skip("no oneDNN bf16 packing in this torch")
+    _save(CONFIGS[name], tmp_path)
+    m = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ids = _ids((2, 7), seed=3)
+    with torch.no_grad():
+        plain = m(ids).float()  # (2, 7, V)
+        with packed_weights(m, batch_hint=2):
+            packed = m(ids).float()
+        again = m(ids).float()
+    assert torch.equal(plain, again)
+    err = (packed - plain).abs()
+    assert err.max() <= 0.05 * plain.abs().max() and err.mean() <= 0.01 * plain.abs().mean() + 1e-3, (
+        err.max(),
+        err.mean(),
+    )

@@ -43,16 +43,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nanogrpo.model_zoo import RANDOM_SHAPES, random_config  # noqa: E402
+
 TRITON_CHUNK_ELEMS = 1 << 28  # kernels/logprobs.py (not imported: that module needs triton)
 
 GB = 1024**3
 
-# the two configs of the plan, copied from their config.json (shapes only)
+# the two configs of the plan (shapes only): Llama-3-8B as nanogrpo.model_zoo's random model has it, Qwen2.5-7B
+# copied from its config.json
 KNOWN = {
-    "llama-3-8b": dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-    ),
+    "llama-3-8b": {**RANDOM_SHAPES["llama-3-8b"], "head_dim": 128},
     "qwen2.5-7b": dict(
         vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
         num_attention_heads=28, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
@@ -65,8 +65,6 @@ def load_config(name_or_path: str) -> dict:
     if name_or_path in KNOWN:
         return dict(KNOWN[name_or_path])
     if name_or_path.startswith("random:"):
-        from nanogrpo.model_zoo import random_config
-
         cfg = random_config(name_or_path.removeprefix("random:"))
         cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
         return cfg

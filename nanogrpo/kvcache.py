@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -107,8 +109,7 @@ class GroupedKVCache:
 
     def select(self, keep: torch.Tensor) -> GroupedKVCache:
         """Only the given rows (e.g. the unfinished completions); the prompts' part is shared, not copied."""
-        out = object.__new__(GroupedKVCache)
-        out.__dict__.update(self.__dict__)
+        out = copy.copy(self)
         out.k, out.v = self.k[:, keep], self.v[:, keep]
         out.rows = keep if self.rows is None else self.rows[keep]
         return out

@@ -213,14 +213,14 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
     }
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.contiguous().cpu() for k, v in adapter_state_dict(model).items()}
-    from safetensors.torch import save_file  # here: the sampler imports this module, and needs no files
+    from safetensors.torch import save_file  # here, as in read_adapter
 
     save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
     return out
 
 
-def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
-    """Load a PEFT-layout LoRA adapter into `model`, injecting adapters first if it has none."""
+def read_adapter(adapter_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A PEFT-layout adapter folder -> (adapter_config, tensors under `...lora_{A,B}.weight` keys)."""
     d = Path(adapter_dir)
     if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
         raise ValueError(f"{d} is not a LoRA adapter folder: expected {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -230,6 +230,20 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
     for unsupported in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save"):
         if cfg.get(unsupported):
             raise ValueError(f"{d / CONFIG_NAME}: {unsupported}={cfg[unsupported]!r} is not supported")
+    from safetensors.torch import load_file  # here: the sampler imports this module, and needs no files
+
+    # PEFT strips the adapter name when saving; tolerate files that kept it (`lora_A.default.weight`)
+    state = {
+        re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", k): v
+        for k, v in load_file(d / WEIGHTS_NAME).items()
+    }
+    return cfg, state
+
+
+def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
+    """Load a PEFT-layout LoRA adapter into `model`, injecting adapters first if it has none."""
+    d = Path(adapter_dir)
+    cfg, state = read_adapter(d)
     r, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
     mods = lora_modules(model)
     if not mods:
@@ -239,13 +253,6 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
         raise ValueError("adapters are merged into the weights; unmerge(model) before load_adapter")
     elif any(m.r != r or m.alpha != alpha for m in mods.values()):
         raise ValueError(f"{d}: adapter has r={r}, alpha={alpha:g}; the model's adapters differ")
-    from safetensors.torch import load_file
-
-    # PEFT strips the adapter name when saving; tolerate files that kept it (`lora_A.default.weight`)
-    state = {
-        re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", k): v
-        for k, v in load_file(d / WEIGHTS_NAME).items()
-    }
     expected = adapter_state_dict(model)
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
     if missing or unexpected:

@@ -19,7 +19,6 @@ import contextlib
 import copy
 import json
 import random
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,14 +219,9 @@ def stack_adapters(first: Path, folder: Path) -> None:
     only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
     training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    def read(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-        cfg = json.loads((d / lora.CONFIG_NAME).read_text())
-        sd = load_file(str(d / lora.WEIGHTS_NAME))
-        return cfg, {re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", k): v for k, v in sd.items()}
-
-    (cfg1, sd1), (cfg2, sd2) = read(first), read(folder)
+    (cfg1, sd1), (cfg2, sd2) = lora.read_adapter(first), lora.read_adapter(folder)
     r1, r2 = int(cfg1["r"]), int(cfg2["r"])
     s1, s2 = float(cfg1["lora_alpha"]) / r1, float(cfg2["lora_alpha"]) / r2
     paths = sorted({k.rsplit(".lora_", 1)[0] for k in [*sd1, *sd2]})

@@ -81,64 +81,81 @@ class GroupedKVCache:
 
     Decode attention then reads a prompt's keys once for the whole group (the query rows of its G
     completions stacked into one matmul) instead of G copies of them: less memory and less traffic for
-    long prompts and large groups. Rows may be dropped as completions end (`select`); `rows` maps each
-    remaining row to its place among the P*G completions.
+    long prompts and large groups. The prompts' left padding is given once (`prompt_mask`) and kept as an
+    additive bias, so decode steps need no attention mask. Rows may be dropped as completions end
+    (`select`); `rows` maps each remaining row to its place among the P*G completions.
     """
 
-    def __init__(self, prefix: KVCache, group_size: int, max_new: int):
+    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask: torch.Tensor | None = None):
+        """prompt_mask: None (no padding) or (P, Lp), 1 on the prompts' real tokens, 0 on pads."""
         Lp = prefix.length
         self.pk, self.pv = prefix.k[:, :, :, :Lp], prefix.v[:, :, :, :Lp]  # (layers, P, n_kv, Lp, D)
         layers, P, nkv, _, D = self.pk.shape
         self.G, self.prefix_len, self.length = group_size, Lp, Lp
-        self.k = self.pk.new_zeros(layers, P * group_size, nkv, max_new, D)  # (layers, n, n_kv, max_new, D)
+        # time-major: the keys written so far are one contiguous block of memory per layer, read as a stream
+        # (a row-major (n, n_kv, max_new, D) buffer read up to t is half-filled strided blocks: ~2x slower
+        # to read on a CPU once the cache no longer fits in its last-level cache)
+        self.k = self.pk.new_zeros(layers, max_new, P * group_size, nkv, D)  # (layers, max_new, n, n_kv, D)
         self.v = torch.zeros_like(self.k)
         self.rows: torch.Tensor | None = None  # (n,) index among the P*G completions; None = all, in order
+        # added to the scores of the prompts' keys: 0 on real tokens, -inf on pads
+        bias = torch.zeros(P, 1, 1, Lp, dtype=self.pk.dtype, device=self.pk.device)  # (P, 1, 1, Lp)
+        if prompt_mask is not None:
+            assert prompt_mask.shape == (P, Lp), f"prompt_mask {tuple(prompt_mask.shape)} != {(P, Lp)}"
+            bias.masked_fill_(~prompt_mask.bool()[:, None, None, :], float("-inf"))
+        self.bias = bias.expand(P, nkv, 1, Lp).reshape(P * nkv, 1, Lp)  # (P*n_kv, 1, Lp)
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the completions' new k/v (n, n_kv, T, D); return their own keys/values so far."""
+        """Write the completions' new k/v (n, n_kv, T, D); return their own keys/values so far, as
+        (n, n_kv, t, D) views of the time-major buffer."""
         start = self.length - self.prefix_len
         end = start + k.shape[2]
-        assert end <= self.k.shape[3], f"KV cache full: {end} new tokens > {self.k.shape[3]}"
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (n, n_kv, t, D)
+        assert end <= self.k.shape[1], f"KV cache full: {end} new tokens > {self.k.shape[1]}"
+        self.k[layer, start:end] = k.permute(2, 0, 1, 3)
+        self.v[layer, start:end] = v.permute(2, 0, 1, 3)
+        return self.k[layer, :end].permute(1, 2, 0, 3), self.v[layer, :end].permute(1, 2, 0, 3)
 
     def select(self, keep: torch.Tensor) -> GroupedKVCache:
         """Only the given rows (e.g. the unfinished completions); the prompts' part is shared, not copied."""
         out = copy.copy(self)
-        out.k, out.v = self.k[:, keep], self.v[:, keep]
+        out.k, out.v = self.k[:, :, keep], self.v[:, :, keep]
         out.rows = keep if self.rows is None else self.rows[keep]
         return out
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
         """One query per row. q (n, nh, 1, D); k/v (n, n_kv, t, D) from update; mask None or bool
-        (n, 1, 1, Lp + t). Returns (n, nh, 1, D): softmax over the prompt's keys and the row's own."""
+        (n, 1, 1, Lp + t) on top of the prompts' padding. Returns (n, nh, 1, D): softmax over the prompt's
+        keys and the row's own."""
         n, nh, _, D = q.shape
-        kp, vp = self.pk[layer], self.pv[layer]  # (P, n_kv, Lp, D)
-        P, nkv, Lp, _ = kp.shape
-        G, g, rows = self.G, nh // nkv, self.rows
-        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P, nkv, G * g, -1)
+        P, nkv, Lp, _ = self.pk.shape[1:]
+        kp = self.pk[layer].reshape(P * nkv, Lp, D)  # (P*n_kv, Lp, D)
+        vp = self.pv[layer].reshape(P * nkv, Lp, D)
+        G, g, rows, t, scale = self.G, nh // nkv, self.rows, k.shape[2], D**-0.5
+        # rows (P, G, n_kv, g) <-> groups (P, n_kv, G, g): a prompt's keys meet its G*g query rows at once
+        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P * nkv, G * g, -1)
         to_rows = lambda x: x.reshape(P, nkv, G, g, -1).transpose(1, 2).reshape(P * G, nkv, g, -1)
         qr = q.reshape(n, nkv, g, D)  # (n, n_kv, g, D)
+        q_all = qr
         if rows is not None:  # ended rows were dropped: put the others back in place, zeros elsewhere
-            qr = qr.new_zeros(P * G, nkv, g, D).index_copy_(0, rows, qr)  # (P*G, n_kv, g, D)
-        s_prompt = to_rows(to_groups(qr) @ kp.transpose(-1, -2))  # (P*G, n_kv, g, Lp)
+            q_all = qr.new_zeros(P * G, nkv, g, D).index_copy_(0, rows, qr)  # (P*G, n_kv, g, D)
+        s_prompt = to_rows(torch.baddbmm(self.bias, to_groups(q_all), kp.transpose(1, 2), alpha=scale))
         if rows is not None:
             s_prompt = s_prompt[rows]  # (n, n_kv, g, Lp)
-        s_own = q.reshape(n, nkv, g, D) @ k.transpose(-1, -2)  # (n, n_kv, g, t)
-        s = torch.cat([s_prompt, s_own], dim=-1) * D**-0.5  # (n, n_kv, g, Lp + t)
+        k_own, v_own = k.reshape(n * nkv, t, D), v.reshape(n * nkv, t, D)  # views of the time-major cache
+        s_own = torch.bmm(qr.reshape(n * nkv, g, D), k_own.transpose(1, 2)).view(n, nkv, g, t)
+        s = torch.cat([s_prompt, s_own.mul_(scale)], dim=-1)  # (n, n_kv, g, Lp + t)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))  # mask broadcasts over the heads
         p = s.softmax(-1)
         p_prompt = p[..., :Lp]  # (n, n_kv, g, Lp)
         if rows is not None:
             p_prompt = p_prompt.new_zeros(P * G, nkv, g, Lp).index_copy_(0, rows, p_prompt)
-        y = to_rows(to_groups(p_prompt) @ vp)  # (P*G, n_kv, g, D)
+        y = to_rows(torch.bmm(to_groups(p_prompt), vp))  # (P*G, n_kv, g, D)
         if rows is not None:
             y = y[rows]
-        y = y + p[..., Lp:] @ v  # (n, n_kv, g, D)
-        return y.reshape(n, nh, 1, D)
+        y = torch.baddbmm(y.view(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
+        return y.view(n, nh, 1, D)

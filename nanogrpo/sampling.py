@@ -220,7 +220,6 @@ def _generate(
     P, N = len(prompts), len(prompts) * G
     lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
     L = int(lens.max())
-    S = L + max_new  # sequence length: the longest prompt plus every new token
 
     # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
     ids = torch.full((P, L), pad_id, dtype=torch.long)
@@ -230,8 +229,8 @@ def _generate(
     padded = bool((lens < L).any())
     attn = None
     if padded:
-        attn = (torch.arange(S, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, S)
-        pos = (attn[:, :L].cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
+        attn = (torch.arange(L, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, L) 0 on pads
+        pos = (attn.cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
     else:
         pos = torch.arange(L, device=dev).expand(P, L)
 
@@ -242,19 +241,18 @@ def _generate(
     h = model(
         ids,
         position_ids=pos,
-        attention_mask=None if attn is None else attn[:, :L],
+        attention_mask=attn,
         kv_cache=cache,
         return_hidden=True,
     )
     logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
 
     # expand the prefilled prompts to their groups: G rows per prompt, adjacent; the prompts' keys and
-    # values stay shared (one copy per prompt), each completion adds its own
-    cache = GroupedKVCache(cache, G, max_new)
+    # values stay shared (one copy per prompt), each completion adds its own; the cache keeps the prompts'
+    # padding, so decode steps pass no attention mask
+    cache = GroupedKVCache(cache, G, max_new, prompt_mask=attn)
     logits = logits.repeat_interleave(G, 0)  # (N, V)
     next_pos = lens.repeat_interleave(G)[:, None]  # (N, 1) position of the first new token
-    if attn is not None:
-        attn = attn.repeat_interleave(G, 0)  # (N, S)
 
     tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
     logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)
@@ -299,16 +297,9 @@ def _generate(
                     cache = cache.select(keep)
                     rows = keep if rows is None else rows[keep]
                     tok, done, next_pos = tok[keep], done[keep], next_pos[keep]
-                    attn = None if attn is None else attn[keep]
         if t == max_new - 1:
             break  # the last token needs no forward pass
-        h = model(
-            tok[:, None],
-            position_ids=next_pos + t,
-            attention_mask=None if attn is None else attn[:, : L + t + 1],
-            kv_cache=cache,
-            return_hidden=True,
-        )  # (n, 1, H)
+        h = model(tok[:, None], position_ids=next_pos + t, kv_cache=cache, return_hidden=True)  # (n, 1, H)
         logits = lm_head(h[:, 0]).float()  # (n, V)
 
     T = int(length.max())

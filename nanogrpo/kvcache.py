@@ -157,5 +157,5 @@ class GroupedKVCache:
         y = to_rows(torch.bmm(to_groups(p_prompt), vp))  # (P*G, n_kv, g, D)
         if rows is not None:
             y = y[rows]
-        y = torch.baddbmm(y.view(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
+        y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
         return y.view(n, nh, 1, D)

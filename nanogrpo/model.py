@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .kvcache import GroupedKVCache, KVCache, PrefixKV
-from .rope import apply_rope, rope_inv_freq
+from .rope import apply_rope, rope_inv_freq, rope_tables
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
 ARCHITECTURES = {
@@ -169,17 +169,22 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, H); mask as built in Transformer.forward."""
         B, T, _ = x.shape
-        if self.fused_qkv is not None:
-            q, k, v = self.fused_qkv(x).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        nh, nkv, D = self.nh, self.nkv, self.hd
+        if self.fused_qkv is not None and not hasattr(self, "q_norm"):
+            # sampling on the CPU: q|k|v from one matmul, and q|k rotated in one pass
+            qkv = self.fused_qkv(x).view(B, T, nh + 2 * nkv, D)
+            qk = apply_rope(qkv[:, :, : nh + nkv], cos, sin)  # (B, T, nh + n_kv, D)
+            q, k, v = qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv :]
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.nh, self.hd)  # (B, T, nh, D)
-        k = k.view(B, T, self.nkv, self.hd)  # (B, T, n_kv, D)
-        v = v.view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, n_kv, T, D)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # (B, nh, T, D)
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # (B, n_kv, T, D)
+            if self.fused_qkv is not None:
+                q, k, v = self.fused_qkv(x).split([nh * D, nkv * D, nkv * D], -1)
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, D)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, T, nh, D), (B, T, n_kv, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D)
         if isinstance(kv_cache, GroupedKVCache):
@@ -292,9 +297,7 @@ class Transformer(nn.Module):
             inv_freq, scale = rope_inv_freq(self.config, seq_len)
             self._rope_cache[(key, position_ids.device)] = (inv_freq.to(position_ids.device), scale)
         inv_freq, scale = self._rope_cache[(key, position_ids.device)]
-        freqs = position_ids[..., None].float() * inv_freq  # (B, T, rot/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, rot)
-        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+        return rope_tables(position_ids, inv_freq, scale, dtype)  # each (B, T, 1, rot)
 
     def forward(
         self,

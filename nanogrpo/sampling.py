@@ -107,11 +107,11 @@ def sample_tokens(
     N, V = z.shape
     k = top_k if 0 < top_k < V else V
     if k == V and top_p >= 1.0:
-        m = z.amax(-1, keepdim=True)  # (N, 1)
-        w = (z - m).exp_()  # (N, V) unnormalised probabilities: one exp pass serves the draw and lse
-        lse = m + w.sum(-1, keepdim=True).log()  # (N, 1)
-        tok = _draw(w, generator, u)  # (N, 1)
-        return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
+        # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token
+        # whose p underflows to 0 can never be drawn)
+        p = z.softmax(-1)  # (N, V)
+        tok = _draw(p, generator, u)  # (N, 1)
+        return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
 
     lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
     if k < V:

@@ -78,6 +78,9 @@ CONFIGS = {
     ),
     "qwen3-qknorm": Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=24),
     "phi3-fused": Phi3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0),
+    "phi3-partial-rotary": Phi3Config(
+        **SMALL, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, partial_rotary_factor=0.5
+    ),
     "phi3-longrope": Phi3Config(
         **SMALL,
         num_attention_heads=4,
@@ -200,6 +203,27 @@ def test_grouped_cache_gives_group_rows(tmp_path):
         rest = torch.cat([m(cont[keep, t : t + 1], kv_cache=sub) for t in range(2, 4)], 1)  # (3, 2, V)
     torch.testing.assert_close(steps, full[:, :2], atol=1e-5, rtol=0)
     torch.testing.assert_close(rest, full[keep, 2:], atol=1e-5, rtol=0)
+
+
+def test_grouped_cache_with_left_padded_prompts(tmp_path):
+    """Prompts of different lengths, left-padded into one prefill: the grouped cache keeps their padding
+    (prompt_mask) and decode steps need no attention mask; equals running each completion alone."""
+    _save(CONFIGS["llama-gqa-untied"], tmp_path)
+    m = Transformer.from_pretrained(tmp_path)
+    G, lens, L = 2, [6, 3], 6
+    prompts, cont = _ids((2, L), seed=7), _ids((4, 3), seed=8)
+    mask = torch.tensor([[1] * L, [0] * (L - lens[1]) + [1] * lens[1]])  # (2, L) 0 on pads
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        cache = m.new_kv_cache(2, L)
+        m(prompts, position_ids=pos, attention_mask=mask, kv_cache=cache)
+        group = GroupedKVCache(cache, G, max_new=3, prompt_mask=mask)
+        start = torch.tensor(lens).repeat_interleave(G)[:, None]  # (4, 1) position of the first new token
+        steps = torch.cat([m(cont[:, t : t + 1], position_ids=start + t, kv_cache=group) for t in range(3)], 1)
+        for row in range(4):
+            p = prompts[row // G, L - lens[row // G] :]  # the prompt without its pads
+            alone = m(torch.cat([p, cont[row]])[None])[0, len(p) :]  # (3, V)
+            torch.testing.assert_close(steps[row], alone, atol=1e-5, rtol=0)
 
 
 def test_return_hidden_times_lm_head_is_logits(tiny_model_dir):

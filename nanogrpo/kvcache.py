@@ -86,7 +86,9 @@ class GroupedKVCache:
     (`select`); `rows` maps each remaining row to its place among the P*G completions.
     """
 
-    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask: torch.Tensor | None = None):
+    def __init__(
+        self, prefix: KVCache, group_size: int, max_new: int, prompt_mask: torch.Tensor | None = None
+    ):
         """prompt_mask: None (no padding) or (P, Lp), 1 on the prompts' real tokens, 0 on pads."""
         Lp = prefix.length
         self.pk, self.pv = prefix.k[:, :, :, :Lp], prefix.v[:, :, :, :Lp]  # (layers, P, n_kv, Lp, D)

@@ -219,7 +219,9 @@ def test_grouped_cache_with_left_padded_prompts(tmp_path):
         m(prompts, position_ids=pos, attention_mask=mask, kv_cache=cache)
         group = GroupedKVCache(cache, G, max_new=3, prompt_mask=mask)
         start = torch.tensor(lens).repeat_interleave(G)[:, None]  # (4, 1) position of the first new token
-        steps = torch.cat([m(cont[:, t : t + 1], position_ids=start + t, kv_cache=group) for t in range(3)], 1)
+        steps = torch.cat(
+            [m(cont[:, t : t + 1], position_ids=start + t, kv_cache=group) for t in range(3)], 1
+        )
         for row in range(4):
             p = prompts[row // G, L - lens[row // G] :]  # the prompt without its pads
             alone = m(torch.cat([p, cont[row]])[None])[0, len(p) :]  # (3, V)

@@ -165,6 +165,28 @@ def test_packed_weights_fold_lora_and_restore(tiny_dir):
 
 
 @needs_packing
+def test_packed_lm_head_is_kept_until_the_weight_changes(tiny_dir):
+    """The packed LM head is reused while its weight is unchanged (frozen under LoRA) and packed again
+    after an in-place update (an optimizer step) or when the weight is replaced."""
+    model = Transformer.from_pretrained(tiny_dir, dtype=torch.bfloat16)
+    x = torch.randn(4, model.config.hidden_size).bfloat16()
+    with torch.no_grad():
+        with packed_weights(model, batch_hint=4) as first:
+            pass
+        with packed_weights(model, batch_hint=4) as second:
+            assert second is first
+        model.lm_head_weight.mul_(-1.0)  # what an optimizer step does: update in place
+        with packed_weights(model, batch_hint=4) as third:
+            assert third is not first
+            torch.testing.assert_close(
+                third(x).float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02
+            )
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head_weight.clone())  # replaced: a new tensor
+        with packed_weights(model, batch_hint=4) as fourth:
+            assert fourth is not third
+
+
+@needs_packing
 def test_bf16_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch):
     """The packed weights + float32 cache path samples what the plain bf16 path samples (greedy: the same
     tokens; sampled: log-probs within bf16 rounding), with LoRA on."""

@@ -77,9 +77,11 @@ class LoraLinear(nn.Module):
             y = y + F.linear(F.linear(self.dropout(x), a), b) * self.scaling
         return y
 
-    def delta_weight(self) -> torch.Tensor:
-        """(alpha / r) * B @ A in float32, shaped like the base weight."""
-        return (self.lora_B.weight.float() @ self.lora_A.weight.float()) * self.scaling  # (out, in)
+    def merged_weight(self, sign: float = 1.0) -> torch.Tensor:
+        """W + sign * (alpha / r) B A: computed in float32 (one fused matmul-add), rounded once to W's dtype."""
+        w = self.base_layer.weight
+        a, b = self.lora_A.weight.float(), self.lora_B.weight.float()  # (r, in), (out, r)
+        return w.to(torch.float32, copy=True).addmm_(b, a, alpha=sign * self.scaling).to(w.dtype)  # (out, in)
 
     def extra_repr(self) -> str:
         return f"r={self.r}, alpha={self.alpha:g}, merged={self.merged}"
@@ -154,7 +156,7 @@ def merge(model: nn.Module) -> nn.Module:
     for m in lora_modules(model).values():
         if not m.merged:
             w = m.base_layer.weight
-            w.copy_((w.float() + m.delta_weight()).to(w.dtype))
+            w.copy_(m.merged_weight())
             m.merged = True
     return model
 
@@ -165,7 +167,7 @@ def unmerge(model: nn.Module) -> nn.Module:
     for m in lora_modules(model).values():
         if m.merged:
             w = m.base_layer.weight
-            w.copy_((w.float() - m.delta_weight()).to(w.dtype))
+            w.copy_(m.merged_weight(-1.0))
             m.merged = False
     return model
 

@@ -56,12 +56,7 @@ class PackedLinear:
 def effective_weight(m: nn.Module) -> torch.Tensor:
     """The weight the layer applies now: W, or W + (alpha / r) B A for an enabled, unmerged adapter."""
     if isinstance(m, LoraLinear):
-        w = m.base_layer.weight
-        if m.enabled and not m.merged:
-            # W + (alpha / r) B A in float32 (one fused matmul-add), rounded once to the compute dtype
-            a, b = m.lora_A.weight.float(), m.lora_B.weight.float()  # (r, in), (out, r)
-            w = w.to(torch.float32, copy=True).addmm_(b, a, alpha=m.scaling).to(w.dtype)  # (out, in)
-        return w
+        return m.merged_weight() if m.enabled and not m.merged else m.base_layer.weight
     return m.weight
 
 

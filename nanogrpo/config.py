@@ -104,6 +104,15 @@ class GRPOConfig:
     detached sum of the log-ratios from t on). See docs/KL.md for which placement gives which gradient."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number; seq-mean-token-sum-norm divides by max_new_tokens (Dr. GRPO)."""
+    is_correction: Literal["none", "tis", "mis"] = "none"
+    """Importance-sampling correction for the sampler-trainer gap (docs/KL.md): the policy-gradient term is
+    weighted by w = pi_old/pi_sampler, the trainer's log-probs over the sampler's. 'tis': min(w, is_cap);
+    'mis': w where 1/is_cap <= w <= is_cap, else the token (or sequence) is dropped; 'none': w = 1 (the gap
+    is still logged every step as sampler_*)."""
+    is_level: Literal["token", "sequence"] = "token"
+    """w per token, or one w per sequence (the product of its tokens' ratios: unbiased, higher variance)."""
+    is_cap: float = 2.0
+    """C of --grpo.is-correction: the truncation (tis) or the acceptance band [1/C, C] (mis); > 1."""
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,14 @@ from nanogrpo.config import GRPOConfig
 def compute_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-completion advantages from rewards laid out as B groups of G consecutive rows.
 
-    'grpo': r - mean(group), divided by (std + adv_eps) when adv_std_norm (std: unbiased, as torch.std).
-    'rloo': r - mean of the other G-1 rewards (unbiased baseline), then the same optional std division.
-    Returns (adv (B*G,), zero_std (B,) bool): zero-spread groups get exactly 0 and are flagged.
+    A NaN reward (no grader applied: a None score) is not a reward: mean, std, the leave-one-out baseline
+    and the zero-spread flag use the group's valid rows only, and the row itself gets advantage 0. Turning
+    it into 0 instead would shift the group's mean and make every other advantage of the group one-sided.
+
+    'grpo': r - mean(valid), divided by (std + adv_eps) when adv_std_norm (std: unbiased, as torch.std).
+    'rloo': r - mean of the other valid rewards (unbiased baseline), then the same optional std division.
+    Returns (adv (B*G,), zero_std (B,) bool): groups with fewer than 2 valid rows or no spread among them get
+    exactly 0 and are flagged.
     """
     G = cfg.group_size
     if G < 2:
@@ -45,18 +50,24 @@ def compute_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> tuple[torch.Te
         raise ValueError(
             f"rewards must be 1-D with a multiple of group_size={G} entries, got {tuple(rewards.shape)}"
         )
-    r = rewards.view(-1, G)  # (B, G)
-    zero_std = r.amax(1) == r.amin(1)  # (B,) exact equality: a tolerance would silently drop tiny KL spreads
-    mean = r.mean(1, keepdim=True)  # (B, 1)
-    if cfg.adv_estimator == "grpo":
-        adv = r - mean  # (B, G)
-    elif cfg.adv_estimator == "rloo":
-        adv = (r - mean) * (G / (G - 1))  # == r_i - mean_{j != i} r_j
-    else:
+    if cfg.adv_estimator not in ("grpo", "rloo"):
         raise ValueError(f"unknown adv_estimator {cfg.adv_estimator!r}: use 'grpo' or 'rloo'")
+    r = rewards.view(-1, G)  # (B, G)
+    ok = ~r.isnan()  # (B, G) rows that have a reward
+    n = ok.sum(1, keepdim=True)  # (B, 1) valid rows per group
+    r0 = torch.where(ok, r, 0.0)  # (B, G)
+    mean = r0.sum(1, keepdim=True) / n.clamp(min=1)  # (B, 1)
+    # exact equality among the valid rows: a tolerance would silently drop tiny KL spreads
+    hi = torch.where(ok, r, -torch.inf).amax(1)  # (B,)
+    lo = torch.where(ok, r, torch.inf).amin(1)  # (B,)
+    zero_std = (n.squeeze(1) < 2) | (hi == lo)  # (B,)
+    adv = r0 - mean  # (B, G)
+    if cfg.adv_estimator == "rloo":
+        adv = adv * (n / (n - 1).clamp(min=1))  # == r_i - mean_{j != i, valid} r_j
     if cfg.adv_std_norm:
-        adv = adv / (r.std(1, keepdim=True) + cfg.adv_eps)  # (B, G)
-    adv = torch.where(zero_std[:, None], torch.zeros_like(adv), adv)  # exactly 0, not rounding noise
+        var = (torch.where(ok, r0 - mean, 0.0) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)  # (B, 1)
+        adv = adv / (var.sqrt() + cfg.adv_eps)  # (B, G)
+    adv = torch.where(zero_std[:, None] | ~ok, 0.0, adv)  # exactly 0, not rounding noise
     return adv.reshape(-1), zero_std
 
 
@@ -140,6 +151,54 @@ def _kl_loss_terms(
     return value + c * (logp - logp.detach())  # value k, gradient c * dlogp
 
 
+# ----------------------------------------------------------------------------- the sampler-trainer gap
+
+
+def importance_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weights (N, T) that correct the policy-gradient term for sampling from the sampler's distribution mu
+    (its own kernels, shapes and bf16 folding of W + BA) instead of the trainer's pi_old.
+
+    w = pi_old / mu per token, or the product over the sequence's tokens for is_level='sequence'. Then
+    'none': 1; 'tis' (truncated): min(w, C); 'mis' (masked): w inside [1/C, C], else 0 (the token, or the
+    whole sequence, is dropped). E_mu[w f] = E_pi_old[f] for any f, so uncapped weights remove the gap's bias
+    exactly (sequence level) or to first order (token level, contexts still drawn from mu); the cap trades a
+    little bias for bounded variance.
+
+    Also returns SUMS over the tokens for the log (whatever the correction): |log pi_old - log mu|, the
+    k3 estimate of KL(mu || pi_old), the tokens whose weight the cap changed, and the largest token ratio.
+    """
+    on = mask > 0
+    log_w = torch.where(on, old_logp.detach() - sampler_logp.to(old_logp.dtype), 0.0)  # (N, T)
+    with torch.no_grad():
+        stats = {
+            "sampler_abs_diff": (log_w.abs() * mask).sum(),
+            "sampler_kl": (kl_estimate(-log_w, "k3") * mask).sum(),  # l = log mu - log pi_old, y ~ mu
+            "sampler_ratio_max": torch.where(on, log_w, -torch.inf).max().exp()
+            if on.any()
+            else mask.new_ones(()),
+        }
+    if cfg.is_level == "sequence":
+        log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (N, T) one weight per sequence
+    elif cfg.is_level != "token":
+        raise ValueError(f"unknown is_level {cfg.is_level!r}: use 'token' or 'sequence'")
+    C = cfg.is_cap
+    w = torch.exp(log_w)  # (N, T)
+    if cfg.is_correction == "none":
+        out = torch.ones_like(w)
+    elif cfg.is_correction == "tis":
+        out = w.clamp(max=C)
+    elif cfg.is_correction == "mis":
+        out = torch.where((w >= 1.0 / C) & (w <= C), w, 0.0)
+    else:
+        raise ValueError(f"unknown is_correction {cfg.is_correction!r}: use 'none', 'tis' or 'mis'")
+    stats["is_capped"] = (((out != w) & on).sum() if cfg.is_correction != "none" else mask.new_zeros(())).to(
+        mask.dtype
+    )
+    return torch.where(on, out, 0.0), stats
+
+
 # ----------------------------------------------------------------------------- loss
 
 
@@ -154,6 +213,7 @@ def grpo_loss(
     num_seqs: float,
     num_tokens: float,
     max_len: int,
+    sampler_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate (+ beta * KL when kl_placement='loss') of N completions, T tokens each.
 
@@ -168,6 +228,10 @@ def grpo_loss(
     with adv < 0 / ratio > 1+eps_high with adv > 0), 'kl' (sum of k3 over tokens: a non-negative estimate of
     the per-token KL(pi || ref), whatever the configured estimator), 'pg_loss' / 'kl_loss' (this micro-batch's
     share of the loss), and 'ratio_max' (a max: combine with max). `finalize_stats` turns totals into means.
+
+    sampler_logp (N, T): the sampler's log-probs of the same tokens. Given, the policy-gradient term is
+    weighted by `importance_weights(old_logp, sampler_logp, ...)` (cfg.is_correction) and the stats also
+    hold the sampler-trainer gap ('sampler_*', 'is_capped'). The KL term is not reweighted.
     """
     if logp.shape != mask.shape or old_logp.shape != mask.shape:
         raise ValueError(
@@ -193,6 +257,10 @@ def grpo_loss(
     ratio = torch.exp(log_ratio)  # (N, T)
     clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)  # (N, T)
     pg = -torch.minimum(ratio * adv, clipped * adv)  # (N, T)
+    gap: dict[str, torch.Tensor] = {}
+    if sampler_logp is not None:
+        is_w, gap = importance_weights(old_logp, sampler_logp, mask, cfg)  # (N, T), detached
+        pg = pg * is_w
 
     kl = torch.zeros_like(pg)
     if cfg.kl_placement == "loss" and cfg.beta != 0.0:
@@ -218,6 +286,7 @@ def grpo_loss(
             "kl": (k3 * mask).sum(),
             "pg_loss": pg_loss.detach(),
             "kl_loss": kl_loss.detach(),
+            **gap,
         }
     return pg_loss + kl_loss, stats
 
@@ -238,9 +307,9 @@ def _token_weights(
 
 
 def finalize_stats(totals: dict[str, float]) -> dict[str, float]:
-    """Summed stats of a step (micro-batches added, ratio_max maxed) -> the logged means and fractions."""
+    """Summed stats of a step (micro-batches added, *_max maxed) -> the logged means and fractions."""
     n = max(float(totals["tokens"]), 1.0)
-    return {
+    out = {
         "clip_low": float(totals["clip_low"]) / n,
         "clip_high": float(totals["clip_high"]) / n,
         "ratio_max": float(totals["ratio_max"]),
@@ -248,12 +317,21 @@ def finalize_stats(totals: dict[str, float]) -> dict[str, float]:
         "pg_loss": float(totals["pg_loss"]),
         "kl_loss": float(totals["kl_loss"]),
     }
+    if "sampler_abs_diff" in totals:  # mean |log pi_old - log mu| and KL(mu || pi_old) per token
+        out["sampler_abs_diff"] = float(totals["sampler_abs_diff"]) / n
+        out["sampler_kl"] = float(totals["sampler_kl"]) / n
+        out["sampler_ratio_max"] = float(totals["sampler_ratio_max"])
+        out["is_capped"] = float(totals["is_capped"]) / n
+    return out
+
+
+def is_max_stat(key: str) -> bool:
+    """Stats combined by max over micro-batches and ranks (the rest are sums)."""
+    return key.endswith("_max")
 
 
 def accumulate_stats(totals: dict[str, float] | None, stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Add one micro-batch's stats to the running totals (ratio_max by max)."""
+    """Add one micro-batch's stats to the running totals (the *_max ones by max)."""
     if totals is None:
         return {k: float(v) for k, v in stats.items()}
-    out = {k: totals[k] + float(v) for k, v in stats.items() if k != "ratio_max"}
-    out["ratio_max"] = max(totals["ratio_max"], float(stats["ratio_max"]))
-    return out
+    return {k: max(totals[k], float(v)) if is_max_stat(k) else totals[k] + float(v) for k, v in stats.items()}

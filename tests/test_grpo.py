@@ -130,6 +130,35 @@ def test_rloo_by_hand():
     torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64))
 
 
+NAN = float("nan")
+
+
+def test_a_missing_reward_is_left_out_of_its_group():
+    """[0.8, 0.9, None, 0.85] is the group (0.8, 0.9, 0.85) plus a row with no advantage, not a group whose
+    fourth member scored 0 (which made all three advantages positive)."""
+    r = torch.tensor([0.8, 0.9, NAN, 0.85], dtype=torch.float64)
+    for est in ("grpo", "rloo"):
+        for norm in (True, False):
+            c = cfg(group_size=4, adv_estimator=est, adv_std_norm=norm)
+            adv, zero = compute_advantages(r, c)
+            want, _ = compute_advantages(r[[0, 1, 3]], replace(c, group_size=3))
+            torch.testing.assert_close(adv[[0, 1, 3]], want, rtol=1e-12, atol=1e-14)
+            assert adv[2] == 0 and not zero[0]
+            assert adv[0] < 0 < adv[1]
+
+
+def test_tied_or_lonely_valid_rewards_are_zero_spread():
+    r = torch.tensor([1, 1, NAN, 1, NAN, 0.5, NAN, NAN, NAN, NAN, NAN, NAN, 0, 1, NAN, 1], dtype=torch.float64)
+    for est in ("grpo", "rloo"):
+        adv, zero = compute_advantages(r, cfg(group_size=4, adv_estimator=est))
+        assert zero.tolist() == [True, True, True, False]
+        assert (adv[:12] == 0).all() and adv[14] == 0
+        # RLOO among the valid rows: 0 - mean(1, 1), 1 - mean(0, 1)
+        if est == "rloo":
+            s = torch.tensor([0.0, 1, 1]).std().item() + 1e-4
+            torch.testing.assert_close(adv[[12, 13, 15]], torch.tensor([-1, 0.5, 0.5], dtype=torch.float64) / s)
+
+
 def test_bad_group_size_is_refused():
     with pytest.raises(ValueError, match="group_size"):
         compute_advantages(torch.zeros(4), cfg(group_size=1))

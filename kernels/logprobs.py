@@ -18,7 +18,19 @@ float32 logits [N, V] and a log-softmax of the same size, 2 * 4 * N * V bytes (4
 
 Both paths save only the per-token log-sum-exp for the backward (the recomputation costs one more
 matmul). Entropy is a metric: returned detached, it adds no backward work.
+
+Autocast (a full fine-tune: float32 weights, forward under `torch.autocast(..., torch.bfloat16)`): the
+logits matmul is one autocast runs in bf16, but autocast is usually off by the time the backward runs, so
+a backward that recomputes the logits would recompute float32 logits against the log-sum-exp of bf16 ones:
+the gradient of some other function (1% off on the tests' shapes). So `token_logprobs` does explicitly
+what autocast does to a linear layer: hidden and weight are cast to the autocast dtype by autograd-tracked
+casts (the gradients flow back to the float32 tensors through them), and the autograd Function runs with
+autocast off, forward and backward alike. Both paths then differentiate exactly what they computed: logits
+of bf16 inputs (the reference rounds them to bf16, as a bf16 matmul does; the Triton kernels keep their
+float32 accumulation).
 """
+
+import contextlib
 
 import torch
 
@@ -78,17 +90,19 @@ class LogprobsTorchFunction(torch.autograd.Function):
         acc = _acc_dtype(hidden.dtype)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         c = _chunk_rows(n, v, ctx.chunk_elems)
-        for s in range(0, n, c):
-            z = _chunk_logits(hidden[s : s + c], weight, t)  # (C, V)
-            # d logp / d logits_raw = (onehot(y) - softmax) / T, scaled by the incoming gradient
-            g = grad_logp[s : s + c].to(acc) / t  # (C,)
-            dz = z.sub_(lse[s : s + c, None]).exp_().mul_(-g[:, None])  # (C, V)
-            dz.scatter_add_(1, targets[s : s + c, None], g[:, None])
-            if need_h:
-                grad_h[s : s + c] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
-                grad_w += dz.T @ hidden[s : s + c].to(acc)
-            del z, dz
+        # a backward called inside an autocast block would run under it: the logits must be the forward's
+        with _autocast_off(hidden):
+            for s in range(0, n, c):
+                z = _chunk_logits(hidden[s : s + c], weight, t)  # (C, V)
+                # d logp / d logits_raw = (onehot(y) - softmax) / T, scaled by the incoming gradient
+                g = grad_logp[s : s + c].to(acc) / t  # (C,)
+                dz = z.sub_(lse[s : s + c, None]).exp_().mul_(-g[:, None])  # (C, V)
+                dz.scatter_add_(1, targets[s : s + c, None], g[:, None])
+                if need_h:
+                    grad_h[s : s + c] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+                if need_w:
+                    grad_w += dz.T @ hidden[s : s + c].to(acc)
+                del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None
@@ -101,9 +115,28 @@ def logprobs_torch(
     temperature: float = 1.0,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked PyTorch log-probs and entropies; same contract as `token_logprobs`."""
+    """Chunked PyTorch log-probs and entropies; same contract as `token_logprobs` (autocast included)."""
     _check_inputs(hidden, weight, targets, temperature)
-    return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), int(chunk_elems))
+    hidden, weight = _autocast_inputs(hidden, weight)
+    with _autocast_off(hidden):
+        return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), int(chunk_elems))
+
+
+def _autocast_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden and weight in the dtype of the matmul autocast would run (autograd-tracked casts, as autocast
+    itself makes for a linear layer), or in one common dtype when autocast is off.
+
+    Under autocast the Function must then run with autocast off: its forward and its backward (which
+    runs after the autocast block has closed) compute the same logits, and the gradient is exact."""
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev) and weight.dtype != torch.float64:  # autocast leaves float64 alone
+        dtype = torch.get_autocast_dtype(dev)
+        return hidden.to(dtype), weight.to(dtype)
+    return hidden.to(weight.dtype), weight  # one dtype for the matmul (the trainer already casts)
+
+
+def _autocast_off(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    return torch.autocast(t.device.type, enabled=False)
 
 
 def _check_inputs(hidden, weight, targets, temperature) -> None:
@@ -302,9 +335,10 @@ class LogprobsFunction(torch.autograd.Function):
     def backward(ctx, grad_logp, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h, grad_w = _logprobs_bwd_triton(
-            hidden, weight, targets, lse, grad_logp, ctx.temperature, need_h, need_w, ctx.chunk_elems
-        )
+        with _autocast_off(hidden):
+            grad_h, grad_w = _logprobs_bwd_triton(
+                hidden, weight, targets, lse, grad_logp, ctx.temperature, need_h, need_w, ctx.chunk_elems
+            )
         return grad_h, grad_w, None, None, None
 
 
@@ -315,14 +349,17 @@ def token_logprobs(
 
     hidden [N, H], weight [V, H], targets [N] (ids in [0, V)) -> (logp [N] float32, entropy [N] float32).
     Differentiable w.r.t. hidden and weight; entropy is detached (a metric). CUDA tensors run the Triton
-    kernels, CPU tensors the chunked PyTorch reference (see `kernels.set_backend`).
+    kernels, CPU tensors the chunked PyTorch reference (see `kernels.set_backend`). Under autocast the
+    logits are those of hidden and weight cast to the autocast dtype, and the gradient is theirs (through
+    the casts), on both paths.
     """
     _check_inputs(hidden, weight, targets, temperature)
     targets = targets.long()
-    hidden = hidden.to(weight.dtype)  # one dtype for the matmul (the trainer already casts)
-    if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
-        hidden, weight = hidden.contiguous(), weight.contiguous()
-        return LogprobsFunction.apply(
-            hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
-        )
-    return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), DEFAULT_CHUNK_ELEMS)
+    hidden, weight = _autocast_inputs(hidden, weight)
+    with _autocast_off(hidden):
+        if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
+            hidden, weight = hidden.contiguous(), weight.contiguous()
+            return LogprobsFunction.apply(
+                hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
+            )
+        return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), DEFAULT_CHUNK_ELEMS)

@@ -261,3 +261,74 @@ def test_triton_in_interpreter_subprocess():
         text=True,
     )
     assert out.returncode == 0, out.stdout[-3000:]
+
+
+def autocast_grads(fn, hidden, weight, grad_out, autocast: bool):
+    """fn(h, w) -> logp, and the grads of sum(grad_out * logp) for float32 leaves h, w: the forward under CPU
+    bf16 autocast when asked, the backward outside it (as the trainer runs them)."""
+    h = hidden.detach().clone().requires_grad_()
+    w = weight.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logp = fn(h, w)
+    gh, gw = torch.autograd.grad((logp * grad_out).sum(), (h, w))
+    return logp.detach(), gh, gw
+
+
+def bf16_logits_oracle(hidden, weight, targets, temperature, grad_out):
+    """float64 grads of the function a bf16 forward computes: logits of the bf16-rounded inputs, rounded to
+    bf16 as a bf16 matmul's output is (for autograd the roundings are the identity, as casts are)."""
+    h16, w16 = hidden.bfloat16(), weight.bfloat16()
+    h, w = h16.double().requires_grad_(), w16.double().requires_grad_()
+    z = h @ w.T  # (N, V)
+    z = z + ((h16 @ w16.T).double() - z).detach()  # the bf16 values, the float64 derivative
+    logp = (z / temperature).log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+    return torch.autograd.grad((logp * grad_out.double()).sum(), (h, w))
+
+
+@pytest.mark.parametrize("n,h,v", SHAPES)
+def test_reference_under_autocast_is_the_gradient_of_the_bf16_logits(n, h, v):
+    """Full fine-tune: float32 weights, forward under bf16 autocast, backward outside it. The backward is the
+    gradient of the bf16 logits the forward computed, not of float32 logits recomputed in the backward."""
+    hidden, weight, targets = make(n, h, v)
+    grad_out, temp = token_mean_grad(n), 0.7
+
+    def explicit(dtype):  # what autocast's matmul does, written out: autograd through the casts
+        def logp(h_, w_):
+            z = (h_.to(dtype) @ w_.to(dtype).T).float() / temp  # (N, V)
+            return z.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+
+        return logp
+
+    with backend("torch"):
+        ours = lambda h_, w_: token_logprobs(h_, w_, targets, temp)[0]
+        got = autocast_grads(ours, hidden, weight, grad_out, autocast=True)
+    want = autocast_grads(explicit(torch.bfloat16), hidden, weight, grad_out, autocast=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
+    # grad hidden: (onehot - p) / T rounded to bf16, times the bf16 weight, as autograd does it
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-5 * want[1].abs().max().item())
+    # grad weight: accumulated in float32, returned in bf16 (the weight's dtype inside autocast), so
+    # within one bf16 rounding of the exact gradient of the bf16 forward
+    exact = bf16_logits_oracle(hidden, weight, targets, temp, grad_out)[1]
+    one_rounding = 2.0**-8 * exact.abs() + 1e-5 * exact.abs().max()
+    assert ((got[2].double() - exact).abs() <= one_rounding).all(), (got[2].double() - exact).abs().max()
+    # the float32 gradient is another one: the checks above can fail
+    fp32 = autocast_grads(explicit(torch.float32), hidden, weight, grad_out, autocast=False)
+    assert (fp32[1] - want[1]).abs().max() > 100 * 1e-5 * want[1].abs().max()
+    assert not ((fp32[2].double() - exact).abs() <= one_rounding).all()
+
+
+@pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_autocast_equals_explicit_bf16_casts(path):
+    """Both paths under bf16 autocast compute what they compute on inputs cast to bf16 by hand (float32
+    accumulation on the Triton path), forward and backward, bit for bit."""
+    hidden, weight, targets = make(37, 48, 1000)
+    grad_out = token_mean_grad(37)
+    ours = lambda h_, w_: token_logprobs(h_, w_, targets, 0.7)[0]
+    cast = lambda h_, w_: token_logprobs(h_.bfloat16(), w_.bfloat16(), targets, 0.7)[0]
+    with backend(path):
+        got = autocast_grads(ours, hidden, weight, grad_out, autocast=True)
+        want = autocast_grads(cast, hidden, weight, grad_out, autocast=False)
+        fp32 = autocast_grads(ours, hidden, weight, grad_out, autocast=False)
+    for a, b, c in zip(got, want, fp32):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, c), "autocast had no effect"

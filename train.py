@@ -28,6 +28,7 @@ from nanogrpo.config import PRESETS, TrainConfig
 from nanogrpo.data import PromptOrder, load_task, prompt_text, render_prompt
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.policy import completion_logprobs, make_batch, pad_left
+from nanogrpo.resume import check_resume, load_config, prepare_run_dir
 from nanogrpo.runtime import load_policy, micro_slices, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
 from rewards import Sample, build_reward
@@ -53,9 +54,8 @@ def main(cfg: TrainConfig) -> dict:
     elif any(not r.get("reference") for r in rows):
         raise ValueError(f"{source}: --algo sft trains on 'reference'; every row needs one")
     out = Path(cfg.out_dir)
-    if dist.is_main():
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
+    prepare_run_dir(cfg, write=dist.is_main())
     seed_everything(cfg.seed + rank)
 
     # ---------------------------------------------------------------- model, tokenizer, optimizer
@@ -385,12 +385,34 @@ def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:
 
 
 def cli(argv: list[str] | None = None) -> TrainConfig:
-    """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override."""
+    """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override.
+
+    With --resume the defaults are the run's own config.json instead, so flags name only what changes, and
+    a change that would break exact resumption is refused (nanogrpo/resume.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = argv.pop(0) if argv and argv[0] in PRESETS else "demo"
+    name = argv.pop(0) if argv and argv[0] in PRESETS else None
     presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
-    description = f"nanogrpo: GRPO (or SFT) for language models. Presets (first argument): {presets}. Defaults below are the '{name}' preset's."
-    return tyro.cli(TrainConfig, default=PRESETS[name][1], args=argv, description=description)
+    description = (
+        f"nanogrpo: GRPO (or SFT) for language models. Presets (first argument): {presets}. Defaults below "
+        f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json."
+    )
+    cfg = tyro.cli(TrainConfig, default=PRESETS[name or "demo"][1], args=argv, description=description)
+    saved = None
+    if cfg.resume:
+        # the run's config is its preset: the one named here only chose the default --out-dir
+        if name and os.environ.get("RANK", "0") == "0":
+            print(f"note: --resume continues {cfg.out_dir}/config.json; the '{name}' preset is not applied")
+        saved = load_config(cfg.out_dir)
+        cfg = tyro.cli(TrainConfig, default=saved, args=argv, description=description)
+    beta_given = any(a == "--grpo.beta" or a.startswith("--grpo.beta=") for a in argv)
+    if beta_given and cfg.grpo.kl_placement == "none":
+        raise ValueError(
+            "--grpo.beta has no effect with --grpo.kl-placement none: "
+            "add --grpo.kl-placement loss|reward or drop --grpo.beta"
+        )
+    if saved is not None:
+        check_resume(saved, cfg)  # before anything loads (main checks again, for callers of main())
+    return cfg
 
 
 if __name__ == "__main__":

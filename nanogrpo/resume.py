@@ -1,0 +1,149 @@
+"""Run folders and resume: the saved config.json, what a resumed run may change, and one run per folder.
+
+`python train.py --out-dir RUN --resume` continues RUN as it was configured: RUN/config.json (the resolved
+TrainConfig the run saved) is the default that the flags override, so flags name only what changes. A change
+that would make the rest of the run differ from a straight run is refused rather than half-applied: the
+checkpoint brings back the optimizer with its own learning rate and the scheduler with its own position, so
+a new --optim.lr, say, would be silently ignored, and a new --sampling.temperature would train on samples the
+first half never saw. A fresh run is refused in a folder that already holds a run, so two runs never mix in
+one metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from nanogrpo.config import TrainConfig
+
+# Fields a resumed run may change, and why each leaves the trained weights exactly as a straight run's.
+# Anything else is refused. `steps` is the one conditional field: see _unsafe_reason.
+SAFE: dict[str, str] = {
+    "resume": "the flag that asks for this",
+    "out_dir": "where the run lives: a moved or renamed folder holds the same run",
+    "save_every": "when checkpoints are written; writing one only reads the state",
+    "log_samples_every": "what samples.jsonl shows; the samples are drawn and scored either way",
+    "eval_prompts": "the held-out comparison after the last step; training never sees it",
+    "data.eval": "the held-out rows of that comparison",
+    "wandb": "where the metrics are also sent",
+    "tensorboard": "where the metrics are also sent",
+    # how a judge request is carried, not what it asks: the marks are the same
+    "reward.judge.timeout_s": "how long a judge request may take before it is retried",
+    "reward.judge.max_retries": "how often a failed judge request is retried",
+    "reward.judge.backoff_s": "the wait before a judge retry",
+    "reward.judge.max_backoff_s": "the longest wait before a judge retry",
+    "reward.judge.concurrency": "how many judge requests are in flight at once",
+}
+
+
+def flag(path: str) -> str:
+    """The command-line flag of a dotted config field: 'optim.warmup_steps' -> '--optim.warmup-steps'."""
+    return "--" + path.replace("_", "-")
+
+
+def from_dict(cls: type, d: dict, where: str, prefix: str = "") -> Any:
+    """Rebuild a (nested, frozen) config dataclass from its `asdict` JSON: lists become tuples again.
+
+    A field the JSON lacks takes its default (a config saved before the field existed); a key this version
+    does not know is refused, since the run it describes cannot be reproduced."""
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(
+            f"{where}: {', '.join(prefix + k for k in unknown)} is not an option of this nanogrpo; "
+            "resume with the version that wrote the run, or start a new run with another --out-dir"
+        )
+    kw = {}
+    for name, value in d.items():
+        t = hints[name]
+        if is_dataclass(t):
+            kw[name] = from_dict(t, value, where, f"{prefix}{name}.")
+        elif typing.get_origin(t) is tuple:
+            kw[name] = tuple(value)
+        else:
+            kw[name] = value
+    return cls(**kw)
+
+
+def load_config(out_dir: str | Path) -> TrainConfig:
+    """The TrainConfig a run saved in out_dir/config.json."""
+    path = Path(out_dir) / "config.json"
+    if not path.exists():
+        raise ValueError(
+            f"--resume: {path} does not exist, so there is no run to continue; "
+            f"drop --resume to start one in {out_dir}, or name the run's folder with --out-dir"
+        )
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); --resume needs the config the run saved") from e
+    return from_dict(TrainConfig, saved, str(path))
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def differences(saved: TrainConfig, given: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(dotted field, saved value, given value) for every field that differs, in the config's order.
+    Both sides go through JSON, so a tuple and the list it was saved as compare equal."""
+    a, b = (_flat(json.loads(json.dumps(asdict(c)))) for c in (saved, given))
+    return [(k, a[k], b[k]) for k in a if a[k] != b[k]]
+
+
+def _unsafe_reason(path: str, saved: TrainConfig) -> str | None:
+    """None when changing `path` on resume keeps the run exact, else '' or a reason for the message."""
+    if path in SAFE:
+        return None
+    if path == "steps":
+        # a constant schedule (warmup included) never reads the total, so more steps only extend the loop;
+        # cosine decays over steps * num_iterations (nanogrpo/optim.py): a new total changes every later lr
+        if saved.optim.schedule == "constant":
+            return None
+        return f" (--optim.schedule {saved.optim.schedule} decays over --steps)"
+    return ""
+
+
+def check_resume(saved: TrainConfig, given: TrainConfig) -> None:
+    """Refuse, naming each flag, any change that would make the resumed run differ from a straight one."""
+    bad = [
+        f"{flag(k)}: {json.dumps(a)} -> {json.dumps(b)}{why}"
+        for k, a, b in differences(saved, given)
+        if (why := _unsafe_reason(k, saved)) is not None
+    ]
+    if bad:
+        raise ValueError(
+            f"--resume continues {given.out_dir} exactly as it was configured, and these flags change it: "
+            f"{'; '.join(bad)}. Drop them to resume, or start a new run with another --out-dir"
+        )
+
+
+def prepare_run_dir(cfg: TrainConfig, write: bool = True) -> None:
+    """Check that cfg may run in cfg.out_dir, then (write=True, on one rank) save it as config.json.
+
+    With --resume the folder's config.json must exist and cfg may differ from it only in SAFE ways; the
+    merged config then replaces it. Without --resume, a folder that holds a run's metrics or checkpoints is
+    refused (its config.json alone, from a run that stopped before its first step, is overwritten)."""
+    out = Path(cfg.out_dir)
+    if cfg.resume:
+        check_resume(load_config(out), cfg)
+    elif (out / "metrics.jsonl").exists() or (out / "ckpt").exists():
+        raise ValueError(
+            f"{out} already holds a run (metrics.jsonl, ckpt/): pass --resume to continue it, "
+            "or pick another --out-dir (or delete the folder) to start a new one"
+        )
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "config.json.tmp"  # other ranks may be reading config.json: replace it whole
+        tmp.write_text(json.dumps(asdict(cfg), indent=2))
+        os.replace(tmp, out / "config.json")

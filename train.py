@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo
-from nanogrpo.config import PRESETS, TrainConfig
+from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, prompt_text, render_prompt
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.policy import completion_logprobs, make_batch, pad_left
@@ -37,10 +37,7 @@ from rewards.judge import with_run_dir
 
 def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- checks that need no model
-    if cfg.algo == "grpo" and cfg.grpo.group_size < 2:
-        raise ValueError(
-            f"--grpo.group-size {cfg.grpo.group_size}: GRPO compares completions of the same prompt; use >= 2"
-        )
+    check_config(cfg)
     device, dtype = resolve_device_dtype(cfg.model)
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()
@@ -118,11 +115,13 @@ def main(cfg: TrainConfig) -> dict:
             t1 = time.perf_counter()
             model.train()
             loss_sum = 0.0
-            for sl in micro_slices(len(batch), cfg.micro_batch):
+            slices = micro_slices(len(batch), cfg.micro_batch)
+            for k, sl in enumerate(slices):
                 mb = batch.rows(sl)
-                logp, _ = completion_logprobs(model, mb, 1.0, policy.autocast)
-                loss = -(logp * mb.mask).sum() / n_tok
-                policy.backward(loss)
+                with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
+                    logp, _ = completion_logprobs(model, mb, 1.0, policy.autocast)
+                    loss = -(logp * mb.mask).sum() / n_tok
+                    policy.backward(loss)
                 loss_sum += loss.item()
             m.update(loss=dist.sum_floats({"l": loss_sum})["l"], t_sample=0.0, t_score=0.0, tokens=n_tok)
             m["len_mean"] = n_tok / cfg.prompts_per_step
@@ -173,50 +172,52 @@ def main(cfg: TrainConfig) -> dict:
             p_ids, p_mask = pad_left(prompts, pad_id)
             p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
             batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
-            old_logp = (
-                gen.logp.float().to(device) * batch.mask
-            )  # (N, Tc) the sampler's: the policy is unchanged
-            need_ref = cfg.grpo.kl_placement != "none"
-            ref_logp = None
-            if need_ref:
+            sampler_logp = gen.logp.float().to(device) * batch.mask  # (N, Tc) what the sampler drew with
+            slices = micro_slices(len(batch), cfg.micro_batch)
+            ref_logp = kl_pen = None
+            if cfg.grpo.kl_placement != "none":
                 ref_logp = torch.cat(
-                    [
-                        policy.reference_logprobs(batch.rows(sl), temp)
-                        for sl in micro_slices(len(batch), cfg.micro_batch)
-                    ]
+                    [policy.reference_logprobs(batch.rows(sl), temp) for sl in slices]
                 )  # (N, Tc)
-            score = reward.nan_to_num(0.0)  # completions no grader applies to get no advantage (below)
-            kl_pen = None
+            score = reward  # (N,) NaN where no grader applied: such rows are left out of their group
             if cfg.grpo.kl_placement == "reward":
-                kl_pen = grpo.kl_penalty(old_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
-                score = score - cfg.grpo.beta * kl_pen
+                # both sides on the trainer's path (not the sampler's log-probs): pi == ref gives exactly 0
+                pi_logp = torch.cat(
+                    [policy.trainer_logprobs(batch.rows(sl), temp) for sl in slices]
+                )  # (N, Tc)
+                kl_pen = grpo.kl_penalty(pi_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
+                score = reward - cfg.grpo.beta * kl_pen  # (N,)
             adv, zero_std = grpo.compute_advantages(score, cfg.grpo)  # (N,), (P,)
-            adv = torch.where(reward.isnan(), torch.zeros_like(adv), adv).to(device)  # (N,)
+            adv = adv.to(device)
 
             # ---------------------------------------------------- 4-6. loss, backward, mu passes
             counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
             model.train()
+            old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
             stats_sum: dict[str, float] | None = None
             ent_sum = loss_sum = 0.0
             for it in range(cfg.grpo.num_iterations):
                 if it > 0:
                     policy.step(opt, sched, cfg.optim.grad_clip)  # passes after the first are off-policy
-                for sl in micro_slices(len(batch), cfg.micro_batch):
+                for k, sl in enumerate(slices):
                     mb = batch.rows(sl)
-                    logp, ent = completion_logprobs(model, mb, temp, policy.autocast)  # (n, Tc)
-                    old = logp.detach() if cfg.grpo.num_iterations == 1 else old_logp[sl]
-                    loss, stats = grpo.grpo_loss(
-                        logp,
-                        old,
-                        None if ref_logp is None else ref_logp[sl],
-                        adv[sl],
-                        mb.mask,
-                        cfg.grpo,
-                        num_seqs=counts["seqs"],
-                        num_tokens=counts["tokens"],
-                        max_len=cfg.sampling.max_new_tokens,
-                    )
-                    policy.backward(loss)
+                    with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
+                        logp, ent = completion_logprobs(model, mb, temp, policy.autocast)  # (n, Tc)
+                        if it == 0:  # pi_old: the first pass runs the weights the samples came from
+                            old_logp[sl] = logp.detach()
+                        loss, stats = grpo.grpo_loss(
+                            logp,
+                            old_logp[sl],
+                            None if ref_logp is None else ref_logp[sl],
+                            adv[sl],
+                            mb.mask,
+                            cfg.grpo,
+                            num_seqs=counts["seqs"],
+                            num_tokens=counts["tokens"],
+                            max_len=cfg.sampling.max_new_tokens,
+                            sampler_logp=sampler_logp[sl],  # the sampler-trainer gap: logged, corrected
+                        )
+                        policy.backward(loss)
                     if it == 0:  # metrics describe the on-policy pass
                         ent_sum += float((ent * mb.mask).sum())
                         stats_sum = grpo.accumulate_stats(stats_sum, stats)
@@ -233,13 +234,13 @@ def main(cfg: TrainConfig) -> dict:
                 "len": float(lengths.sum()),
                 "trunc": float(gen.truncated.sum()),
                 "loss": loss_sum,
-                **{f"s/{k}": v for k, v in stats_sum.items() if k != "ratio_max"},
+                **{f"s/{k}": v for k, v in stats_sum.items() if not grpo.is_max_stat(k)},
             }
             for name, vals in components.items():
                 ok = [v for v in vals if v is not None]
                 sums[f"c/{name}"], sums[f"cn/{name}"] = float(sum(ok)), float(len(ok))
             sums = dist.sum_floats(sums)
-            len_max = float(dist.all_reduce_max(torch.tensor(float(lengths.max()))))
+            len_max = dist.max_floats({"len": float(lengths.max())})["len"]
             n_r = max(sums["n_r"], 1.0)
             mean_r = sums["r"] / n_r
             m.update(
@@ -261,7 +262,7 @@ def main(cfg: TrainConfig) -> dict:
                 **grpo.finalize_stats(
                     {
                         **{k[2:]: v for k, v in sums.items() if k.startswith("s/")},
-                        "ratio_max": float(dist.all_reduce_max(torch.tensor(stats_sum["ratio_max"]))),
+                        **dist.max_floats({k: v for k, v in stats_sum.items() if grpo.is_max_stat(k)}),
                     }
                 ),
             )
@@ -335,6 +336,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
         reward_cfg=cfg.reward,
         seed=cfg.seed,
         max_new_tokens=cfg.sampling.max_new_tokens,
+        stop=cfg.sampling.stop,  # the texts end as in training: right after a stop string
         system_prompt=cfg.data.system_prompt,
         progress=False,
     )

@@ -67,7 +67,9 @@ class SamplingConfig:
     top_k: int = 0
     """Keep the k most likely tokens (0 = off)."""
     stop: tuple[str, ...] = ()
-    """Stop strings: a completion ends after the first one it produces."""
+    """Stop strings: a completion ends at the token that completes the first one; its text (what the graders
+    score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
+    (format graders check closing tags), and whatever that last token carries past it is dropped."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,37 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
 
 
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse, before any model loads, settings the trainer would get wrong or silently ignore."""
+    if cfg.algo != "grpo":
+        return
+    g, s = cfg.grpo, cfg.sampling
+    if g.group_size < 2:
+        raise ValueError(
+            f"--grpo.group-size {g.group_size}: GRPO compares completions of the same prompt; use >= 2"
+        )
+    if not s.temperature > 0:
+        raise ValueError(
+            f"--sampling.temperature {s.temperature}: GRPO needs the sampling distribution's log-probs, and "
+            "greedy decoding has none (all G completions would also be the same); use a temperature > 0, "
+            "e.g. 1.0"
+        )
+    if s.top_k > 0 or s.top_p < 1.0:
+        raise ValueError(
+            f"--sampling.top-k {s.top_k} / --sampling.top-p {s.top_p}: completions would come from the "
+            "truncated distribution while the ratio, the KL and the entropy use the full one, which biases "
+            "the policy gradient (docs/KL.md); use --sampling.top-k 0 --sampling.top-p 1 for training "
+            "(eval.py generate accepts both), and a lower --sampling.temperature to sample less widely"
+        )
+    if g.kl_placement != "none" and g.beta == 0:
+        raise ValueError(
+            f"--grpo.kl-placement {g.kl_placement} with --grpo.beta 0 computes a KL that does nothing: set "
+            "--grpo.beta > 0, or --grpo.kl-placement none"
+        )
+    if g.is_correction != "none" and not g.is_cap > 1:
+        raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # presets: `python train.py demo` (the default), `python train.py tiny`; flags after the preset override it
 
@@ -217,8 +250,9 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             log_samples_every=1,
             model=ModelConfig(path="tiny", dtype="float32"),
             lora=LoraConfig(r=4, alpha=8),
-            # top-k keeps a random model's words repeating, so consistency spreads within a group
-            sampling=SamplingConfig(max_new_tokens=12, top_k=12),
+            # a random model's next-token distribution is nearly flat: a low temperature makes its words
+            # repeat, so consistency spreads within a group (GRPO refuses top-k, which did this before)
+            sampling=SamplingConfig(max_new_tokens=12, temperature=0.15),
             grpo=GRPOConfig(group_size=4),
             optim=OptimConfig(lr=1e-3),
             reward=RewardConfig(spec="rouge_l:0.5,consistency:0.5", consistency_n=1),

@@ -9,6 +9,7 @@ here is a no-op and world() == 1.
 from __future__ import annotations
 
 import os
+import zlib
 from datetime import timedelta
 
 import torch
@@ -19,13 +20,21 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def backend_for(device_type: str) -> str:
+    """The process group's backends: gloo for CPU tensors everywhere, plus NCCL for CUDA tensors on GPUs.
+
+    NCCL has no CPU all_reduce, and the trainer reduces its counts and metrics as CPU tensors: a group
+    with NCCL alone fails at the first metric. One group with a backend per device type serves both.
+    """
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
 def init(device_type: str) -> None:
-    """Join the process group when launched by torchrun (WORLD_SIZE set); NCCL on GPU, gloo on CPU."""
+    """Join the process group when launched by torchrun (WORLD_SIZE set); see backend_for."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
         if device_type == "cuda":
             torch.cuda.set_device(local_rank())
+        dist.init_process_group(backend=backend_for(device_type), timeout=timedelta(minutes=30))
 
 
 def rank() -> int:
@@ -44,27 +53,33 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks (in place, and returned); identity on one process."""
-    if is_distributed():
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x
-
-
-def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
-    if is_distributed():
-        dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    return x
-
-
-def sum_floats(values: dict[str, float], device: torch.device | str = "cpu") -> dict[str, float]:
-    """Sum a dict of Python floats over ranks in one collective (keys must match on every rank)."""
+def _reduce_floats(values: dict[str, float], op) -> dict[str, float]:
     if not is_distributed():
         return dict(values)
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    all_reduce_sum(t)
+    # the same keys on every rank, or the reduction would add up different metrics (or hang on a length
+    # mismatch): compare a checksum of the names first, as its max and its negated min
+    crc = float(zlib.crc32("\0".join(keys).encode()))
+    check = torch.tensor([crc, -crc], dtype=torch.float64)
+    dist.all_reduce(check, op=dist.ReduceOp.MAX)
+    if check[0] != -check[1]:
+        raise AssertionError(
+            f"rank {rank()}: metric keys differ between ranks (this rank has {keys}); every rank must "
+            "report the same keys, e.g. with a 0 and a count where it has no value"
+        )
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)  # CPU: gloo
+    dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
+
+
+def sum_floats(values: dict[str, float]) -> dict[str, float]:
+    """Sum a dict of Python floats over ranks in one collective (the keys must match on every rank)."""
+    return _reduce_floats(values, dist.ReduceOp.SUM)
+
+
+def max_floats(values: dict[str, float]) -> dict[str, float]:
+    """Max of a dict of Python floats over ranks in one collective (the keys must match on every rank)."""
+    return _reduce_floats(values, dist.ReduceOp.MAX)
 
 
 def gather_objects(obj) -> list:

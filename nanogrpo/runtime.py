@@ -1,9 +1,10 @@
 """Setting up a run: device and dtype, seeds, the policy (model + tokenizer + LoRA + reference), and the
 optimizer step.
 
-Precision: frozen weights run in the compute dtype (bfloat16 on a GPU or a CPU with bf16 matmul units,
-float32 elsewhere); trained weights are float32 master copies (LoRA adapters always; a full fine-tune
-keeps float32 weights and runs the forward under autocast). Log-softmax and the loss are float32.
+Precision: frozen weights run in the compute dtype (bfloat16 on a GPU or on a CPU with bf16 matmul units
+that oneDNN's bf16 path runs on, see nanogrpo.cpu; float32 elsewhere); trained weights are float32 master
+copies (LoRA adapters always; a full fine-tune keeps float32 weights and runs the forward under autocast).
+Log-softmax and the loss are float32.
 
 Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
 fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
@@ -30,18 +31,10 @@ import torch
 from . import dist, lora
 from .checkpoint import load_full_weights, save_full_weights, write_full_weights
 from .config import ModelConfig, TrainConfig
+from .cpu import cpu_capability
 from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
 from .policy import Batch, LogprobHead, completion_logprobs
-
-
-def cpu_has_bf16() -> bool:
-    """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX): then bf16 is several times faster."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
@@ -59,7 +52,8 @@ def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
         return device, getattr(torch, cfg.dtype)
     if device.type == "cuda":
         return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return device, torch.bfloat16 if cpu_has_bf16() else torch.float32
+    # bf16 only where it is fast: native bf16 units that oneDNN's bf16 path runs on (tried, see cpu.py)
+    return device, torch.bfloat16 if cpu_capability().bf16 else torch.float32
 
 
 def seed_everything(seed: int) -> None:
@@ -110,12 +104,33 @@ class Policy:
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
-        """log pi_ref of the completion tokens: the model with LoRA disabled, or the frozen copy."""
+        """log pi_ref of the completion tokens: the model with LoRA disabled, or the frozen copy.
+
+        The same path as the policy's log-probs (same weights' dtype, autocast, kernels and batch), so a
+        policy equal to its reference has a KL of exactly 0, not rounding noise."""
         if self.use_lora:
             with lora.disabled(self.core):
-                return completion_logprobs(self.core, batch, temperature)[0]
+                return completion_logprobs(self.core, batch, temperature, self.autocast)[0]
         assert self.ref_model is not None, "KL needs a reference model"
         return completion_logprobs(self.ref_model, batch, temperature, self.autocast)[0]
+
+    @torch.no_grad()
+    def trainer_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """log pi of the completion tokens on the trainer's path, without grad (dropout off): the policy's
+        side of a KL in the reward, computed as the reference's side is."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return completion_logprobs(self.model, batch, temperature, self.autocast)[0]
+        finally:
+            self.model.train(was_training)
+
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward: under DDP, gradients are all-reduced only with the
+        last micro-batch of a pass (they add up locally until then); a no-op otherwise."""
+        if last or not hasattr(self.model, "no_sync") or self.fsdp:
+            return contextlib.nullcontext()
+        return self.model.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
@@ -289,8 +304,11 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
         for p in model.parameters():
             p.requires_grad_(True)
         if cfg.algo == "grpo" and cfg.grpo.kl_placement != "none":
+            # the reference runs the policy's path: float32 weights under the same autocast (a bf16 copy
+            # would differ by rounding at step 0: |log pi - log ref| ~ 1e-2 a token). Under FSDP on a GPU
+            # the policy computes with bf16 all-gathered weights, so a bf16 copy is the same path there.
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            if dtype != torch.float32:
+            if parallel == "fsdp" and device.type == "cuda" and dtype != torch.float32:
                 ref_model.to(dtype)
     eos_ids = list(
         dict.fromkeys(
@@ -302,10 +320,11 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
     if parallel == "fsdp":
         from . import fsdp
 
-        if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
-            ref_model = fsdp.shard(LogprobHead(ref_model), frozen=True)
         # GPU: float32 master weights, all-gathered in bf16 for compute; CPU (gloo): float32 throughout
-        head = fsdp.shard(head, dtype if device.type == "cuda" and dtype != torch.float32 else None)
+        compute = dtype if device.type == "cuda" and dtype != torch.float32 else None
+        if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
+            ref_model = fsdp.shard(LogprobHead(ref_model), compute, frozen=True)
+        head = fsdp.shard(head, compute)
     elif parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 

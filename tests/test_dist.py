@@ -34,9 +34,26 @@ def _adapter(run: Path) -> dict:
     return load_file(str(run / "adapter" / "adapter_model.safetensors"))
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_two_ranks_equal_one_process(tmp_path, agg):
+KL = {
+    "none": [],
+    "loss": ["--grpo.kl-placement", "loss", "--grpo.beta", "0.1"],
+    "reward": ["--grpo.kl-placement", "reward", "--grpo.beta", "0.1"],
+}
+
+
+@pytest.mark.parametrize("kl", list(KL))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_two_ranks_equal_one_process(tmp_path, agg, kl):
+    """Micro-batches of 2 rows cut every group of 4 in two (and DDP syncs only the last one of a pass).
+
+    Each rank's rows are rows 0-7 and 8-15 of the one process, so with 2-row micro-batches both runs put the
+    same rows through the same forward shapes: what is compared is the distributed arithmetic (the global
+    normalisation, the gradient sum), not float rounding that differs with a matmul's batch size (which a
+    KL in the reward turns into advantages once a group's task rewards tie: the std normalisation scales a
+    1e-4 KL spread, and its rounding, up to unit size). lr 1e-4: the tiny preset's 1e-3 with its low sampling
+    temperature (logits / 0.15) lets the reduction order's rounding reach 1.7e-6 after 3 steps."""
     common = ["--steps", "3", "--prompts-per-step", "4", "--grpo.loss-agg", agg, "--log-samples-every", "0"]
+    common += ["--micro-batch", "2", "--optim.lr", "1e-4", *KL[kl]]
     _run([*common, "--out-dir", str(tmp_path / "one")])
     _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
     a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")

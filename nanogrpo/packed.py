@@ -10,7 +10,10 @@ unchanged (frozen under LoRA); the trained weights are untouched, so the sampler
 model up to bf16 rounding of W + BA.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
-no packing. `packed_weights(model)` is a no-op unless the model is a bf16 model on a CPU with oneDNN.
+no packing. `packed_weights(model)` is a no-op unless the model is a bf16 model on a CPU where oneDNN's
+bf16 path runs: `nanogrpo.cpu` tries it once per process, because the CPU flags do not tell (on an AVX2-only
+CPU oneDNN's bf16 reorder raises), and elsewhere the model samples on its plain weights. NANOGRPO_PACKED=0
+turns packing off.
 """
 
 from __future__ import annotations
@@ -22,18 +25,18 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from .cpu import cpu_capability
 from .lora import LoraLinear
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """oneDNN bf16 packing: a bf16 weight on the CPU, a torch built with oneDNN, not switched off by
-    NANOGRPO_PACKED=0."""
+    """oneDNN bf16 packing: a bf16 weight on the CPU, not switched off by NANOGRPO_PACKED=0, on a CPU where
+    oneDNN's bf16 reorder and linear run (`cpu_capability().onednn_bf16`: tried once, not read from flags)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and os.environ.get("NANOGRPO_PACKED", "1") != "0"
+        and cpu_capability().onednn_bf16
     )
 
 

@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: the offline models (built once into the nanogrpo cache, then reused)."""
+"""Shared pytest fixtures: the offline models (built once into the nanogrpo cache, then reused); the
+header names the CPU capability the run found, since which paths run (bf16 packing) depends on it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from nanogrpo.cpu import cpu_capability
 from nanogrpo.model_zoo import resolve_model
+
+
+def pytest_report_header(config) -> str:
+    cap = cpu_capability()
+    return f"nanogrpo cpu: {cap}; dtype auto: {'bfloat16' if cap.bf16 else 'float32'}"
 
 
 @pytest.fixture(scope="session")

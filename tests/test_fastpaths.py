@@ -1,11 +1,14 @@
 """The speed-ups must not change results: shared-prompt training forward, packed CPU sampling weights, the
 float32 sampling cache and the single-query decode attention, each against the plain path."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nanogrpo import lora
+from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
 from nanogrpo.model import Transformer, decode_attention
 from nanogrpo.model_zoo import resolve_model
@@ -121,7 +124,10 @@ def test_decode_attention_equals_sdpa(masked):
 
 
 needs_packing = pytest.mark.skipif(
-    not packing_supported(torch.zeros(1, dtype=torch.bfloat16)), reason="no oneDNN bf16 packing in this torch"
+    not packing_supported(torch.zeros(1, dtype=torch.bfloat16)),
+    reason="NANOGRPO_PACKED=0"
+    if os.environ.get("NANOGRPO_PACKED") == "0"
+    else f"no oneDNN bf16 packing on this CPU: {cpu_capability()}",
 )
 
 

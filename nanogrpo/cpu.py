@@ -1,0 +1,76 @@
+"""What this CPU can do, found out once per process: the one place nanogrpo asks.
+
+CPUs differ (seen: a Xeon with AMX; an AMD EPYC with AVX512-BF16; an AMD EPYC with AVX2 only), and two
+choices depend on it: the dtype that `--model.dtype auto` picks (bf16 only where the CPU multiplies bf16
+natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and whether the
+sampler packs its bf16 weights for oneDNN (packed.py).
+
+Why a probe and not the flags alone: /proc/cpuinfo says what the silicon has, not what oneDNN will run.
+oneDNN's bf16 path needs avx_ne_convert or AVX512 (bw, vl, dq): on an AVX2-only CPU its bf16 weight reorder
+raises "bf16 path needs the cpu support ...", and ONEDNN_MAX_CPU_ISA caps it below what the flags say. So
+the packed path is decided by packing a tiny bf16 weight and running one linear on it; when that raises,
+everything runs on the plain path. The ISA level is the one torch's own kernels run at, so it honours
+ATEN_CPU_CAPABILITY too: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes any x86 machine behave as
+an AVX2-only one (float32 by default, no packing), which is how the tests check that machine's paths.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+BF16_ISAS = ("AMX", "AVX512-BF16")  # native bf16 dot products
+
+
+@dataclass(frozen=True)
+class CpuCapability:
+    isa: str
+    """'AMX', 'AVX512-BF16', 'AVX512', 'AVX2', or torch's name for anything else ('DEFAULT', 'SVE256', ...)."""
+    bf16_units: bool
+    """The CPU multiplies bf16 natively (AMX or AVX512-BF16)."""
+    onednn_bf16: bool
+    """oneDNN's bf16 weight packing and linear run here (tried once on a tiny weight)."""
+
+    @property
+    def bf16(self) -> bool:
+        """bf16 is the fast compute dtype here: native bf16 units, and oneDNN's bf16 path runs on them."""
+        return self.bf16_units and self.onednn_bf16
+
+    def __str__(self) -> str:
+        yes = lambda b: "yes" if b else "no"
+        return f"{self.isa} (bf16 units: {yes(self.bf16_units)}, oneDNN bf16: {yes(self.onednn_bf16)})"
+
+
+@functools.cache
+def cpu_capability() -> CpuCapability:
+    """This CPU's capability, detected on the first call and kept for the process."""
+    isa = torch.backends.cpu.get_cpu_capability()  # 'AVX512', 'AVX2', ...: what ATen dispatches to
+    if isa == "AVX512":  # ATen does not tell the bf16 extensions apart: cpuinfo (through torch) does
+        if _flag("_is_amx_tile_supported"):
+            isa = "AMX"
+        elif _flag("_is_avx512_bf16_supported"):
+            isa = "AVX512-BF16"
+    return CpuCapability(isa, isa in BF16_ISAS, _onednn_bf16_runs())
+
+
+def _flag(name: str) -> bool:
+    """One of torch.cpu's feature checks (private helpers over cpuinfo); False where this torch lacks it."""
+    check = getattr(torch.cpu, name, None)
+    return bool(check()) if check is not None else False
+
+
+def _onednn_bf16_runs() -> bool:
+    """Pack a tiny bf16 weight for oneDNN and apply it, as packed.PackedLinear does; False if either raises
+    (or the result is wrong)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    w = torch.ones(16, 32, dtype=torch.bfloat16)  # (out, in)
+    x = torch.ones(2, 32, dtype=torch.bfloat16)  # (rows, in)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
+        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # (rows, out)
+    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
+        return False
+    return y.shape == (2, 16) and bool((y == 32).all())

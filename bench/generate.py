@@ -33,8 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nanogrpo.cpu import cpu_capability  # noqa: E402
 from nanogrpo.model import ModelArgs, Transformer  # noqa: E402
 from nanogrpo.model_zoo import random_config, random_transformer, resolve_model  # noqa: E402
+from nanogrpo.packed import packing_supported  # noqa: E402
 from nanogrpo.sampling import generate  # noqa: E402
 
 QUESTIONS = [
@@ -268,8 +270,12 @@ def main() -> None:
         f"{c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, heads {c.num_attention_heads}"
         f"/{c.num_key_value_heads}, vocab {c.vocab_size}"
     )
+    on = args.device
+    if on == "cpu":  # which CPU path ran: packed bf16 weights only where oneDNN's bf16 path runs
+        packed = packing_supported(torch.zeros(1, dtype=dtype))
+        on = f"cpu {cpu_capability()}, packed weights {'on' if packed else 'off'}"
     print(
-        f"\nmodel {args.model} ({shape}) | {args.dtype} on {args.device}, {torch.get_num_threads()} threads | "
+        f"\nmodel {args.model} ({shape}) | {args.dtype} on {on}, {torch.get_num_threads()} threads | "
         f"P={P} prompts ({min(lens)}-{max(lens)} tokens: {how}) x G={G} x N={N} new tokens | "
         f"{'greedy' if args.greedy else 'T=1'}, EOS {'on' if args.eos else 'off'}"
     )
@@ -302,7 +308,7 @@ def main() -> None:
     if args.json:
         out = {
             "args": vars(args), "model": {"name": args.model, "path": str(path) if path else None, **asdict(c)},
-            "dtype": args.dtype, "device": args.device,
+            "dtype": args.dtype, "device": args.device, "cpu": str(cpu_capability()),
             "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
             "torch": torch.__version__, "P": P, "G": G, "N": N, "prompt_lens": lens, "prompts_from": how,
             "notes": notes, "peak_GBps": peak or None, "peak_from": peak_from if peak else None,

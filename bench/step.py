@@ -256,7 +256,9 @@ def hardware_line(a: argparse.Namespace) -> str:
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        where = f"CPU, {a.threads or torch.get_num_threads()} threads"
+        from nanogrpo.cpu import cpu_capability
+
+        where = f"CPU {cpu_capability()}, {a.threads or torch.get_num_threads()} threads"
     return f"{str(dtype).removeprefix('torch.')} on {where}, torch {torch.__version__}"
 
 

@@ -53,7 +53,8 @@ class Generate:
     top_k: int = 0
     """Keep the k most likely tokens (0 = off)."""
     stop: tuple[str, ...] = ()
-    """Stop strings; the completion is cut before the first one."""
+    """Stop strings: a completion ends right after the first one it produces (the stop string kept, as in
+    training; text its last token carries past it is dropped)."""
     system_prompt: str = ""
     """System message for chat prompts (use the one you trained with)."""
     limit: int = 0
@@ -274,6 +275,7 @@ def run_elo(args: Elo) -> None:
     systems = {n: list(_by_id(f).values()) for n, f in zip(names, args.files)}
     if not pairwise.align(systems):
         raise ValueError("the files share no ids: judge completions of the same held-out file")
+    pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
     judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
     records = pairwise.run_pairwise(systems, judges)
     evaluate.write_jsonl(f"{args.out}_comparisons.jsonl", records)

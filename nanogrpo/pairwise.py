@@ -48,6 +48,10 @@ Verdict: A
 Verdict: B
 Verdict: tie"""
 
+PAIRWISE_MAX_TOKENS = 256
+"""Reply budget of a pairwise judgement (a sentence or two and the verdict line) when
+--server.max-tokens is 0: servers refuse max_tokens 0."""
+
 _VERDICT = re.compile(r"verdict\W*(a|b|tie)\b", re.IGNORECASE)
 
 
@@ -104,7 +108,7 @@ class LLMJudge:
                         ),
                     }
                 ],
-                max_tokens=self.cfg.max_tokens,
+                max_tokens=self.cfg.max_tokens or PAIRWISE_MAX_TOKENS,
             )
             for p, r, a, b in questions
         ]
@@ -132,6 +136,23 @@ def make_judge(spec: str, server: Any = None, reward_cfg: Any = None) -> Judge:
     raise ValueError(
         f"unknown judge {spec!r}: use em, f1, seqm, grader:NAME (e.g. grader:rouge_l), openai:MODEL or local:PATH"
     )
+
+
+def check_judges(specs: Sequence[str], server: Any = None, reward_cfg: Any = None) -> None:
+    """Before any model loads: every 'openai:MODEL' judge's server answers, and so does the judge
+    server of a 'grader:NAME' that calls one; ValueError naming the URL and the flag to fix."""
+    from dataclasses import replace
+
+    from rewards import build_reward
+    from rewards.llm_client import check_endpoint
+    from rewards.options import JudgeConfig, RewardConfig
+
+    for spec in specs:
+        kind, _, arg = spec.partition(":")
+        if kind == "openai" and arg:
+            check_endpoint(replace(server or JudgeConfig(), backend="openai", model=arg), "--server")
+        elif kind == "grader" and arg:
+            build_reward(replace(reward_cfg or RewardConfig(), spec=f"{arg}:1")).check()
 
 
 # ----------------------------------------------------------------------------- the tournament

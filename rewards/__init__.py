@@ -14,7 +14,17 @@ import pkgutil
 
 from rewards.base import Grader, Sample
 from rewards.options import RewardConfig
-from rewards.registry import Mix, RewardFunction, build_reward, known, make, mix, register
+from rewards.registry import (
+    Mix,
+    NoRewardError,
+    RewardFunction,
+    build_reward,
+    known,
+    make,
+    mean_metrics,
+    mix,
+    register,
+)
 
 # `grade` is the command line (python -m rewards.grade); importing it here would make -m warn
 _NOT_GRADERS = {"base", "options", "registry", "grade", "text"}
@@ -25,12 +35,14 @@ for _m in pkgutil.iter_modules(__path__):
 __all__ = [
     "Grader",
     "Mix",
+    "NoRewardError",
     "RewardConfig",
     "RewardFunction",
     "Sample",
     "build_reward",
     "known",
     "make",
+    "mean_metrics",
     "mix",
     "register",
 ]

@@ -60,8 +60,16 @@ class Grader:
     def prepare(self, rows: list[dict[str, Any]]) -> None:
         """See the training rows once at start-up (the semantic baseline samples its references here)."""
 
+    def check(self) -> None:
+        """At start-up, before any model loads: raise ValueError with the fix when a service this grader
+        calls does not answer (a judge's server). Called by `RewardFunction.validate`."""
+
     def metrics(self) -> dict[str, float]:
-        """Extra per-step numbers to log (tokens spent by a judge, unparsable replies, ...)."""
+        """Extra per-step numbers to log (tokens spent by a judge, unparsable replies, ...).
+
+        Under torchrun they are summed over ranks, so return counts and sums, and the same keys for every
+        batch, whatever it holds. A mean is its sum and count, 'x_sum' and 'x_n': `mean_metrics` turns
+        them into 'x' after the sum."""
         return {}
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards import RewardConfig, Sample, build_reward
+from rewards.registry import mean_metrics
 
 
 @dataclass
@@ -226,7 +227,7 @@ def run(args: GradeArgs) -> int:
     report = [
         f"graded {len(rows)} rows with {cfg.spec!r}: {mean}, {len(rows) - len(got)} not applicable (null)"
     ]
-    report += [f"  {k} {v:g}" for k, v in reward.metrics().items()]
+    report += [f"  {k} {'-' if v is None else f'{v:g}'}" for k, v in mean_metrics(reward.metrics()).items()]
     if any(r.get("human") is not None for r in rows):
         agree = agreement(rows, scores, groups, args.top)
         report += agreement_lines(agree, rows)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.base import Grader, Sample
-from rewards.llm_client import ChatRequest, Reply, Slot, make_client
+from rewards.llm_client import ChatRequest, Reply, Slot, check_endpoint, make_client
 from rewards.options import JudgeConfig, RewardConfig
 from rewards.registry import Mix, make, register
 
@@ -216,6 +216,10 @@ class GroupJudge(Grader):
         if self._client is None:  # built on first use: a local judge loads its model only if called
             self._client = make_client(self.cfg)
         return self._client
+
+    def check(self) -> None:
+        if self._client is None:  # a client handed in (a shared local model, a test's stub) is not checked
+            check_endpoint(self.cfg)
 
     # -- what a subclass defines -------------------------------------------------------------
     task = TASK

@@ -15,7 +15,8 @@ a consistency term (SEED002_SPEC below); the expected-score variant is the one t
 with the judge's uncertainty softening the mark instead of being rewarded for its own sake.
 
 Departures: the score-token probabilities are renormalised over the six digits found among the
-returned alternatives (the mass on other tokens is dropped; its mean is logged as `.../digit_mass`);
+returned alternatives (the mass on other tokens is dropped; its mean is logged as `.../digit_mass`,
+from the sum and count that `metrics()` returns);
 tokens that decode to the same digit (" 4", "4") are summed. An answer whose mark position cannot be
 found in the reply scores None, counted as unparsable, after one repair request.
 """
@@ -169,9 +170,10 @@ class EntropyJudge(GroupJudge):
         return out, problem
 
     def metrics(self) -> dict[str, float]:
+        # a sum and a count, present when no mark was read too: torchrun sums metrics key by key over
+        # ranks, and `mean_metrics` turns the pair into the mean 'digit_mass' after that sum
         out = super().metrics()
-        if self.digit_mass:
-            out["digit_mass"] = sum(self.digit_mass) / len(self.digit_mass)
+        out["digit_mass_sum"], out["digit_mass_n"] = float(sum(self.digit_mass)), float(len(self.digit_mass))
         self.digit_mass = []
         return out
 

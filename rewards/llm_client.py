@@ -11,6 +11,10 @@ a timeout, and timeouts, connection errors, 408, 429 and 5xx are retried with ex
 honouring a Retry-After header. The API key is read from the environment variable named by
 `JudgeConfig.api_key_env` at request time, sent only in the Authorization header, and scrubbed from
 every error message: it is never logged, never stored in a sample and never in a saved config.
+
+`check_endpoint` runs at start-up (RewardFunction.validate, eval.py): one GET of the server's /models
+with a short timeout, so a run whose judge server is down stops before the policy loads, with the
+URL and the flag to fix, instead of scoring every answer None for hours.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ from rewards.options import JudgeConfig
 log = logging.getLogger(__name__)
 
 JSON_MODES = ("object", "schema", "object-schema", "off")
+
+
+CHECK_TIMEOUT_S = 10.0
+"""Longest wait for the start-up check's answer (a server that is up answers GET /models at once)."""
+
+_ANSWERED: set[str] = set()  # base URLs that answered the check: asked once per process, not per call
 
 
 class JudgeServerError(RuntimeError):
@@ -150,6 +160,10 @@ class OpenAIClient:
             raise ValueError(
                 "--reward.judge.extra-body must be a JSON object, e.g. '{\"repeat_penalty\": 1.0}'"
             )
+        if cfg.max_tokens < 0:
+            raise ValueError(
+                f"--reward.judge.max-tokens must be >= 0 (0 = the judge's default), got {cfg.max_tokens}"
+            )
         self.cfg = cfg
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
 
@@ -171,7 +185,37 @@ class OpenAIClient:
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers or {}), e.read()
 
+    def check(self, flag: str = "--reward.judge") -> None:
+        """One GET of {base_url}/models: ValueError with the fix when nothing answers or the key is refused.
+
+        Any other HTTP answer (a server without /models: 404, 405, 501) counts as up: something speaks
+        HTTP there, and a wrong path or model name stops the run at its first request (JudgeServerError).
+        `flag` is the prefix of the flags to name: '--reward.judge' (train.py) or '--server' (eval.py elo).
+        """
+        base = self.cfg.base_url.rstrip("/")
+        if base in _ANSWERED:
+            return
+        headers = {"Authorization": f"Bearer {key}"} if (key := self._key()) else {}
+        req = urllib.request.Request(base + "/models", headers=headers, method="GET")
+        try:
+            with urllib.request.urlopen(req, timeout=min(CHECK_TIMEOUT_S, self.cfg.timeout_s)) as resp:
+                resp.read()
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise ValueError(
+                    f"the judge server at {base} refused the API key (HTTP {e.code}): put a valid key in "
+                    f"${self.cfg.api_key_env}, or name the right variable with {flag}.api-key-env"
+                ) from None
+        except (OSError, http.client.HTTPException, ValueError) as e:  # refused, timed out, not HTTP, bad URL
+            why = self._scrub(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
+            raise ValueError(
+                f"no OpenAI-compatible server answered at {base} ({why}): start the judge server, "
+                f"or fix {flag}.base-url"
+            ) from None
+        _ANSWERED.add(base)
+
     def _payload(self, req: ChatRequest) -> dict[str, Any]:
+        assert req.max_tokens > 0, f"a chat request needs max_tokens >= 1 (servers refuse {req.max_tokens})"
         p: dict[str, Any] = {
             "model": self.cfg.model,
             "messages": req.messages,
@@ -249,6 +293,14 @@ class OpenAIClient:
 
     def chat(self, reqs: list[ChatRequest]) -> list[Reply]:
         return run_sync(self._gather(reqs)) if reqs else []
+
+
+def check_endpoint(cfg: JudgeConfig, flag: str = "--reward.judge") -> None:
+    """At start-up: the judge server of `cfg` answers (OpenAIClient.check); a local backend needs none."""
+    if cfg.backend == "openai":
+        OpenAIClient(cfg).check(flag)
+    elif cfg.backend != "local":
+        raise ValueError(f"{flag}.backend must be 'openai' or 'local', got {cfg.backend!r}")
 
 
 def make_client(cfg: JudgeConfig) -> Any:

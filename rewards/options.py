@@ -128,6 +128,9 @@ class RewardConfig:
     """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
     style_allow_user_code: bool = False
     """style: required to run style_user_checks (they import and run your Python code)."""
+    max_empty_steps: int = 3
+    """Stop the run (exit 2) after this many steps in a row in which no completion got a reward (every
+    grader None: a judge server that stopped answering, say); 0 = never stop."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The group LLM judge."""
     rubric: RubricConfig = field(default_factory=RubricConfig)

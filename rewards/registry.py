@@ -105,13 +105,54 @@ def _row_errors(graders: dict[str, Grader], rows: Sequence[dict], path: str) -> 
                 )
 
 
+class NoRewardError(ValueError):
+    """Steps in a row without one valid reward (EmptySteps). A ValueError: train.py prints it as one
+    line and exits 2, as for bad flags."""
+
+
+class EmptySteps:
+    """Stops a run whose graders have stopped scoring: `limit` steps in a row in which every reward is
+    None (a judge server gone mid-run gives None, never a made-up 0, so GRPO learns nothing) raise
+    NoRewardError; limit 0 never does. Under torchrun, give `update` the count summed over ranks, so
+    every rank stops at the same step."""
+
+    def __init__(self, limit: int):
+        if limit < 0:
+            raise ValueError(f"--reward.max-empty-steps must be >= 0 (0 = never stop), got {limit}")
+        self.limit, self.empty = limit, 0
+
+    def update(self, n_valid: float) -> None:
+        """Count one step that had `n_valid` valid (not None) rewards."""
+        self.empty = 0 if n_valid > 0 else self.empty + 1
+        if self.limit and self.empty >= self.limit:
+            raise NoRewardError(
+                f"no valid reward in {self.empty} steps in a row: the graders scored no completion (a judge "
+                "server that stopped answering? see the warnings above and judge/failed in metrics.jsonl); "
+                "fix it and rerun with --resume, or pass --reward.max-empty-steps 0 to go on regardless"
+            )
+
+
+def mean_metrics(summed: dict[str, float]) -> dict[str, float | None]:
+    """Graders' metrics after the sum over ranks, each 'x_sum' + 'x_n' pair turned into the mean 'x'
+    (None when n is 0: no mean, rather than a made-up 0). Other keys pass through."""
+    out: dict[str, float | None] = {}
+    for k, v in summed.items():
+        if k.endswith("_sum") and (n := k[: -len("_sum")] + "_n") in summed:
+            out[k[: -len("_sum")]] = v / summed[n] if summed[n] else None
+        elif not (k.endswith("_n") and k[: -len("_n")] + "_sum" in summed):
+            out[k] = v
+    return out
+
+
 class RewardFunction:
     """The reward of a training run: several graders, weighted (see the module docstring)."""
 
-    def __init__(self, graders: dict[str, Grader], weights: dict[str, float]):
+    def __init__(self, graders: dict[str, Grader], weights: dict[str, float], max_empty_steps: int = 0):
         assert graders.keys() == weights.keys(), "one weight per grader"
         self.graders = graders
         self.weights = weights
+        self.empty_steps = EmptySteps(max_empty_steps)
+        """The trainer calls `empty_steps.update(n_valid)` once a step (--reward.max-empty-steps)."""
         self._last_n = -1
 
     @property
@@ -120,11 +161,19 @@ class RewardFunction:
         return tuple(sorted({f for g in self.graders.values() for f in g.requires}))
 
     def validate(self, rows: Sequence[dict[str, Any]], path: str = "data") -> None:
-        """Refuse data a grader cannot read (ValueError naming file, line and field), then let the graders
-        see the rows once (`Grader.prepare`). A row's line is its `_line` key, else its position + 1."""
+        """Refuse data a grader cannot read (ValueError naming file, line and field), check the services
+        the graders call (`check`), then let the graders see the rows once (`Grader.prepare`). A row's
+        line is its `_line` key, else its position + 1."""
         _row_errors(self.graders, rows, path)
+        self.check()
         for g in self.graders.values():
             g.prepare(list(rows))
+
+    def check(self) -> None:
+        """ValueError with the fix when a grader's service does not answer: one cheap request to each
+        judge server, at start-up, before any model loads (rewards.llm_client.check_endpoint)."""
+        for g in self.graders.values():
+            g.check()
 
     def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
         self._last_n = len(batch)
@@ -135,7 +184,8 @@ class RewardFunction:
         return rewards, components
 
     def metrics(self) -> dict[str, float]:
-        """Every grader's extra numbers, keyed 'grader/metric'."""
+        """Every grader's extra numbers, keyed 'grader/metric': counts and sums, the same keys at every
+        step, to sum over ranks; `mean_metrics` of the sum gives the means."""
         return {f"{name}/{k}": v for name, g in self.graders.items() for k, v in g.metrics().items()}
 
     def details(self) -> dict[str, list]:
@@ -164,7 +214,7 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
         raise ValueError(
             f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}"
         )
-    return RewardFunction({n: make(n, cfg) for n, _ in spec}, dict(spec))
+    return RewardFunction({n: make(n, cfg) for n, _ in spec}, dict(spec), cfg.max_empty_steps)
 
 
 class Mix(Grader):
@@ -206,6 +256,10 @@ class Mix(Grader):
     def prepare(self, rows: list[dict[str, Any]]) -> None:
         for g, _ in self.parts:
             g.prepare(rows)
+
+    def check(self) -> None:
+        for g, _ in self.parts:
+            g.check()
 
     def metrics(self) -> dict[str, float]:
         return {f"{g.name}/{k}": v for g, _ in self.parts for k, v in g.metrics().items()}

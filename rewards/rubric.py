@@ -36,7 +36,7 @@ from typing import Any
 
 from rewards.base import Grader, Sample
 from rewards.judge import JudgeCache
-from rewards.llm_client import ChatRequest, JudgeServerError, make_client
+from rewards.llm_client import ChatRequest, JudgeServerError, check_endpoint, make_client
 from rewards.options import RewardConfig
 from rewards.registry import register
 
@@ -130,6 +130,10 @@ class Rubric(Grader):
         except ValueError as e:
             return "rubric", str(e)
         return None
+
+    def check(self) -> None:
+        if self.readout != "probe" and self._client is None:  # the probe readout runs in-process
+            check_endpoint(self.cfg.judge)
 
     @property
     def probe(self) -> Any:

@@ -282,3 +282,51 @@ def test_generate_cli_tiny_model(tmp_path):
         assert [
             {k: v for k, v in g.items() if k != "completion"} for g in got
         ] == rows  # fields kept, no extras
+
+
+def test_openai_elo_judge_sends_a_valid_max_tokens():
+    """The pairwise judge asks for a reply of a few sentences: max_tokens >= 1, which servers require."""
+    from test_judge import FakeServer, chat_body
+
+    from rewards.options import JudgeConfig
+
+    def script(payload, n):  # refuses max_tokens < 1 with a 400, as vLLM and OpenAI do
+        if payload.get("max_tokens", 1) < 1:
+            return 400, {}, {"error": {"message": "max_tokens must be at least 1"}}, 0
+        return 200, {}, chat_body("A is closer to the reference.\nVerdict: A"), 0
+
+    srv = FakeServer(script)
+    try:
+        judge = pairwise.make_judge("openai:fake-model", JudgeConfig(base_url=srv.url, max_retries=0))
+        systems = {n: [{"id": 0, "prompt": "q", "reference": "r", "completion": n}] for n in ("x", "y")}
+        recs = pairwise.run_pairwise(systems, {"llm": judge}, progress=False)
+    finally:
+        srv.close()
+    assert [r["verdict"] for r in recs] == ["A", "A"]
+    assert all(1 <= r["payload"]["max_tokens"] <= 1024 for r in srv.requests)
+
+
+def test_elo_cli_stops_at_once_when_no_judge_server_answers(tmp_path):
+    from test_judge import closed_url
+
+    url = closed_url()
+    files = _systems(tmp_path, n=3)
+    res = run_eval("elo", files["poor"], files["good"], "--judges", "openai:m", "--server.base-url", url,
+                   "--server.max-retries", 0, cwd=tmp_path)  # fmt: skip
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no OpenAI-compatible server answered at " + url), last
+    assert "--server.base-url" in last
+    assert not (tmp_path / "elo_comparisons.jsonl").exists()
+
+
+def test_score_cli_stops_at_once_when_no_judge_server_answers(tmp_path):
+    from test_judge import closed_url
+
+    url = closed_url()
+    f = write_rows(tmp_path / "gen.jsonl", [{"id": "a", "prompt": "q", "reference": "r", "completion": "c"}])
+    res = run_eval("score", f, "--graders", "judge", "--reward.judge.base-url", url,
+                   "--reward.judge.model", "m", cwd=tmp_path)  # fmt: skip
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode != 0 and last.startswith(f"error: no OpenAI-compatible server answered at {url} ")
+    assert "--reward.judge.base-url" in last and not (tmp_path / "gen.scored.jsonl").exists()

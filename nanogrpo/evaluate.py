@@ -101,7 +101,8 @@ def generate_completions(
     seed: int = 0,
     progress: bool = True,
 ) -> list[list[str]]:
-    """`num_samples` completions for each row (temperature 0 = greedy), in row order."""
+    """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
+    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text)."""
     import torch
     from tqdm import tqdm
 
@@ -136,10 +137,8 @@ def generate_completions(
                 generator=gen,
                 pad_id=pad_id,
             )
-        for r, (ids, m) in enumerate(zip(g.completion_ids.tolist(), g.mask.tolist())):
-            text = tokenizer.decode([t for t, keep in zip(ids, m) if keep > 0], skip_special_tokens=True)
-            for st in stop:  # the stop string ends the answer; it is not part of it
-                text = text.split(st, 1)[0] if st and st in text else text
+        # the training loop's decoding rule: a completion that hit a stop string ends right after it
+        for r, text in enumerate(g.texts(tokenizer, stop)):
             out[idx[r // num_samples]].append(text)
         bar.update(len(idx))
     bar.close()

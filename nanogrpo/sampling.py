@@ -48,13 +48,29 @@ class Generation:
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(1).long()  # (B*G,)
 
-    def texts(self, tokenizer, skip_special_tokens: bool = True) -> list[str]:
-        """Decoded completions (pads and everything after the end dropped)."""
+    def texts(
+        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped), each finished by
+        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
+        rule of training, eval.py generate and the final eval."""
         ids = self.completion_ids.tolist()
         return [
-            tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens)
+            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
             for row, n in zip(ids, self.lengths.tolist())
         ]
+
+
+def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
+    """`text` up to the end of its first stop string, the stop string kept.
+
+    The sampler stops at the token that completes a stop string, and a token may carry characters past
+    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
+    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
+    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
+    """
+    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
 
 
 CHUNK = 512  # block size of the two-level inverse CDF in _draw

@@ -285,3 +285,57 @@ def test_bad_arguments_and_training_flag(lively):
     generate(model, prompts[:1], max_new_tokens=2)
     assert model.training
     model.eval()
+
+
+def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir, tmp_path):
+    """One rule for the text of a completion that ends on a stop string: it ends right after the stop
+    string (kept: format graders check closing tags), and what the completing token carries past it is
+    dropped. Training (Generation.texts), eval.py generate (generate_completions) and train.py's final
+    eval (base_vs_trained) give the same text."""
+    import json
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from nanogrpo import evaluate, lora
+    from nanogrpo.config import PRESETS
+    from nanogrpo.data import render_prompt
+    from nanogrpo.sampling import finish_text
+
+    model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)
+    row = {"id": "a", "prompt": "The capital of France is", "reference": "Paris"}
+    prompt = render_prompt(tok, row)
+    eos = tuple(sorted({*model.config.eos_token_ids, tok.eos_token_id}))  # what generate_completions uses
+    ids = completions(generate(model, [prompt], max_new_tokens=16, temperature=0, eos_ids=eos))[0]
+    # the first token that adds 2+ characters completes the stop string: its last 2 characters before
+    # the token and the token's first one, so the token carries text past the stop string
+    k = next(k for k in range(1, len(ids)) if len(tok.decode(ids[: k + 1])) - len(tok.decode(ids[:k])) >= 2)
+    before, upto = tok.decode(ids[:k]), tok.decode(ids[: k + 1])
+    stop = before[-2:] + upto[len(before)]
+    assert stop not in before and upto.index(stop) + len(stop) < len(upto)
+    want = upto[: upto.index(stop) + len(stop)]
+
+    gen = generate(
+        model, [prompt], max_new_tokens=16, temperature=0, eos_ids=eos, stop_strings=[stop], tokenizer=tok
+    )
+    assert gen.lengths.tolist() == [k + 1]  # the sampler stops at the completing token, which is trained on
+    assert gen.texts(tok, [stop]) == [want]
+    assert finish_text(upto + " and more", ["never", stop]) == want
+    kw = dict(max_new_tokens=16, progress=False)
+    assert evaluate.generate_completions(model, tok, [row], stop=(stop,), **kw) == [[want]]
+
+    lora.inject_lora(model, r=2, alpha=4.0, targets=("q_proj",))  # B = 0: base and trained are one model
+    cfg = PRESETS["tiny"][1]
+    (tmp_path / "held.jsonl").write_text(json.dumps(row) + "\n")
+    cfg = replace(
+        cfg,
+        eval_prompts=1,
+        data=replace(cfg.data, eval=str(tmp_path / "held.jsonl"), system_prompt=""),
+        sampling=replace(cfg.sampling, stop=(stop,), max_new_tokens=16),
+        reward=replace(cfg.reward, spec="rouge_l:1"),
+    )
+    from train import final_eval
+
+    final_eval(cfg, SimpleNamespace(core=model, tokenizer=tok, use_lora=True), tmp_path)
+    for side in ("base", "trained"):
+        got = json.loads((tmp_path / f"eval_{side}.jsonl").read_text())["completion"]
+        assert got == want, side

@@ -31,7 +31,7 @@ from nanogrpo.policy import completion_logprobs, make_batch, pad_left
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir
 from nanogrpo.runtime import load_policy, micro_slices, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
-from rewards import Sample, build_reward
+from rewards import Sample, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 
 
@@ -153,9 +153,9 @@ def main(cfg: TrainConfig) -> dict:
                 )
             completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
             lengths = cmask.sum(1)  # (N,)
-            texts = tok.batch_decode(
-                [c[: int(n)].tolist() for c, n in zip(completion_ids, lengths)], skip_special_tokens=True
-            )
+            texts = gen.texts(
+                tok, cfg.sampling.stop
+            )  # a stop string ends the text, kept (sampling.finish_text)
             t1 = time.perf_counter()
 
             # ---------------------------------------------------- 2. score
@@ -165,6 +165,8 @@ def main(cfg: TrainConfig) -> dict:
                 for j in range(G)
             ]
             rewards, components = reward_fn(samples)
+            n_valid = dist.sum_floats({"n": float(sum(r is not None for r in rewards))})["n"]
+            reward_fn.empty_steps.update(n_valid)  # --reward.max-empty-steps in a row without a reward: stop
             reward = torch.tensor([float("nan") if r is None else r for r in rewards])  # (N,)
             t2 = time.perf_counter()
 
@@ -271,7 +273,9 @@ def main(cfg: TrainConfig) -> dict:
             if kl_pen is not None:
                 m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
             m.update(t_sample=t1 - t0, t_score=t2 - t1)
-            m.update(dist.sum_floats(reward_fn.metrics()))  # judge tokens, seconds, retries, unparsable, ...
+            m.update(
+                mean_metrics(dist.sum_floats(reward_fn.metrics()))
+            )  # judge tokens, seconds, retries, unparsable, ...
 
             if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
                 logger.log_samples(

@@ -680,7 +680,6 @@ def test_every_registered_grader_reports_the_same_metric_keys_for_any_batch():
         assert set(g.metrics()) == keys, name
 
 
-@pytest.mark.xfail(strict=True, reason="needs the training loop to call reward_fn.empty_steps.update")
 def test_train_stops_when_the_judge_server_stops_answering(server, tmp_path):
     """The server answers the start-up check, then fails every judgement: every reward is None, and the
     run stops after --reward.max-empty-steps steps with one line and exit 2 (it used to log reward 0.000

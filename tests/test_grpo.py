@@ -148,7 +148,9 @@ def test_a_missing_reward_is_left_out_of_its_group():
 
 
 def test_tied_or_lonely_valid_rewards_are_zero_spread():
-    r = torch.tensor([1, 1, NAN, 1, NAN, 0.5, NAN, NAN, NAN, NAN, NAN, NAN, 0, 1, NAN, 1], dtype=torch.float64)
+    r = torch.tensor(
+        [1, 1, NAN, 1, NAN, 0.5, NAN, NAN, NAN, NAN, NAN, NAN, 0, 1, NAN, 1], dtype=torch.float64
+    )
     for est in ("grpo", "rloo"):
         adv, zero = compute_advantages(r, cfg(group_size=4, adv_estimator=est))
         assert zero.tolist() == [True, True, True, False]
@@ -156,7 +158,9 @@ def test_tied_or_lonely_valid_rewards_are_zero_spread():
         # RLOO among the valid rows: 0 - mean(1, 1), 1 - mean(0, 1)
         if est == "rloo":
             s = torch.tensor([0.0, 1, 1]).std().item() + 1e-4
-            torch.testing.assert_close(adv[[12, 13, 15]], torch.tensor([-1, 0.5, 0.5], dtype=torch.float64) / s)
+            torch.testing.assert_close(
+                adv[[12, 13, 15]], torch.tensor([-1, 0.5, 0.5], dtype=torch.float64) / s
+            )
 
 
 def test_bad_group_size_is_refused():

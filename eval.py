@@ -62,7 +62,7 @@ class Generate:
     seed: int = 0
     """Sampling seed."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """'auto': bfloat16 on a GPU or a CPU with native bf16 (AMX), float32 otherwise."""
+    """'auto': bfloat16 on a GPU or a CPU with bf16 units where oneDNN's bf16 path runs, float32 otherwise."""
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
 

@@ -1,7 +1,7 @@
 """Benchmarks of kernels/: log-probs (naive vs ours vs Liger), LCS (ours vs rapidfuzz), cosine, and the
 GPU's ceilings (copy bandwidth, bf16 matmul rate). Prints a table last; --out DIR writes kernels.json.
 
-    python bench/kernels.py                  # GPU: the sizes of the performance targets (DESIGN.md)
+    python bench/kernels.py                  # GPU: the sizes of the performance targets (docs/BENCHMARKS.md)
     python bench/kernels.py --cpu            # CPU-sized shapes (the numbers in docs/BENCHMARKS.md)
     python bench/kernels.py --cpu-smoke      # tiny shapes: checks that the script runs (seconds)
 

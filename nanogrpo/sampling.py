@@ -9,10 +9,11 @@ has hit an EOS id or a stop string rides along (its outputs are ignored and padd
 quarter of the batch has ended; then the ended rows are dropped from the batch and the cache, so long
 completions do not pay for finished ones.
 
-What the trainer keeps from a sample (GRPO's old_logp when the policy has not moved since sampling) is
-the log-probability of each sampled token under softmax(logits / temperature) in float32, *before*
-top-k / top-p filtering: the trainer recomputes exactly that distribution, so the importance ratio starts
-at 1. With temperature 0 (greedy) it is the log-prob under softmax(logits).
+What the trainer keeps from a sample is the log-probability of each sampled token under
+softmax(logits / temperature) in float32, *before* top-k / top-p filtering (softmax(logits) when greedy).
+The trainer takes pi_old from its own forward and uses these to measure, and optionally correct, the
+sampler-trainer gap (grpo.importance_weights); GRPO refuses top-k / top-p, whose samples come from a
+distribution the loss does not see (docs/KL.md). Evaluation may use both.
 
 On the CPU, a bf16 model samples with packed copies of its weights with LoRA folded in (packed.py) and a
 float32 cache (the fp32 attention kernels are the faster ones there).

@@ -3,7 +3,7 @@
     python eval.py grade --grader rouge_l --data rows.jsonl
     python -m rewards.grade --grader 'judge:0.7,rouge_l:0.3' --data rows.jsonl --reward.answer-tag risposta
 
-Each row is a data row (DESIGN.md "Data") plus the `completion` to grade. One JSON object a line goes
+Each row is a data row (README "Data") plus the `completion` to grade. One JSON object a line goes
 to stdout: {"id": ..., "score": float | null, "components": {grader: float | null}}. A summary, and
 with a `human` column the agreement with you, goes to stderr:
 

@@ -82,6 +82,10 @@ def main(cfg: TrainConfig) -> dict:
         logger.truncate_after(step0)
         if dist.is_main():
             print(f"resumed from {last} at step {step0}")
+    elif cfg.resume:  # the run died before its first checkpoint: its logged steps will be run again
+        logger.truncate_after(0)
+        if dist.is_main():
+            print(f"no checkpoint in {out / 'ckpt'} yet: starting again from step 0 (its logs cleared)")
 
     G = cfg.grpo.group_size if cfg.algo == "grpo" else 1
     P_local = cfg.prompts_per_step // world

@@ -101,6 +101,13 @@ def test_a_fresh_run_does_not_write_into_another_run(tmp_path):
     assert not (tmp_path / "config.json").exists()
 
 
+def test_resume_before_the_first_checkpoint_starts_again_without_duplicate_steps(tmp_path):
+    cfg = saved_run(tmp_path, steps=2, save_every=0)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')  # a run that died after step 1, before saving
+    main(replace(cfg, resume=True))
+    assert [m["step"] for m in metrics(tmp_path)] == [1, 2]
+
+
 def test_resume_from_the_command_line(tmp_path):
     run = tmp_path / "run"
     r = run_train("tiny", "--out-dir", str(run), "--steps", "2", "--optim.lr", "5e-4")

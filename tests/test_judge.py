@@ -154,12 +154,15 @@ def test_good_reply_marks_each_answer_and_unshuffles(server):
     batch = batch_of(GROUPS)
     assert judge(batch) == EXPECTED
     assert len(srv.requests) == 2  # one call per prompt
-    # the judge saw every completion of the group, in some shuffled order, in one request
-    for g, req in zip(GROUPS, srv.requests):
-        assert sorted(shown_answers(req["payload"])) == sorted(g)
+    # the judge saw every completion of the group, in some shuffled order, in one request (the two
+    # requests run concurrently: they may arrive in either order)
+    group_of = {tuple(sorted(g)): g for g in GROUPS}
+    shown = [shown_answers(req["payload"]) for req in srv.requests]
+    assert sorted(tuple(sorted(a)) for a in shown) == sorted(group_of)
+    for req in srv.requests:
         assert req["payload"]["response_format"] == {"type": "json_object"}
         assert req["payload"]["max_tokens"] == 100 * 4 + 100 and req["payload"]["temperature"] == 0.0
-    assert any(shown_answers(r["payload"]) != g for g, r in zip(GROUPS, srv.requests)), "answers are shuffled"
+    assert any(a != group_of[tuple(sorted(a))] for a in shown), "answers are shuffled"
     d = judge.last_details[0]
     assert d["marks"] == dict.fromkeys(("correctness", "helpfulness", "tone", "format"), 5)
     assert d["reason"] == "it is a great answer" and 1 <= d["position"] <= 4

@@ -16,6 +16,7 @@ _CONSOLE = [
     ("loss", "loss", "{:.4f}"),
     ("len_mean", "len", "{:.0f}"),
     ("kl", "kl", "{:.4f}"),
+    ("sampler_kl", "gap", "{:.0e}"),  # KL(sampler || trainer) per token: rounding is ~1e-13, a bug ~1e-3
     ("entropy", "ent", "{:.2f}"),
     ("frac_zero_std", "zero-std", "{:.2f}"),
     ("grad_norm", "gnorm", "{:.3f}"),
@@ -142,6 +143,7 @@ class Logger:
 PLOTS = {
     "reward": ["reward"],
     "kl_entropy": ["kl", "entropy"],
+    "sampler_gap": ["sampler_abs_diff", "sampler_kl"],
     "length": ["len_mean", "len_max"],
     "clip": ["clip_low", "clip_high", "frac_zero_std"],
     "grad_norm": ["grad_norm"],

@@ -21,6 +21,7 @@ from nanogrpo.evaluate import prompt_text
 PANELS: list[tuple[str, list[str]]] = [
     ("reward", ["reward"]),  # plus every reward/<grader>
     ("KL", ["kl"]),
+    ("sampler-trainer gap", ["sampler_abs_diff", "sampler_kl"]),
     ("entropy", ["entropy"]),
     ("length", ["len_mean", "len_max"]),
     ("loss", ["loss"]),

@@ -12,9 +12,20 @@ from nanogrpo.cpu import cpu_capability
 from nanogrpo.model_zoo import resolve_model
 
 
-def pytest_report_header(config) -> str:
+def _cpu_line() -> str:
     cap = cpu_capability()
     return f"nanogrpo cpu: {cap}; dtype auto: {'bfloat16' if cap.bf16 else 'float32'}"
+
+
+def pytest_report_header(config) -> str:
+    return _cpu_line()
+
+
+def pytest_sessionstart(session) -> None:
+    """`pytest -q` (what make test runs) hides the header: print the capability line anyway."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(_cpu_line())
 
 
 @pytest.fixture(scope="session")

@@ -247,11 +247,11 @@ def main(cfg: TrainConfig) -> dict:
                 sums[f"c/{name}"], sums[f"cn/{name}"] = float(sum(ok)), float(len(ok))
             sums = dist.sum_floats(sums)
             len_max = dist.max_floats({"len": float(lengths.max())})["len"]
-            n_r = max(sums["n_r"], 1.0)
-            mean_r = sums["r"] / n_r
+            n_r = sums["n_r"]  # completions with a reward: 0 when the judge scored nothing this step
+            mean_r = sums["r"] / n_r if n_r else None  # null in metrics.jsonl, not a measured 0
             m.update(
                 reward=mean_r,
-                reward_std=max(0.0, sums["r2"] / n_r - mean_r**2) ** 0.5,
+                reward_std=max(0.0, sums["r2"] / n_r - mean_r**2) ** 0.5 if n_r else None,
                 **{
                     f"reward/{k[2:]}": (sums[k] / sums["cn/" + k[2:]] if sums["cn/" + k[2:]] else None)
                     for k in sums
@@ -298,7 +298,7 @@ def main(cfg: TrainConfig) -> dict:
         )
         logger.log(m)
         if dist.is_main():
-            bar.set_postfix_str(f"reward {m['reward']:.3f}" if "reward" in m else f"loss {m['loss']:.4f}")
+            bar.set_postfix_str(console_line(m).split(" | ")[1])  # the reward (or the SFT loss)
             tqdm.write(console_line(m))
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             _save(policy, out, step + 1, opt, sched, order)

@@ -34,7 +34,7 @@ def console_line(m: dict[str, Any]) -> str:
         comps = [
             f"{k.split('/', 1)[1]} {v:.2f}" for k, v in m.items() if k.startswith("reward/") and v is not None
         ]
-        r = f"reward {m['reward']:.3f}"
+        r = "reward none" if m["reward"] is None else f"reward {m['reward']:.3f}"  # no grader scored
         parts.append(r + (f" ({', '.join(comps)})" if len(comps) > 1 else ""))
     for key, label, fmt in _CONSOLE:
         v = m.get(key)

@@ -701,3 +701,8 @@ def test_train_stops_when_the_judge_server_stops_answering(server, tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("error: no valid reward in 2 steps in a row")
     assert len(srv.gets) == 1 and len(srv.requests) == 2 * 2  # 2 steps of the tiny preset's 2 prompts
     assert "Traceback" not in res.stderr
+    import json
+
+    step1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert step1["reward"] is None and step1["reward_std"] is None  # nothing scored: null, not 0.0
+    assert step1["reward_none"] == 8 and "step 1 | reward none" in res.stdout

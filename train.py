@@ -25,11 +25,11 @@ from tqdm import tqdm
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo
 from nanogrpo.config import PRESETS, TrainConfig, check_config
-from nanogrpo.data import PromptOrder, load_task, prompt_text, render_prompt
+from nanogrpo.data import PromptOrder, load_task, prompt_text, tokenize_prompts
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.policy import completion_logprobs, make_batch, pad_left
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir
-from nanogrpo.runtime import load_policy, micro_slices, resolve_device_dtype, seed_everything
+from nanogrpo.runtime import load_policy, micro_slices, prompt_budget, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
 from rewards import Sample, build_reward, mean_metrics
 from rewards.judge import with_run_dir
@@ -50,6 +50,12 @@ def main(cfg: TrainConfig) -> dict:
         reward_fn.validate(rows, source)
     elif any(not r.get("reference") for r in rows):
         raise ValueError(f"{source}: --algo sft trains on 'reference'; every row needs one")
+    tok, limit = prompt_budget(cfg)  # the prompts are tokenized once, here, and checked against the model
+    if n_cut := tokenize_prompts(rows, tok, cfg.data.system_prompt, limit, cfg.data.long_prompts, source):
+        if dist.is_main():
+            print(
+                f"{n_cut} prompts of {source} cut to their last {limit} tokens (--data.long-prompts truncate)"
+            )
     out = Path(cfg.out_dir)
     # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
     prepare_run_dir(cfg, write=dist.is_main())
@@ -102,7 +108,7 @@ def main(cfg: TrainConfig) -> dict:
         # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
         idx = order.take(cfg.prompts_per_step)[rank * P_local : (rank + 1) * P_local]
         batch_rows = [rows[i] for i in idx]
-        prompts = [render_prompt(tok, r, cfg.data.system_prompt) for r in batch_rows]
+        prompts = [r["_prompt_ids"] for r in batch_rows]  # (P,) token lists, rendered at start-up
         m: dict = {"step": step + 1}
 
         if cfg.algo == "sft":

@@ -152,6 +152,12 @@ class DataConfig:
     """System message prepended to chat prompts ('' = none)."""
     shuffle: bool = True
     """Shuffle the rows each epoch (seeded)."""
+    max_prompt_tokens: int = 0
+    """Longest prompt in tokens (chat template included); 0 = the model's positions less
+    --sampling.max-new-tokens. Checked for every row at start-up, before the model loads."""
+    long_prompts: Literal["refuse", "truncate"] = "refuse"
+    """A prompt over --data.max-prompt-tokens: 'refuse' stops at start-up naming the file and line;
+    'truncate' keeps its last max-prompt-tokens tokens (the end holds the question and the turn marker)."""
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ model to answer tersely and correctly. Its held-out split asks about other facts
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rewards.rows import DataError, check_prompt, read_rows
 
 # field -> (allowed Python types, description used in error messages)
 _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
@@ -31,38 +32,13 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-class DataError(ValueError):
-    """Bad data: the message names the file, the line and the field, and what to write instead."""
-
-
-def _check_prompt(prompt: Any, where: str) -> None:
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise DataError(f"{where}: field 'prompt' is empty; write the question as a non-empty string")
-        return
-    if isinstance(prompt, list) and prompt:
-        for i, m in enumerate(prompt):
-            if not (
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            ):
-                raise DataError(
-                    f'{where}: field \'prompt\' message {i} must be {{"role": str, "content": str}}, got {m!r}'
-                )
-        if not any(m["content"].strip() for m in prompt):
-            raise DataError(f"{where}: field 'prompt' has only empty messages; give the user's question")
-        return
-    raise DataError(
-        f"{where}: field 'prompt' must be a non-empty string or a non-empty list of chat messages, got {prompt!r}"
-    )
-
-
 def validate_row(row: Any, where: str) -> dict:
     """Check one row's shape; `where` is 'file:line' for the error message."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     if "prompt" not in row:
         raise DataError(f"{where}: missing field 'prompt' (every row needs the prompt the model answers)")
-    _check_prompt(row["prompt"], where)
+    check_prompt(row["prompt"], where)
     for name, (types, desc) in _FIELD_TYPES.items():
         if name in row and row[name] is not None and not isinstance(row[name], types):
             raise DataError(f"{where}: field '{name}' must be {desc}, got {type(row[name]).__name__}")
@@ -70,27 +46,8 @@ def validate_row(row: Any, where: str) -> dict:
 
 
 def load_rows(path: str | Path) -> list[dict]:
-    """Read and validate a JSONL file; rows without an `id` get their line number."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file (give a JSONL file, one JSON object a line, or 'demo')")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            row = validate_row(row, where)
-            row.setdefault("id", lineno)
-            row["_line"] = lineno
-            rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: the file has no rows")
-    return rows
+    """Read and validate a JSONL file (rewards.rows.read_rows); rows without an `id` get their line number."""
+    return read_rows(path, validate_row, what="a JSONL file, one JSON object a line, or 'demo'")
 
 
 def require_fields(rows: list[dict], fields: set[str] | tuple[str, ...], source: str, who: str) -> None:
@@ -123,6 +80,30 @@ def render_prompt(tokenizer, row: dict, system_prompt: str = "") -> list[int]:
         messages = [{"role": "system", "content": system_prompt}] + messages
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_prompts(
+    rows: list[dict], tokenizer, system_prompt: str, limit: int, long_prompts: str, source: str
+) -> int:
+    """Render every row's prompt once into `row['_prompt_ids']`, at start-up; a prompt longer than `limit`
+    tokens is refused (DataError naming the line) or, with long_prompts='truncate', cut to its last `limit`
+    tokens. Returns how many were truncated."""
+    cut = 0
+    for row in rows:
+        ids = render_prompt(tokenizer, row, system_prompt)
+        if len(ids) > limit:
+            if long_prompts != "truncate":
+                line = row.get("_line", row.get("id"))
+                raise DataError(
+                    f"{source}:{line}: the prompt is {len(ids)} tokens, over the limit of {limit} "
+                    "(--data.max-prompt-tokens, or the model's positions less --sampling.max-new-tokens); "
+                    "shorten it, or pass --data.long-prompts truncate to keep its last tokens"
+                )
+            ids, cut = ids[-limit:], cut + 1
+        if not ids:
+            raise DataError(f"{source}:{row.get('_line', row.get('id'))}: the prompt renders to no tokens")
+        row["_prompt_ids"] = ids
+    return cut
 
 
 # ----------------------------------------------------------------------------------------------------------

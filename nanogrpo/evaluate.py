@@ -45,32 +45,17 @@ def references(row: dict, target: str = "reference") -> list[str]:
 
 
 def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> list[dict]:
-    """Rows of a JSONL file (blank lines skipped); a bad line or a row without a `require`d field is a
-    ValueError naming the file and the line. Rows without an id get their line number."""
-    if not Path(path).is_file():
-        raise ValueError(f"{path}: no such file")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            for name in require:
-                if row.get(name) is None:
-                    raise ValueError(
-                        f"{path}:{lineno}: missing field '{name}' (write {name} with eval.py generate)"
-                    )
-            row.setdefault("id", lineno)
-            row.setdefault("_line", lineno)
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: the file has no rows")
-    return rows
+    """Rows of a JSONL file (rewards.rows.read_rows: blank lines skipped, bad lines refused with the file and
+    the line); a row without a `require`d field is a ValueError naming it. Rows without an id get their
+    line number."""
+    from rewards.rows import DataError, read_rows
+
+    def check(row: dict, where: str) -> None:
+        for name in require:
+            if row.get(name) is None:
+                raise DataError(f"{where}: missing field '{name}' (write {name} with eval.py generate)")
+
+    return read_rows(path, check)
 
 
 def write_jsonl(path: str | Path, rows: Sequence[dict]) -> None:

@@ -29,6 +29,8 @@ from typing import Any
 
 from rewards import RewardConfig, Sample, build_reward
 from rewards.registry import mean_metrics
+from rewards.rows import DataError, check_prompt
+from rewards.rows import read_rows as read_rows_checked
 
 
 @dataclass
@@ -49,57 +51,23 @@ class GradeArgs:
     """Also write the agreement with `human` (n, kendall_tau, pairwise_accuracy, pairs, disagreements) to this JSON file."""
 
 
-def _where(path: Path, line: int) -> str:
-    return f"{path}:{line}"
+def _check_graded_row(row: dict, where: str) -> None:
+    """A row to grade: a `completion` string; `human` a number; `prompt`, where given, as train.py wants it."""
+    if not isinstance(row.get("completion"), str):
+        got = "missing" if row.get("completion") is None else f"of type {type(row['completion']).__name__}"
+        raise DataError(f"{where}: field 'completion' is {got}; each row needs the text to grade as a string")
+    h = row.get("human")
+    if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float))):
+        raise DataError(f"{where}: field 'human' must be a number (your score), got {h!r}")
+    if "prompt" in row and row["prompt"] is not None:
+        check_prompt(row["prompt"], where)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows to grade; ValueError naming the file, the line and the field on bad input."""
-    if not path.is_file():
-        raise ValueError(
-            f"{path}: no such file (give a JSONL file: one JSON object a line with a `completion`)"
-        )
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = _where(path, lineno)
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            if not isinstance(row.get("completion"), str):
-                got = (
-                    "missing"
-                    if row.get("completion") is None
-                    else f"of type {type(row['completion']).__name__}"
-                )
-                raise ValueError(
-                    f"{where}: field 'completion' is {got}; each row needs the text to grade as a string"
-                )
-            h = row.get("human")
-            if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float))):
-                raise ValueError(f"{where}: field 'human' must be a number (your score), got {h!r}")
-            p = row.get("prompt")
-            if p is not None and not (
-                isinstance(p, str)
-                or (
-                    isinstance(p, list)
-                    and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in p)
-                )
-            ):
-                raise ValueError(
-                    f"{where}: field 'prompt' must be a string or a list of {{role, content}} messages"
-                )
-            row["_line"] = lineno
-            row.setdefault("id", lineno)
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: the file has no rows")
-    return rows
+    """Rows to grade; DataError (a ValueError) naming the file, the line and the field on bad input."""
+    return read_rows_checked(
+        path, _check_graded_row, what="a JSONL file: one JSON object a line with a `completion`"
+    )
 
 
 def prompt_text(row: dict) -> str:

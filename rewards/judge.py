@@ -83,18 +83,19 @@ def extract_json(text: str) -> Any:
     for c in cands:
         try:
             return json.loads(c)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: '[[[[...' nested past Python's stack
             continue
     return None
 
 
 def _mark(v: Any, lo: int, hi: int) -> int | None:
-    """An integer mark in [lo, hi] from a number or a numeric string, else None."""
+    """An integer mark in [lo, hi] from a number or a numeric string, else None (NaN and inf too:
+    JSON from a server may hold NaN and Infinity, and a mark outside the scale is never clamped)."""
     if isinstance(v, str):
         v = v.strip()
-        v = float(v) if re.fullmatch(r"\d+(\.0*)?", v) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not lo <= v <= hi:
-        return None
+        v = float(v) if re.fullmatch(r"\d{1,9}(\.0*)?", v) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or v != int(v):
+        return None  # the range test first: it is False for NaN, and int() of NaN or inf raises
     return int(v)
 
 
@@ -139,16 +140,21 @@ def parse_group_marks(text: str, n: int) -> tuple[list[dict | None], str]:
     else:
         return [None] * n, "it is not a JSON object with an 'answers' list"
     out: list[dict | None] = [None] * n
+    seen: Counter = Counter()  # an answer marked twice is ambiguous: neither marking is used
     for pos, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         k = _mark(item.get("answer", pos + 1), 1, n)  # the answer number, 1..n
+        seen[k] += 1
         marks = {c: _mark(item.get(c), 1, 5) for c in CRITERIA}
-        if k is None or out[k - 1] is not None or any(m is None for m in marks.values()):
+        if k is None or any(m is None for m in marks.values()):
             continue
         mean = sum(marks.values()) / len(marks)
-        reason = " ".join(str(item.get("reason", "")).split())[:300]
+        why = item.get("reason", "")
+        why = why if isinstance(why, str) else str(why) if isinstance(why, (int, float)) else ""
+        reason = " ".join(why.split())[:300]
         out[k - 1] = {"marks": marks, "reason": reason, "score": (mean - 1) / 4}
+    out = [None if seen[k] > 1 else d for k, d in enumerate(out, 1)]
     missing = [str(k + 1) for k, d in enumerate(out) if d is None]
     problem = f"no valid marks (integers 1-5 for {', '.join(CRITERIA)}) for answer(s) {', '.join(missing)}"
     return out, problem if missing else ""
@@ -244,7 +250,7 @@ class GroupJudge(Grader):
         )
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:
-        return parse_group_marks(reply.text or "", n)
+        return parse_group_marks(reply.text if isinstance(reply.text, str) else "", n)
 
     # -- the shared flow ---------------------------------------------------------------------
     def fingerprint(self) -> str:

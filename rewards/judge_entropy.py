@@ -45,7 +45,7 @@ REPLY_FORMAT = """Reply with only a JSON object that maps each of the {n} answer
 {example}"""
 
 _DIGIT = re.compile(r"""[\s:="'{},]*([0-9])[\s:="'{},]*""")
-_BEFORE_MARK = re.compile(r"""answer\s*(\d+)\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
+_BEFORE_MARK = re.compile(r"""answer\s*(\d{1,9})\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
 
 
 def marks_schema(n: int) -> dict:
@@ -74,28 +74,38 @@ def mark_distributions(tokens: list[TokenLogprob], n: int) -> tuple[list[list[fl
     A mark token is a token that is one digit (give or take spaces, quotes and punctuation) right
     after 'Answer k":'. Returns the distributions (None where not found) and the digit mass found.
     """
-    out: list[list[float] | None] = [None] * n
+    found: dict[int, list[list[float] | None]] = {}  # answer k -> what each of its mark tokens gave
     mass: list[float] = []
     text = ""
     for t in tokens:
         d = _digit(t.token)
         if d is not None:
             lead = t.token[: t.token.index(str(d))]
-            m = _BEFORE_MARK.search(text + lead)
+            m = _BEFORE_MARK.search(text[-200:] + lead)  # the tail: a hostile reply may be long
             k = int(m.group(1)) if m else 0
-            if 1 <= k <= n and out[k - 1] is None:
-                p = [0.0] * MARKS
-                alts = dict(t.top) or {t.token: t.logprob}
-                for alt, lp in alts.items():
-                    a = _digit(alt)
-                    if a is not None and a < MARKS and lp > -math.inf:
-                        p[a] += math.exp(lp)
-                total = sum(p)
-                if total > 0:
-                    out[k - 1] = [x / total for x in p]
-                    mass.append(total)
+            if 1 <= k <= n:
+                found.setdefault(k, []).append(_distribution(t, d))
         text += t.token
+    out: list[list[float] | None] = [None] * n
+    for k, dists in found.items():
+        if len(dists) == 1 and dists[0] is not None:  # a mark written twice is ambiguous: None
+            out[k - 1] = [x / sum(dists[0]) for x in dists[0]]
+            mass.append(sum(dists[0]))
     return out, mass
+
+
+def _distribution(t: TokenLogprob, d: int) -> list[float] | None:
+    """p_0..p_5 (not yet normalised) at a mark token whose digit is d; None when it cannot be read:
+    a mark outside 0-5, a log-prob that is not one (NaN: see parse_logprobs), no mass on the marks."""
+    alts = dict(t.top) or {t.token: t.logprob}
+    if d >= MARKS or any(lp != lp for lp in alts.values()):
+        return None
+    p = [0.0] * MARKS
+    for alt, lp in alts.items():
+        a = _digit(alt)
+        if a is not None and a < MARKS:
+            p[a] += math.exp(lp)
+    return p if sum(p) > 0 else None
 
 
 def entropy_score(p: list[float]) -> float:
@@ -139,7 +149,7 @@ class EntropyJudge(GroupJudge):
         )
 
     def read(self, reply: Reply, n: int) -> tuple[list[dict | None], str]:
-        if reply.tokens is None:
+        if reply.tokens is None:  # the server does not return them: no retry or later step will do better
             raise JudgeServerError(
                 f"{self.name} needs the log-probs of the judge's tokens, and the judge server returned none "
                 "(no logprobs.content in the reply). Use a server that returns top_logprobs (vLLM, SGLang, "
@@ -152,9 +162,9 @@ class EntropyJudge(GroupJudge):
         written = {}
         if isinstance(obj, dict):
             for key, v in obj.items():
-                m = re.fullmatch(r"\s*answer\s*(\d+)\s*", str(key), re.I)
-                if m and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    written[int(m.group(1))] = v
+                m = re.fullmatch(r"\s*answer\s*(\d{1,9})\s*", str(key), re.I)
+                if m and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < MARKS:
+                    written[int(m.group(1))] = v  # shown in the details only; the score is the probabilities
         out: list[dict | None] = []
         for k, p in enumerate(dists, 1):
             if p is None:

@@ -20,16 +20,19 @@ URL and the flag to fix, instead of scoring every answer None for hours.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import email.utils
+import functools
 import http.client
+import io
 import json
 import logging
 import math
 import os
 import random
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +50,18 @@ CHECK_TIMEOUT_S = 10.0
 _ANSWERED: set[str] = set()  # base URLs that answered the check: asked once per process, not per call
 
 
-class JudgeServerError(RuntimeError):
-    """The judge server refused the request in a way no retry can fix (wrong URL, model or key)."""
+class JudgeServerError(ValueError):
+    """The judge server refused the request in a way no retry can fix (wrong URL, model or key).
+
+    A ValueError, like every mistake of configuration: train.py and eval.py print its one line, exit 2."""
+
+
+MAX_BODY_BYTES = 64 << 20
+"""Largest response body read (a reply with the log-probs of a long group is a few MB at most)."""
+
+
+def _one_line(text: str, n: int = 300) -> str:
+    return " ".join(text.split())[:n]
 
 
 @dataclass
@@ -114,8 +127,12 @@ def _retry_after(headers: dict[str, str]) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(value)
         return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
+
+
+def _location(headers: dict[str, str]) -> str:
+    return {k.lower(): v for k, v in headers.items()}.get("location", "")
 
 
 def _portable(schema: Any) -> Any:
@@ -126,16 +143,166 @@ def _portable(schema: Any) -> Any:
     return [_portable(v) for v in schema] if isinstance(schema, list) else schema
 
 
+def _logprob(v: Any) -> float:
+    """A log-prob as sent, or NaN when it is not one (not a number, NaN, +inf, or well above 0)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v > 1e-4:
+        return math.nan
+    return min(float(v), 0.0)  # -inf is a probability of 0; a hair above 0 is rounding
+
+
 def parse_logprobs(choice: dict[str, Any]) -> list[TokenLogprob] | None:
-    """The chat-completions `logprobs.content` list as TokenLogprobs (None if the server sent none)."""
-    content = (choice.get("logprobs") or {}).get("content")
-    if not isinstance(content, list):
+    """The chat-completions `logprobs.content` list as TokenLogprobs (None if the server sent none).
+
+    Nothing here raises on a hostile reply: a token whose log-prob or alternatives cannot be read
+    gets logprob NaN and no alternatives, and the readers (judge_entropy, the rubric's logprob
+    readout) score the answer that needed it None; a token that is not text becomes ''.
+    """
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else lp
+    if content is None:
         return None
     out = []
-    for item in content:
-        top = {t["token"]: float(t["logprob"]) for t in item.get("top_logprobs") or [] if "token" in t}
-        out.append(TokenLogprob(item.get("token", ""), float(item.get("logprob", -math.inf)), top))
+    for item in content if isinstance(content, list) else []:
+        item = item if isinstance(item, dict) else {}
+        token, logprob = item.get("token"), _logprob(item.get("logprob"))
+        top: dict[str, float] = {}
+        alts = item.get("top_logprobs", [])
+        for t in alts if isinstance(alts, list) else [None]:
+            t_tok, t_lp = (
+                (t.get("token"), _logprob(t.get("logprob"))) if isinstance(t, dict) else (None, math.nan)
+            )
+            if not isinstance(t_tok, str) or t_lp != t_lp:
+                top, logprob = {}, math.nan  # one unreadable alternative: the position cannot be read
+                break
+            top[t_tok] = t_lp
+        out.append(TokenLogprob(token if isinstance(token, str) else "", logprob, top))
     return out
+
+
+def _count(v: Any) -> int:
+    """A token count from `usage`, 0 when it is not a finite non-negative number."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return int(v) if ok else 0
+
+
+def read_chat(body: bytes) -> tuple[str, int, int, list[TokenLogprob] | None]:
+    """(text, prompt tokens, completion tokens, log-probs) of a chat-completions response body.
+
+    ValueError when the body is not one: not JSON, no choices, a message or content that is not
+    what the API says. `usage` of the wrong shape counts 0 tokens: the reply itself is still good.
+    """
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError("no 'choices' list with a choice object")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise ValueError("the choice has no 'message' object")
+    text = message.get("content")
+    if text is None:
+        text = ""  # said nothing (a refusal, a reasoning model out of tokens): unparsable, repaired
+    if not isinstance(text, str):
+        raise ValueError(f"the message's content is a {type(text).__name__}, not a string")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    tokens = parse_logprobs(choices[0])
+    return text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), tokens
+
+
+class _DeadlineIO(io.RawIOBase):
+    """The read side of a socket that gives up at a deadline: each read waits at most the time left.
+
+    A socket timeout bounds one read; a server that sends a byte every second never trips it. Reading
+    through this, the status line, the headers and the body together end at the deadline.
+    """
+
+    def __init__(self, sock: Any, deadline: float):
+        self.sock, self.deadline = sock, deadline
+        self.raw = sock.makefile("rb", buffering=0)  # holds the socket open as http.client expects
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no complete response before the deadline (--reward.judge.timeout-s)")
+        self.sock.settimeout(left)
+        return self.raw.readinto(b)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+class _DeadlineSock:
+    """What http.client's response reads from: `makefile` of the socket, through _DeadlineIO."""
+
+    def __init__(self, sock: Any, deadline: float):
+        self.sock, self.deadline = sock, deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineIO(self.sock, self.deadline))
+
+
+def _proxy(scheme: str, host: str) -> urllib.parse.SplitResult | None:
+    """The proxy the environment names for this scheme and host (http_proxy, https_proxy, no_proxy)."""
+    url = urllib.request.getproxies().get(scheme)
+    if not url or urllib.request.proxy_bypass(host):
+        return None
+    return urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+
+
+def http_request(
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout_s: float
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP exchange, all of it (connect, send, the whole response) within timeout_s.
+
+    Redirects are not followed: a 3xx comes back as it is, so the Authorization header goes only to
+    the URL given. Raises OSError (TimeoutError past the deadline), http.client.HTTPException or
+    ValueError (a URL that is not http(s), a body over MAX_BODY_BYTES).
+    """
+    deadline = time.monotonic() + timeout_s
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"not an http(s) URL: {url}")
+    target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    host, port, headers = u.hostname, u.port, dict(headers)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    proxy = _proxy(u.scheme, host)
+    if proxy is None:
+        conn = cls(host, port, timeout=timeout_s)
+    else:
+        auth = {}
+        if proxy.username:
+            cred = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+            auth["Proxy-Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
+        conn = cls(proxy.hostname, proxy.port, timeout=timeout_s)
+        if u.scheme == "https":
+            conn.set_tunnel(host, port, headers=auth)  # CONNECT: the proxy sees no header of ours
+        else:
+            target, headers = url, headers | auth  # a plain-HTTP proxy gets the absolute URL
+    conn.response_class = functools.partial(_deadline_response, deadline=deadline)
+    try:
+        conn.connect()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("connected after the deadline (--reward.judge.timeout-s)")
+        conn.sock.settimeout(left)  # the send as a whole
+        conn.request(method, target, body, headers)
+        resp = conn.getresponse()
+        data = resp.read(MAX_BODY_BYTES + 1)
+        if len(data) > MAX_BODY_BYTES:
+            raise ValueError(f"a response body over {MAX_BODY_BYTES >> 20} MiB")
+        return resp.status, dict(resp.headers), data
+    finally:
+        conn.close()
+
+
+def _deadline_response(sock: Any, *args: Any, deadline: float, **kw: Any) -> http.client.HTTPResponse:
+    return http.client.HTTPResponse(_DeadlineSock(sock, deadline), *args, **kw)  # type: ignore[arg-type]
 
 
 class OpenAIClient:
@@ -174,16 +341,12 @@ class OpenAIClient:
         key = self._key()
         return text.replace(key, "***") if key else text
 
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"} if (key := self._key()) else {}
+
     def _post(self, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        headers = {"Content-Type": "application/json"}
-        if key := self._key():
-            headers["Authorization"] = f"Bearer {key}"
-        req = urllib.request.Request(self.url, json.dumps(payload).encode(), headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                return resp.status, dict(resp.headers), resp.read()
-        except urllib.error.HTTPError as e:
-            return e.code, dict(e.headers or {}), e.read()
+        headers = {"Content-Type": "application/json"} | self._headers()
+        return http_request("POST", self.url, json.dumps(payload).encode(), headers, self.cfg.timeout_s)
 
     def check(self, flag: str = "--reward.judge") -> None:
         """One GET of {base_url}/models: ValueError with the fix when nothing answers or the key is refused.
@@ -195,23 +358,31 @@ class OpenAIClient:
         base = self.cfg.base_url.rstrip("/")
         if base in _ANSWERED:
             return
-        headers = {"Authorization": f"Bearer {key}"} if (key := self._key()) else {}
-        req = urllib.request.Request(base + "/models", headers=headers, method="GET")
         try:
-            with urllib.request.urlopen(req, timeout=min(CHECK_TIMEOUT_S, self.cfg.timeout_s)) as resp:
-                resp.read()
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403):
-                raise ValueError(
-                    f"the judge server at {base} refused the API key (HTTP {e.code}): put a valid key in "
-                    f"${self.cfg.api_key_env}, or name the right variable with {flag}.api-key-env"
-                ) from None
+            status, headers, _ = http_request(
+                "GET", base + "/models", None, self._headers(), min(CHECK_TIMEOUT_S, self.cfg.timeout_s)
+            )
         except (OSError, http.client.HTTPException, ValueError) as e:  # refused, timed out, not HTTP, bad URL
             why = self._scrub(f"{type(e).__name__}: {getattr(e, 'reason', e)}")
             raise ValueError(
                 f"no OpenAI-compatible server answered at {base} ({why}): start the judge server, "
                 f"or fix {flag}.base-url"
             ) from None
+        if status in (401, 403):
+            raise ValueError(
+                f"the judge server at {base} refused the API key (HTTP {status}): put a valid key in "
+                f"${self.cfg.api_key_env}, or name the right variable with {flag}.api-key-env"
+            )
+        if 300 <= status < 400:
+            where = _location(headers)
+            hint = where.removesuffix("/models") if where.endswith("/models") else where
+            raise ValueError(
+                self._scrub(
+                    f"the judge server at {base} redirects to {where or '(no Location)'} (HTTP {status}); "
+                    f"redirects are not followed (the API key goes only where you send it): set "
+                    f"{flag}.base-url to {hint or 'the URL the server lives at'}"
+                )
+            )
         _ANSWERED.add(base)
 
     def _payload(self, req: ChatRequest) -> dict[str, Any]:
@@ -249,25 +420,23 @@ class OpenAIClient:
                 wait = None
                 try:
                     status, headers, body = await asyncio.to_thread(self._post, payload)
-                except (OSError, http.client.HTTPException) as e:  # timeouts, refused or dropped connections
+                except (OSError, http.client.HTTPException, ValueError) as e:  # timeouts, dropped, too big
                     error = f"{type(e).__name__}: {e}"
                 else:
                     if status == 200:
                         try:
-                            data = json.loads(body)
-                            choice = data["choices"][0]
-                            usage = data.get("usage") or {}
-                            return Reply(
-                                text=choice["message"].get("content") or "",
-                                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                                completion_tokens=int(usage.get("completion_tokens") or 0),
-                                tokens=parse_logprobs(choice),
-                                retries=attempt,
-                            )
-                        except (ValueError, KeyError, IndexError, TypeError) as e:
-                            error = f"malformed response body ({type(e).__name__}: {e})"
+                            text, p_tok, c_tok, tokens = read_chat(body)
+                            return Reply(text, p_tok, c_tok, tokens, retries=attempt)
+                        except ValueError as e:  # the body is not a chat completion
+                            error = f"malformed response body ({e})"
+                    elif 300 <= status < 400:
+                        where = _location(headers) or "(no Location)"
+                        error = (
+                            f"HTTP {status} redirect to {where}, not followed: fix --reward.judge.base-url"
+                        )
+                        break  # not retried: the server will send us there again
                     else:
-                        error = f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+                        error = f"HTTP {status}: {_one_line(body[:2000].decode('utf-8', 'replace'))}"
                         if status in (401, 403, 404):
                             raise JudgeServerError(
                                 self._scrub(

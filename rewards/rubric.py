@@ -182,15 +182,15 @@ class Rubric(Grader):
                 self.counts["failed"] += 1
                 out.append(None)
             elif gen:
-                out.append(parse_yes_no(r.text))
-            elif not r.tokens:
+                out.append(parse_yes_no(r.text) if isinstance(r.text, str) else None)
+            elif r.tokens is None:  # the server does not return them: no retry or later step will do better
                 raise JudgeServerError(
                     "rubric readout 'logprob' needs top_logprobs, and the judge server returned none; use a server "
                     "that returns them, --reward.judge.backend local, or --reward.rubric.readout generative"
                 )
-            else:
-                y, n = yes_no_probs(r.tokens[0].top)
-                out.append(y / (y + n) if y + n > 0 else None)
+            else:  # no token, or alternatives that cannot be read (NaN: see parse_logprobs): no verdict
+                y, n = yes_no_probs(r.tokens[0].top) if r.tokens else (0.0, 0.0)
+                out.append(y / (y + n) if math.isfinite(y + n) and y + n > 0 else None)
         return out
 
     def score(self, batch: list[Sample]) -> list[float | None]:

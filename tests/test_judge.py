@@ -63,11 +63,13 @@ def chat_body(content: str, logprobs: list | None = None) -> dict:
 class FakeServer:
     """`script(payload, call_index) -> (status, headers, body, delay_s)`; every request is recorded.
 
-    GET /v1/models (the start-up check) answers `models_status` and is counted in `gets`."""
+    A callable body writes the raw response itself: `body(wfile)` (status line, headers and all).
+    GET /v1/models (the start-up check) answers `models_status` with `models_headers` and is counted in
+    `gets`."""
 
-    def __init__(self, script, models_status: int = 200):
+    def __init__(self, script, models_status: int = 200, models_headers: dict | None = None):
         self.script, self.requests, self.lock = script, [], threading.Lock()
-        self.models_status, self.gets = models_status, []
+        self.models_status, self.models_headers, self.gets = models_status, models_headers or {}, []
         self.inflight = self.max_inflight = 0
         srv = self
 
@@ -81,6 +83,8 @@ class FakeServer:
                     {"object": "list", "data": [{"id": "fake-judge", "object": "model"}]}
                 ).encode()
                 self.send_response(srv.models_status)
+                for k, v in srv.models_headers.items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -95,6 +99,9 @@ class FakeServer:
                 try:
                     status, headers, body, delay = srv.script(payload, n)
                     time.sleep(delay)
+                    if callable(body):
+                        body(self.wfile)
+                        return
                     data = (body if isinstance(body, str) else json.dumps(body)).encode()
                     self.send_response(status)
                     for k, v in headers.items():
@@ -110,7 +117,7 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()

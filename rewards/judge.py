@@ -10,7 +10,8 @@ Where this departs from the guide in seed 001:
   Answer 1..G, so a position bias of the judge does not follow the sampler's order;
 - the reply must be JSON; a reply that cannot be read gets one repair request (the judge sees its own
   reply and what was wrong with it); answers still without valid marks score None, counted in the
-  metrics, and are never given a made-up score;
+  metrics, and are never given a made-up score: a mark is an integer 1-5 (NaN, infinities, 4.5, 0 or
+  6 are not clamped, they are no mark), and an answer marked twice in one reply has no mark;
 - marks are cached per (prompt, reference, completion, judge settings), in a JSONL file when
   --reward.judge.cache is set (`with_run_dir` puts it in the run folder), so a resumed run or a
   second evaluation does not pay twice.

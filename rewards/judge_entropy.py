@@ -18,7 +18,8 @@ Departures: the score-token probabilities are renormalised over the six digits f
 returned alternatives (the mass on other tokens is dropped; its mean is logged as `.../digit_mass`,
 from the sum and count that `metrics()` returns);
 tokens that decode to the same digit (" 4", "4") are summed. An answer whose mark position cannot be
-found in the reply scores None, counted as unparsable, after one repair request.
+found in the reply, is found twice, holds a digit outside 0-5 or log-probs that are not log-probs
+(NaN, +inf, positive, not numbers) scores None, counted as unparsable, after one repair request.
 """
 
 from __future__ import annotations

@@ -3,14 +3,23 @@
 Both take a list of `ChatRequest`s and return one `Reply` per request, in order, and never raise on
 a bad or missing reply: a call that fails after its retries comes back as `Reply(text=None, error=...)`
 and the judge turns it into None scores. Configuration mistakes that no retry can fix (401, 403,
-404: a wrong key, URL or model name) raise `JudgeServerError` at once, with the fix in the message.
+404: a wrong key, URL or model name) raise `JudgeServerError` at once, a ValueError whose one line
+says what to fix (train.py and eval.py print it and exit 2).
 
-The local backend (an in-process model) is in rewards/local_client.py. The HTTP client is asyncio over the standard library's urllib (one worker thread per request in
-flight), so nanogrpo needs no HTTP package: a semaphore bounds the requests in flight, each try has
-a timeout, and timeouts, connection errors, 408, 429 and 5xx are retried with exponential backoff,
-honouring a Retry-After header. The API key is read from the environment variable named by
-`JudgeConfig.api_key_env` at request time, sent only in the Authorization header, and scrubbed from
-every error message: it is never logged, never stored in a sample and never in a saved config.
+The local backend (an in-process model) is in rewards/local_client.py. The HTTP client is asyncio
+over the standard library's http.client (one worker thread per request in flight), so nanogrpo needs
+no HTTP package: a semaphore bounds the requests in flight; each try has a deadline,
+--reward.judge.timeout-s, for all of it (connect, send, the whole response: a server that drips a
+byte a second is cut off there); timeouts, connection errors, 408, 429 and 5xx are retried with
+exponential backoff, honouring a Retry-After header. Redirects are never followed: the API key is
+read from the environment variable named by `JudgeConfig.api_key_env` at request time and sent, in
+the Authorization header only, to --reward.judge.base-url and nowhere else; it is scrubbed from
+every error message: never logged, never stored in a sample and never in a saved config. Proxies
+named by http_proxy / https_proxy (and no_proxy) are used as urllib would.
+
+A reply that is not a chat completion, or whose content is not text, is an error of that try (it is
+retried); `usage` of the wrong shape counts 0 tokens. What the judges cannot read in a good reply
+scores None there (rewards/judge.py). docs/JUDGES.md has the table of faults and what each does.
 
 `check_endpoint` runs at start-up (RewardFunction.validate, eval.py): one GET of the server's /models
 with a short timeout, so a run whose judge server is down stops before the policy loads, with the

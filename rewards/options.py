@@ -24,7 +24,7 @@ class JudgeConfig:
     concurrency: int = 8
     """Requests in flight at once (openai backend)."""
     timeout_s: float = 120.0
-    """Seconds to wait for one response before retrying it."""
+    """Seconds one try may take in all (connect, send and the whole response) before it is retried."""
     max_retries: int = 4
     """Retries of a request after a timeout, a connection error, a 429 or a 5xx."""
     backoff_s: float = 1.0

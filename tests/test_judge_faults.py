@@ -368,3 +368,24 @@ def test_a_server_that_drips_is_cut_off_at_the_deadline(server, head):
     took = time.monotonic() - t0
     assert scores == [None] * 4 and judge.metrics()["failed"] == 4
     assert len(srv.requests) == 2 and took < 5, f"{took:.1f} s for 2 tries of 1.5 s"
+
+
+def test_the_proxy_of_the_environment_is_used(server, monkeypatch):
+    """http.client knows no proxies: the client reads http_proxy as urllib does (absolute URL, Host kept)."""
+    from test_judge import EXPECTED
+
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    for name in (
+        "no_proxy",
+        "NO_PROXY",
+        "HTTP_PROXY",
+        "https_proxy",
+        "HTTPS_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", srv.url.removesuffix("/v1"))
+    judge = Judge(cfg_for(srv, base_url="http://judge.invalid/v1"))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    assert srv.requests[0]["headers"]["Host"] == "judge.invalid"

@@ -41,7 +41,7 @@ class Grader:
                 out.append(None)
             else:
                 s = float(s)
-                out.append(0.0 if s != s else min(1.0, max(0.0, s)))  # NaN -> 0, clip to [0, 1]
+                out.append(None if s != s else min(1.0, max(0.0, s)))  # NaN is no score: None; clip to [0, 1]
         return out
 
     def score(self, batch: list[Sample]) -> list[float | None]:

@@ -28,7 +28,7 @@ from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, prompt_text, tokenize_prompts
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.policy import completion_logprobs, make_batch, pad_left
-from nanogrpo.resume import check_resume, load_config, prepare_run_dir
+from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
 from nanogrpo.runtime import load_policy, micro_slices, prompt_budget, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
 from rewards import Sample, build_reward, mean_metrics
@@ -78,20 +78,26 @@ def main(cfg: TrainConfig) -> dict:
         out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
     )
     step0 = 0
-    if cfg.resume and (last := ckpt.latest_checkpoint(out / "ckpt")) is not None:
-        state = ckpt.load_trainer_state(last)
-        policy.load_checkpoint(last, opt, state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        order.load_state_dict(state["data"])
-        ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
-        step0 = state["step"]
-        logger.truncate_after(step0)
+    if cfg.resume:
+        # the newest complete checkpoint, whatever ckpt/latest says: a damaged one is passed over, by name
+        point = ckpt.find_resume_point(out / "ckpt")
+        if point.path is not None:
+            state = point.state
+            policy.load_checkpoint(point.path, opt, state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            order.load_state_dict(state["data"])
+            ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
+            step0 = state["step"]
+        # steps logged after it will run again: dropped (with a torn last line), so none appears twice
+        dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
         if dist.is_main():
-            print(f"resumed from {last} at step {step0}")
-    elif cfg.resume:  # the run died before its first checkpoint: its logged steps will be run again
-        logger.truncate_after(0)
-        if dist.is_main():
-            print(f"no checkpoint in {out / 'ckpt'} yet: starting again from step 0 (its logs cleared)")
+            for note in point.notes:
+                print(f"note: {note}")
+            cut = f"; logs cut back to it (lines dropped: {dropped})" if dropped else ""
+            if point.path is not None:
+                print(f"resumed from {point.path} at step {step0}{cut}")
+            else:  # the run died before its first checkpoint: its logged steps will be run again
+                print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
 
     G = cfg.grpo.group_size if cfg.algo == "grpo" else 1
     P_local = cfg.prompts_per_step // world
@@ -326,6 +332,7 @@ def main(cfg: TrainConfig) -> dict:
             pass
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
+    release_run_dir(out)  # the folder's lock (nanogrpo/resume.py)
     dist.shutdown()
     return summary
 

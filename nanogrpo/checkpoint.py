@@ -1,17 +1,26 @@
-"""Atomic checkpoints and exact resume.
+"""Atomic checkpoints, exact resume, and a trainer state that loads without pickle.
 
 A checkpoint is a folder `ckpt/step_000012/` holding the trainable weights (a PEFT-layout adapter with
-LoRA, else the full state dict), the optimizer and scheduler, every RNG state and the data position.
-It is written into a temporary folder and renamed into place, and `ckpt/latest` names the newest one
-only after the rename, so a crash mid-write leaves the previous checkpoint intact.
+LoRA, else the full state dict), and `trainer_state.pt`: the optimizer and scheduler, every RNG state, the
+data position, and the size of every other file in the folder. It is written into a temporary folder,
+fsynced, and renamed into place; `ckpt/latest` names the newest one only after the rename. A crash mid-write
+leaves the previous checkpoint intact, and a folder damaged anyway (a disk that lost writes) is recognised
+on resume and skipped for the one before it (`find_resume_point`).
+
+The trainer state is loaded with `torch.load(weights_only=True)`: tensors, numbers, strings and plain
+containers only, so resuming a folder someone else wrote cannot run code. RNG states are stored in that
+vocabulary (Python's Mersenne state as a list of ints, numpy's as a tensor). A file that needs full
+unpickling (one written by an older nanogrpo, or by anything else) is refused, not loaded.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +28,47 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+FORMAT = "nanogrpo.trainer_state/2"  # 1 (unversioned) was a pickle of Python and numpy objects
+STATE = "trainer_state.pt"
+
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state, as tensors and plain values (weights_only-loadable)."""
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": {"version": version, "mt": list(mt), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["mt"]), py["gauss"]))
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file (or a folder's entries) to the disk: a rename is durable only after both are."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(
@@ -53,21 +89,29 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_weights(tmp)
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer_state,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": rng_state(),
-            **extra,
-        },
-        tmp / "trainer_state.pt",
-    )
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "files": files,  # what a complete folder holds: a damaged one is told apart on resume
+        "optimizer": optimizer_state,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": rng_state(),
+        **extra,
+    }
+    torch.save(state, tmp / STATE)
+    for p in tmp.iterdir():
+        _fsync(p)
+    _fsync(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     latest_tmp = ckpt_root / ".latest.tmp"
-    latest_tmp.write_text(final.name)
+    with latest_tmp.open("w") as f:
+        f.write(final.name)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(latest_tmp, ckpt_root / "latest")  # the pointer moves only once the folder is complete
+    _fsync(ckpt_root)
     old = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
@@ -75,16 +119,101 @@ def save_checkpoint(
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The folder `ckpt/latest` names, if it exists (find_resume_point checks that it is complete)."""
     pointer = ckpt_root / "latest"
-    if not pointer.exists():
+    if not pointer.is_file():
         return None
-    path = ckpt_root / pointer.read_text().strip()
-    return path if path.exists() else None
+    name = pointer.read_text().strip()
+    path = ckpt_root / name
+    return path if name.startswith("step_") and path.is_dir() else None
 
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
-    # our own file: optimizer state and RNG tuples need full unpickling
-    return torch.load(path / "trainer_state.pt", weights_only=False)
+    """The trainer state of checkpoint folder `path`, loaded without unpickling code.
+
+    ValueError (with the fix) for a file that would need pickle; the error of torch.load for a damaged one."""
+    file = path / STATE
+    try:
+        state = torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{file} would need pickle to load (it is a trainer state written by an older nanogrpo, or not by "
+            f"nanogrpo at all), and unpickling a file can run any code, so nanogrpo does not load it. "
+            f"Resume it with the nanogrpo that wrote it, or start a new run (--lora.init-from {path} starts "
+            f"from its adapter). ({str(e).splitlines()[0]})"
+        ) from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(
+            f"{file} is not a nanogrpo trainer state of this version ({FORMAT}): it was written by an older "
+            "nanogrpo; resume it with that version, or start a new run"
+        )
+    return state
+
+
+def _damage(path: Path, state: dict) -> str | None:
+    """Why a checkpoint folder whose trainer state loaded is not complete, or None."""
+    if state.get("step") != int(path.name.removeprefix("step_")):
+        return f"its trainer state is for step {state.get('step')}"
+    for name, size in state["files"].items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, not {size}"
+    return None
+
+
+@dataclass
+class ResumePoint:
+    """Where --resume continues: the newest complete checkpoint, and what was passed over to find it."""
+
+    path: Path | None  # None: no checkpoint was ever completed, start from step 0
+    state: dict[str, Any] | None
+    notes: list[str]  # one line per checkpoint folder passed over (with the reason), or a stale pointer
+
+
+def find_resume_point(ckpt_root: Path) -> ResumePoint:
+    """The newest complete checkpoint under ckpt_root, whatever `latest` says.
+
+    A folder without a trainer state (its save never finished) is passed over; so is one whose trainer
+    state is unreadable or whose files are not the sizes it recorded (damaged on disk). If only folders of
+    the first kind exist, nothing was ever saved: start from step 0. If a saved checkpoint exists but none
+    is readable, ValueError: starting again would throw those steps away, so the user decides. A trainer
+    state that would need pickle is refused outright (ValueError from load_trainer_state)."""
+    folders = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True)
+    notes: list[str] = []
+    latest = ckpt_root / "latest"
+    if latest.is_file() and latest_checkpoint(ckpt_root) is None:
+        notes.append(f"{latest} names {latest.read_text().strip()!r}, which does not exist")
+    damaged = False
+    for path in folders:
+        if not (path / STATE).is_file():
+            notes.append(f"{path} skipped: it has no {STATE} (its save did not finish)")
+            continue
+        try:
+            state = load_trainer_state(path)
+        except ValueError:
+            raise
+        except Exception as e:  # a truncated or garbled file: torch raises RuntimeError, EOFError, ...
+            damaged = True
+            notes.append(f"{path} skipped: {STATE} is unreadable ({str(e).splitlines()[0][:120]})")
+            continue
+        if (why := _damage(path, state)) is not None:
+            damaged = True
+            notes.append(f"{path} skipped: {why}")
+            continue
+        if (named := latest_checkpoint(ckpt_root)) is not None and named.name < path.name:
+            notes.append(
+                f"{latest} names {named.name}, but {path.name} is newer and complete (a crash came "
+                "between the folder's rename and the pointer's)"
+            )
+        return ResumePoint(path, state, notes)
+    if damaged:
+        raise ValueError(
+            f"--resume: no complete checkpoint in {ckpt_root}: {'; '.join(notes)}. Delete {ckpt_root} to "
+            "start the run again from step 0 (its logs are then cut back to it), or start a new --out-dir"
+        )
+    return ResumePoint(None, None, notes)
 
 
 def save_full_weights(model: torch.nn.Module, folder: Path) -> None:

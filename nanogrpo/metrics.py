@@ -1,13 +1,16 @@
 """Step metrics: the console line, the progress bar, metrics.jsonl / samples.jsonl, plots, optional W&B/TB.
 
 Only rank 0 writes. Every write is a whole line flushed at once, so a crash loses at most the step in
-flight; on resume the files are truncated back to the checkpoint's step so no step appears twice.
+flight; on resume the files are truncated back to the checkpoint's step so no step appears twice. That
+rewrite is atomic (a new file, fsynced, renamed over the old one), and a torn last line (a write a crash or
+a full disk cut short) is dropped; a line that is not JSON with lines after it is an error.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,22 +59,62 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def _parse_lines(path: Path) -> tuple[list[str], list[dict], bool]:
+    """The lines of a JSONL log and their objects. A last line that is not valid JSON is the write a crash
+    cut short: dropped (the third value says so). One in the middle is damage that would lose steps
+    silently: ValueError naming the file and the line."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").split("\n") if ln.strip()]
+    objs = []
+    for i, ln in enumerate(lines):
+        try:
+            objs.append(json.loads(ln))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                return lines[:-1], objs, True
+            raise ValueError(
+                f"{path}, line {i + 1}: not valid JSON ({e.msg}), and lines follow it; the log is damaged: "
+                "repair or delete that line, then resume"
+            ) from e
+    return lines, objs, False
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """path's content becomes text, or (on a crash or a full disk) stays what it was: a new file, fsynced,
+    renamed over the old one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself is durable once the folder is synced
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class JsonlWriter:
     """Append-only JSONL with truncation back to a step on resume."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def truncate_after(self, step: int) -> None:
-        """Drop lines whose step is > `step` (they came after the checkpoint we resume from)."""
+    def truncate_after(self, step: int) -> int:
+        """Drop lines whose step is > `step` (they came after the checkpoint we resume from), and a torn last
+        line; returns how many lines were dropped. The rewrite is atomic."""
         if not self.path.exists():
-            return
-        keep = [
-            ln
-            for ln in self.path.read_text().splitlines()
-            if ln.strip() and json.loads(ln).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+            return 0
+        lines, objs, torn = _parse_lines(self.path)
+        keep = [ln for ln, o in zip(lines, objs) if o.get("step", 0) <= step]
+        dropped = len(lines) - len(keep) + torn
+        if dropped or not self.path.read_bytes().endswith(b"\n"):  # the next line must start a line
+            _replace_atomically(self.path, "".join(ln + "\n" for ln in keep))
+        return dropped
 
     def write(self, obj: dict) -> None:
         with self.path.open("a", encoding="utf-8") as f:
@@ -79,9 +122,8 @@ class JsonlWriter:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    """A log's objects (a torn last line, the step a crash cut short, is left out)."""
+    return _parse_lines(path)[1] if path.exists() else []
 
 
 class Logger:
@@ -110,10 +152,11 @@ class Logger:
 
             self._tb = SummaryWriter(str(out_dir / "tb"))
 
-    def truncate_after(self, step: int) -> None:
-        if self.enabled:
-            self.metrics.truncate_after(step)
-            self.samples.truncate_after(step)
+    def truncate_after(self, step: int) -> dict[str, int]:
+        """Cut both logs back to `step`: {file name: lines dropped} (empty on the ranks that do not log)."""
+        if not self.enabled:
+            return {}
+        return {w.path.name: w.truncate_after(step) for w in (self.metrics, self.samples)}
 
     def log(self, m: dict[str, Any]) -> None:
         if not self.enabled:

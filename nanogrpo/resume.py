@@ -7,12 +7,21 @@ checkpoint brings back the optimizer with its own learning rate and the schedule
 a new --optim.lr, say, would be silently ignored, and a new --sampling.temperature would train on samples the
 first half never saw. A fresh run is refused in a folder that already holds a run, so two runs never mix in
 one metrics.jsonl.
+
+One process at a time: the process that writes (rank 0 under torchrun) holds `RUN/.lock` with `flock` for as
+long as it lives, and a second one is refused, naming the first. The kernel drops the lock when its process
+dies, kill -9 included, so a crashed run never blocks its own resume. A folder that cannot be created or
+written is refused before the model loads.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import sys
+import time
 import typing
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
@@ -128,8 +137,78 @@ def check_resume(saved: TrainConfig, given: TrainConfig) -> None:
         )
 
 
+def check_writable(out: Path) -> None:
+    """Create out (and its parents) and write and remove a probe file in it: ValueError if either fails, so
+    a read-only or mistyped --out-dir is refused at start-up, not at the first step's log line."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"cannot create --out-dir {out}: {e.strerror} ({e.filename}); pick another --out-dir"
+        ) from e
+    probe = out / f".write_probe_{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"nanogrpo")
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"--out-dir {out} is not writable ({e.strerror}): a run writes its logs and checkpoints there; "
+            "pick another --out-dir or fix its permissions"
+        ) from e
+
+
+_HELD: dict[Path, int] = {}  # run folders this process holds: the descriptor of each one's .lock
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {' '.join(info['argv'])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not said who it is yet"
+
+
+def lock_run_dir(out: Path) -> None:
+    """Hold out/.lock until this process ends (or release_run_dir): ValueError, naming the holder, if
+    another process holds it. Taking it again in the same process (main() called twice) is a no-op."""
+    key = out.resolve()
+    if key in _HELD:
+        return
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's details stay
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise ValueError(
+            f"{out} is in use by another nanogrpo process ({holder}); two processes in one folder would "
+            "interleave their logs and checkpoints: wait for it to end (or stop it), or pick another --out-dir"
+        ) from None
+    except OSError as e:  # a file system without flock (some network mounts): run, and say it is unguarded
+        os.close(fd)
+        print(f"note: {out / '.lock'} cannot be locked ({e.strerror}): nothing stops a second process there")
+        return
+    started = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "argv": sys.argv}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    _HELD[key] = fd
+
+
+def release_run_dir(out: Path) -> None:
+    """Let go of out/.lock (the end of main(); a process that dies lets go of it anyway)."""
+    fd = _HELD.pop(Path(out).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
 def prepare_run_dir(cfg: TrainConfig, write: bool = True) -> None:
-    """Check that cfg may run in cfg.out_dir, then (write=True, on one rank) save it as config.json.
+    """Check that cfg may run in cfg.out_dir, then (write=True, on the one rank that writes) take the
+    folder's lock and save cfg as config.json.
 
     With --resume the folder's config.json must exist and cfg may differ from it only in SAFE ways; the
     merged config then replaces it. Without --resume, a folder that holds a run's metrics or checkpoints is
@@ -137,13 +216,17 @@ def prepare_run_dir(cfg: TrainConfig, write: bool = True) -> None:
     out = Path(cfg.out_dir)
     if cfg.resume:
         check_resume(load_config(out), cfg)
-    elif (out / "metrics.jsonl").exists() or (out / "ckpt").exists():
+    if write:
+        check_writable(out)
+        lock_run_dir(out)  # before the checks below: another process may be starting in this folder now
+    if not cfg.resume and ((out / "metrics.jsonl").exists() or (out / "ckpt").exists()):
+        if write:
+            release_run_dir(out)
         raise ValueError(
             f"{out} already holds a run (metrics.jsonl, ckpt/): pass --resume to continue it, "
             "or pick another --out-dir (or delete the folder) to start a new one"
         )
     if write:
-        out.mkdir(parents=True, exist_ok=True)
         tmp = out / "config.json.tmp"  # other ranks may be reading config.json: replace it whole
         tmp.write_text(json.dumps(asdict(cfg), indent=2))
         os.replace(tmp, out / "config.json")

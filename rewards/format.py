@@ -36,8 +36,10 @@ class Format(Grader):
         self.tags = tags
         self.implicit_open = tags[0] == cfg.think_tag
         alt = "|".join(re.escape(t) for t in tags)
-        # a tag: <name> or <name attr=...> or </name>, names compared case-insensitively
-        self.tag_re = re.compile(rf"<(/?)({alt})(?:\s[^<>]*)?\s*>", re.IGNORECASE)
+        # a tag: <name>, <name attr=...>, <name > or </name>, names compared case-insensitively. One
+        # quantifier after the name: '[^<>]*' already takes trailing spaces, and a '\s*' after it would
+        # retry every split of a run of spaces ('<think' + 1 MB of spaces took minutes).
+        self.tag_re = re.compile(rf"<(/?)({alt})(?:\s[^<>]*)?>", re.IGNORECASE)
 
     def ok(self, text: str) -> bool:
         want = [(c, t.lower()) for t in self.tags for c in ("", "/")]

@@ -13,37 +13,55 @@ Rules, as the guide states them:
 Where the guide is silent: a percentage is compared by its number (9.91% vs 9.95 or 9.95%), so the
 '%' sign alone never makes a figure wrong; a reference figure of 0 needs an exact 0; the answer is the
 completion without its think block (or --reward.text-tag's content).
+
+Figures are compared exactly, in decimal: |a - r| <= 0.01 |r| with no float rounding, so 1.01 against
+1.00 is exactly 1% off, a 400-digit figure is not inf, and two figures 1e-27 apart stay two figures. A
+digit run longer than rewards.text.MAX_DIGITS is not a figure. The closest answer number is found by
+bisection in the sorted answer numbers, so a call costs O((R + A) log A) for R reference figures and A
+answer numbers, never R * A.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from decimal import Decimal, localcontext
 
 from rewards.base import Grader, Sample, check_text_field
 from rewards.options import RewardConfig
 from rewards.registry import register
-from rewards.text import figures, reply_text
+from rewards.text import EXACT, figure_values, reply_text
 
 
-def key_figures(text: str) -> list[float]:
-    """The distinct finite figures of a text, units applied, in order of first appearance."""
-    seen: dict[float, None] = {}
-    for f in figures(text):
-        v = float(f.value)
-        if math.isfinite(v):
-            seen.setdefault(v, None)
-    return list(seen)
+def key_figures(text: str) -> list[Decimal]:
+    """The distinct figures of a text, exact, units applied, in order of first appearance."""
+    return figure_values(text)
 
 
-def figure_credit(ref: float, answer: list[float], full: float = 0.01, half: float = 0.05) -> float:
-    """Credit of one reference figure: 1, 0.5 or 0 by the relative error of the closest answer number."""
+def figure_credits(
+    refs: list[Decimal], answer: list[Decimal], full: float | Decimal = 0.01, half: float | Decimal = 0.05
+) -> list[float]:
+    """Credit of each reference figure: 1, 0.5 or 0 by the relative error of the closest number of
+    `answer`, which must be sorted ascending. Exact: the bands are compared in decimal arithmetic."""
     if not answer:
-        return 0.0
-    if ref == 0:
-        return float(any(a == 0 for a in answer))
-    err = min(abs(a - ref) for a in answer) / abs(ref)
-    eps = 1e-9  # 1.01 vs 1.00 is 1% off, whatever float rounding says
-    return 1.0 if err <= full + eps else 0.5 if err <= half + eps else 0.0
+        return [0.0] * len(refs)
+    full, half = Decimal(str(full)), Decimal(str(half))
+    last = len(answer) - 1
+    out = []
+    with localcontext(EXACT):  # every figure fits: no rounding, no overflow
+        for r in refs:
+            i = bisect_left(answer, r)  # the closest number is one of the two neighbours of r
+            err = min(abs(answer[max(i - 1, 0)] - r), abs(answer[min(i, last)] - r))
+            scale = abs(r)  # |a - r| <= tol |r|: no division, and a reference 0 needs an exact 0
+            out.append(1.0 if err <= full * scale else 0.5 if err <= half * scale else 0.0)
+    return out
+
+
+def figure_credit(
+    ref: Decimal, answer: list[Decimal], full: float | Decimal = 0.01, half: float | Decimal = 0.05
+) -> float:
+    """`figure_credits` of one reference figure."""
+    return figure_credits([ref], answer, full, half)[0]
 
 
 def numbers_score(answer: str, reference: str, full: float = 0.01, half: float = 0.05) -> float | None:
@@ -51,21 +69,21 @@ def numbers_score(answer: str, reference: str, full: float = 0.01, half: float =
     ref = key_figures(reference)
     if not ref:
         return None
-    got = key_figures(answer)
-    return sum(figure_credit(r, got, full, half) for r in ref) / len(ref)
+    return sum(figure_credits(ref, sorted(key_figures(answer)), full, half)) / len(ref)
 
 
 class Numbers(Grader):
     requires = ("reference",)
 
     def __init__(self, cfg: RewardConfig):
-        if not (0 <= cfg.numbers_full <= cfg.numbers_half):
+        if not (0 <= cfg.numbers_full <= cfg.numbers_half < math.inf):
             raise ValueError(
                 f"--reward.numbers-full ({cfg.numbers_full}) must be >= 0 and <= --reward.numbers-half "
-                f"({cfg.numbers_half}); the guide uses 0.01 and 0.05"
+                f"({cfg.numbers_half}), which must be finite; the guide uses 0.01 and 0.05"
             )
         self.cfg = cfg
-        self._ref_cache: dict[str, list[float]] = {}
+        self.full, self.half = Decimal(str(cfg.numbers_full)), Decimal(str(cfg.numbers_half))
+        self._ref_cache: dict[str, list[Decimal]] = {}
 
     def check_row(self, row):
         return check_text_field(row, "reference")
@@ -86,10 +104,8 @@ class Numbers(Grader):
             if not figs:
                 out.append(None)
                 continue
-            got = key_figures(reply_text(s.completion, cfg.text_tag, cfg.think_tag))
-            out.append(
-                sum(figure_credit(r, got, cfg.numbers_full, cfg.numbers_half) for r in figs) / len(figs)
-            )
+            got = sorted(key_figures(reply_text(s.completion, cfg.text_tag, cfg.think_tag)))
+            out.append(sum(figure_credits(figs, got, self.full, self.half)) / len(figs))
         return out
 
 

@@ -1,13 +1,17 @@
 """Text helpers shared by the graders: words, tags, answer extraction, normalisation, numbers.
 
 Everything here is total: any string (empty, unicode, megabytes long) goes in, a value comes out, and
-the regular expressions are linear (no nested quantifiers over the same characters).
+the cost is linear in the text: no regular expression has two quantifiers in a row that can take the
+same characters (the shape that backtracks quadratically, e.g. '[^>]*\\s*>' on a megabyte of spaces).
 
 Numbers are read the way a reader of a report would: '1,705' is one thousand seven hundred and five,
 '9,91' (a European decimal comma) is 9.91, '1.705.000' is 1705000, and a unit glued to the figure or
 written after it scales it (K, M, B/bn, T and the words thousand/million/billion/trillion, with the
 Italian forms); '%' marks a percentage. Numbers glued to a word ('H2O', 'COVID-19', 'Qwen2.5') are
 not figures, and neither are list markers at the start of a line ('1.', '2)') when `skip_lists`.
+Numbers are exact: a figure is a Decimal built from its digits and scaled without rounding (Python's
+default 28-digit context would make 123456789012345678901234567890 equal ...891). A run of more than
+MAX_DIGITS digits is not a number but text, which bounds the cost of every comparison.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import re
 import unicodedata
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal
+from typing import NamedTuple
 
 _WORD = re.compile(r"\w+")
 
@@ -131,10 +135,16 @@ _NUMBER = re.compile(
 _LIST_MARKER = re.compile(r"(?m)^([ \t]*(?:[-*+•][ \t]+)?)\(?\d{1,3}[.)](?=\s)")
 
 
-@dataclass(frozen=True)
-class Figure:
+MAX_DIGITS = 1000
+"""The most digits one number may have (separators aside); a longer digit run is read as text."""
+# exact for any figure: at most MAX_DIGITS digits, scaled by at most 10^12, so a difference or a product
+# of two needs under 3 * MAX_DIGITS digits, and exponents stay far inside the limits
+EXACT = Context(prec=3 * MAX_DIGITS, Emax=10 * MAX_DIGITS, Emin=-10 * MAX_DIGITS)
+
+
+class Figure(NamedTuple):
     value: Decimal
-    """The value after scaling by its unit (1,705M -> 1705000000); a percentage keeps its number."""
+    """The exact value after scaling by its unit (1,705M -> 1705000000); a percentage keeps its number."""
     percent: bool
     span: tuple[int, int]
 
@@ -154,28 +164,49 @@ def _digits(num: str) -> str:
     return num
 
 
+def _figure(m: re.Match) -> Figure | None:
+    sign, num, pct, glued, word = m.group("sign", "num", "pct", "glued", "word")
+    if len(num) > MAX_DIGITS and len(num) - num.count(",") - num.count(".") > MAX_DIGITS:
+        return None  # the whole run is skipped, never a prefix of it: '1,777...' is not 1.777
+    value = Decimal(_digits(num))  # the constructor is exact; arithmetic in the default context is not
+    unit = glued or word
+    if unit:
+        value = value.scaleb(_SCALE[unit.lower()], EXACT)
+    if sign == "-" or sign == "\u2212":
+        value = value.copy_negate()
+    return Figure(value, pct is not None, m.span())
+
+
 def figures(text: str, skip_lists: bool = True) -> list[Figure]:
-    """Every number in the text with its unit applied, left to right."""
+    """Every number in the text with its unit applied, left to right (digit runs past MAX_DIGITS skipped)."""
     if skip_lists:  # blank list markers, keeping offsets
         text = _LIST_MARKER.sub(lambda m: m.group(1) + " " * (m.end() - m.end(1)), text)
-    out = []
+    return [f for m in _NUMBER.finditer(text) if (f := _figure(m)) is not None]
+
+
+def figure_values(text: str, skip_lists: bool = True) -> list[Decimal]:
+    """The distinct values of `figures(text)`, in order of first appearance (1705M and 1.705B are one);
+    each distinct spelling is parsed once, so a megabyte of numbers costs about one regex pass."""
+    if skip_lists:
+        text = _LIST_MARKER.sub(lambda m: m.group(1) + " " * (m.end() - m.end(1)), text)
+    seen: dict[str, None] = {}
+    values: dict[Decimal, None] = {}
     for m in _NUMBER.finditer(text):
-        try:
-            value = Decimal(_digits(m.group("num")))
-        except InvalidOperation:  # pragma: no cover - the regex only admits digits
-            continue
-        unit = (m.group("glued") or m.group("word") or "").lower()
-        value = value.scaleb(_SCALE.get(unit, 0))
-        if m.group("sign") in ("-", "\u2212"):
-            value = -value
-        out.append(Figure(value, m.group("pct") is not None, m.span()))
-    return out
+        key = m.group()
+        if key not in seen:
+            seen[key] = None
+            if (f := _figure(m)) is not None:
+                values[f.value] = None
+    return list(values)
 
 
 def canonical(value: Decimal, percent: bool = False) -> str:
-    """One spelling per number: 1000, 0.5, -3 (no exponent, no trailing zeros)."""
-    s = format(value.normalize(), "f")
-    s = "0" if s in ("-0", "0") else s
+    """One spelling per number: 1000, 0.5, -3 (no exponent, no trailing zeros), every digit kept."""
+    s = format(value, "f")  # exact, where value.normalize() would round to 28 digits
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    if s == "-0":
+        s = "0"
     return s + ("%" if percent else "")
 
 
@@ -184,37 +215,45 @@ def canonical(value: Decimal, percent: bool = False) -> str:
 NORMALIZE_STEPS = ("case", "space", "punct", "numbers")
 
 
-def _drop_punct(text: str, repl: str) -> str:
-    # punctuation (P*) and symbols (S*: $, +, emoji) go; letters, marks, digits and spaces stay
-    return "".join(repl if unicodedata.category(c)[0] in "PS" else c for c in text)
+def _punct_table(text: str, repl: str) -> dict[int, str]:
+    # punctuation (P*) and symbols (S*: $, +, emoji) go; letters, marks, digits and spaces stay.
+    # One category lookup per distinct character, then str.translate: linear, at C speed.
+    return {ord(c): repl for c in set(text) if unicodedata.category(c)[0] in "PS"}
 
 
 def normalize(text: str, steps: tuple[str, ...] = NORMALIZE_STEPS) -> str:
     """Normalise an answer for comparison. Steps: 'case' (case-fold), 'space' (collapse runs of space,
-    strip the ends), 'punct' (drop punctuation and symbols), 'numbers' (one spelling per number, so
-    '1,000' == '1000' == '1000.0' and '-5' keeps its sign even when punctuation goes)."""
+    strip the ends), 'punct' (drop punctuation and symbols), 'numbers' (one exact spelling per number,
+    so '1,000' == '1000' == '1000.0' and '-5' keeps its sign even when punctuation goes; a digit run
+    longer than MAX_DIGITS stays text)."""
     bad = set(steps) - set(NORMALIZE_STEPS)
     assert not bad, f"unknown normalisation steps {sorted(bad)}; known: {NORMALIZE_STEPS}"
     text = unicodedata.normalize("NFKC", text)
-    pieces: list[tuple[bool, str]] = []  # (is_number, text)
+    space = "space" in steps
+    table = {}
+    if "punct" in steps:  # the characters of the prose once case-folded: casefold can add some ('ß' -> 'ss')
+        table = _punct_table(text.casefold() if "case" in steps else text, " " if space else "")
+    # pieces alternate prose, number, prose, ..., prose; each distinct match is spelled once, so a
+    # megabyte of numbers costs one regex pass and a dictionary look-up per number
+    pieces: list[str] = []
     pos = 0
-    if "numbers" in steps:
-        for f in figures(text, skip_lists=False):
-            pieces.append((False, text[pos : f.span[0]]))
-            c = canonical(f.value, f.percent)
-            pieces.append((True, f" {c} " if "space" in steps else c))
-            pos = f.span[1]
-    pieces.append((False, text[pos:]))
-    out = []
-    for is_num, piece in pieces:
-        if not is_num:
-            if "case" in steps:
-                piece = piece.casefold()
-            if "punct" in steps:
-                piece = _drop_punct(piece, " " if "space" in steps else "")
-        out.append(piece)
-    text = "".join(out)
-    return " ".join(text.split()) if "space" in steps else text
+    spelled: dict[str, str | None] = {}  # None: a digit run past MAX_DIGITS, left in the prose
+    for m in _NUMBER.finditer(text) if "numbers" in steps else ():
+        key = m.group()
+        if key not in spelled:
+            f = _figure(m)
+            c = None if f is None else canonical(f.value, f.percent)
+            spelled[key] = None if c is None else f" {c} " if space else c
+        if spelled[key] is None:
+            continue
+        start, end = m.span()
+        pieces += (text[pos:start], spelled[key])
+        pos = end
+    pieces.append(text[pos:])
+    case = "case" in steps
+    pieces[0::2] = [(p.casefold() if case else p).translate(table) for p in pieces[0::2]]
+    text = "".join(pieces)
+    return " ".join(text.split()) if space else text
 
 
 def reply_text(completion: str, text_tag: str = "", think_tag: str = "think") -> str:

@@ -95,3 +95,31 @@ def test_composite_never_raises(completions, row, weights):
     assert len(rewards) == len(completions) and set(comps) == {"rouge_l", "numbers", "consistency"}
     for r in rewards:
         assert r is None or 0.0 <= r <= sum(weights) + 1e-9
+
+
+# numbers-heavy text: long digit runs, separators, signs, units and percentages glued together
+NUMERIC = ["0", "7", "1" * 40, "9" * 400, "9" * 1200, ",", ".", ",000", ".000", "-", "\u2212", "+", "%", " %", "$",
+           "M", "K", "T", "bn", " million", " percent", "e", "E+", " ", "\n", "1.", "(", "x", "<answer>", "</answer>"]  # fmt: skip
+numeric = st.lists(
+    st.sampled_from(NUMERIC) | st.integers(-(10**40), 10**40).map(str) | st.decimals(allow_nan=True).map(str),
+    max_size=30,
+).map("".join)
+NUMBER_GRADERS = ["exact", "contains", "label", "numbers"]
+
+
+@pytest.mark.parametrize("name", NUMBER_GRADERS)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(completions=st.lists(numeric, min_size=1, max_size=3), gold=numeric)
+def test_numbers_heavy_text_scores_in_range(name, completions, gold):
+    row = {"answer": gold, "labels": [gold, "no"], "reference": gold}
+    _check(BUILT[name]([Sample("p", c, 0, row) for c in completions]), len(completions))
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(-(10**60), 10**60), b=st.integers(-(10**60), 10**60))
+def test_integers_keep_every_digit(a, b):
+    from rewards.text import canonical, figures, normalize
+
+    assert [canonical(f.value) for f in figures(f"x {a} y")] == [str(a)]
+    assert (normalize(str(a)) == normalize(str(b))) == (a == b)
+    assert BUILT["exact"]([Sample("p", f"<answer>{a}</answer>", 0, {"answer": str(b)})]) == [float(a == b)]

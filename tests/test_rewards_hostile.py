@@ -1,0 +1,186 @@
+"""Hostile input: every grader that needs no model and no server scores megabyte-long adversarial
+completions (and references) in linear time, in [0, 1] or None, without raising; numbers compare exactly.
+
+A grader call is timed by the smaller of its wall time and its CPU time: the first inflates when other
+processes share the cores, the second when a grader runs threads, and a quadratic blow-up inflates both
+(1 MB of spaces after '<think' once took minutes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+
+import pytest
+
+from rewards import RewardConfig, Sample, known, make
+from rewards.text import MAX_DIGITS, canonical, figures, normalize
+
+LOCAL = ["exact", "contains", "label", "json", "format", "think", "rouge_l", "numbers", "consistency"]
+LOCAL += ["concepts", "keywords", "style"]
+SERVICE = {"judge", "judge+similarity", "judge+numbers", "judge_entropy", "judge_entropy_expected"}
+SERVICE |= {"rubric", "semantic"}  # an LLM judge, a rubric judge or probe, an embedding model
+
+CFG = dataclasses.replace(
+    RewardConfig(), style_weights="length:1,headings:1,lists:1,emphasis:1,code:1,tables:1"
+)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the demo-vocabulary warning of concepts
+    BUILT = {name: make(name, CFG) for name in LOCAL}
+
+MB = 1 << 20
+HOSTILE = {
+    "spaces after <think": "<think" + " " * MB,
+    "spaces after </think": "</think" + " " * MB,
+    "spaces after <answer, then </answer>": "<answer" + " " * MB + "</answer>",
+    "<answer> never closed": "<answer>" + "x " * (MB // 2),
+    "<think never closed, then words": "<think " + "a" * MB,
+    "nested tags": "<think><answer>" * (MB // 15) + "</answer></think>" * (MB // 17),
+    "opening tags": "<think>" * (MB // 7),
+    "a million digits": "1" * MB,
+    "a million digits, trillions": "-" + "9" * MB + "T",
+    "a million digits after the point": "0." + "0" * MB + "1%",
+    "thousands separators": "1" + ",000" * (MB // 4),
+    "thousands separators, then a letter": "1" + ",000" * (MB // 4) + "x",
+    "dotted groups": "1" + ".000" * (MB // 4),
+    "ones": "1 " * (MB // 2),
+    "list markers": "1. " * (MB // 3),
+    "percentages": "1 % " * (MB // 4),
+    "amounts": "$1,705M " * (MB // 8),
+    "distinct numbers": " ".join(str(i) for i in range(MB // 7)),
+    "a line of pipes and spaces": "|" + " " * MB + "|",
+    "pipes": "| " * (MB // 2),
+    "a line of spaces": " " * MB,
+    "a line of tabs": "\t" * MB,
+    "short lines of spaces": (" " * 100 + "\n") * (MB // 101),
+    "stars": "*" * MB,
+    "star-letter": "*a" * (MB // 2),
+    "underscores": "_" * MB,
+    "underscore-letter": "_a" * (MB // 2),
+    "hashes": "#" * MB,
+    "a heading of spaces": "# " + " " * MB,
+    "a bullet of spaces": "- " + " " * MB,
+    "backticks": "`" * MB,
+    "fences": "```\n" + "``` " * (MB // 4),
+    "an open fence of brackets": "```json\n" + "[" * MB,
+    "table rules": "|" + "---|" * (MB // 4),
+    "a colon and dashes": ":" + "-" * MB,
+    "markdown": "**a** _b_ `c` # d\n- e\n" * (MB // 21),
+    "no newline": "word " * (MB // 5),
+    "one letter": "a" * MB,
+    "unicode": "é中🙂" * (MB // 3),
+    "less-than signs": "<" * MB,
+}
+ROW = {
+    "reference": "Start heparin; 12% of 1,705M.\n\n# Plan\n- a list, **bold**\n\n| a | b |\n|---|---|",
+    "answer": "1705",
+    "labels": ["1705", "no"],
+    "key_points": [["heparin", "12"], ["plan", "list", "bold"]],
+}
+
+
+def timed_call(grader, completion: str, row: dict) -> tuple[float | None, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    scores = grader([Sample("p", completion, 0, row)])
+    took = min(time.perf_counter() - wall, time.process_time() - cpu)
+    assert len(scores) == 1
+    return scores[0], took
+
+
+def _in_range(score) -> bool:
+    return score is None or (isinstance(score, float) and 0.0 <= score <= 1.0)
+
+
+def test_every_grader_is_tested_or_needs_a_service():
+    assert set(known()) == set(LOCAL) | SERVICE, "a new grader: add it to LOCAL (or SERVICE)"
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_hostile_completions_score_fast(name):
+    grader = BUILT[name]
+    grader([Sample("p", "warm up: 12 heparin", 0, ROW)])  # lazy imports (torch for the LCS) happen here
+    slow = {}
+    for case, text in HOSTILE.items():
+        score, took = timed_call(grader, text, ROW)
+        assert _in_range(score), (case, score)
+        if took >= 1.0:
+            slow[case] = round(took, 2)
+    assert not slow, f"{name}: over 1 s on 1 MB: {slow}"
+
+
+@pytest.mark.parametrize("name", ["style", "keywords", "numbers", "rouge_l", "concepts"])
+def test_hostile_references_score_fast(name):
+    grader = BUILT[name]
+    grader([Sample("p", "warm up: 12 heparin", 0, ROW)])
+    slow = {}
+    for case, text in HOSTILE.items():
+        row = {**ROW, "reference": text, "references": [text[: MB // 2]]}
+        for completion in ("Start heparin at 12%. **a**", text):
+            score, took = timed_call(grader, completion, row)
+            assert _in_range(score), (case, score)
+            if took >= 1.0:
+                slow[case] = round(took, 2)
+    assert not slow, f"{name}: over 1 s with a 1 MB reference: {slow}"
+
+
+# ----------------------------------------------------------------------------- exact numbers
+
+
+def grade(name: str, completion: str, row: dict, **opts) -> float | None:
+    return make(name, dataclasses.replace(CFG, **opts))([Sample("p", completion, 0, row)])[0]
+
+
+THIRTY = "123456789012345678901234567890"
+THIRTY_1 = "123456789012345678901234567891"
+
+
+def test_long_numbers_compare_exactly():
+    # a 28-digit decimal context rounds both to 1.234567890123456789012345679E+29
+    assert normalize(THIRTY) != normalize(THIRTY_1)
+    assert normalize(THIRTY) == THIRTY and normalize(f"{THIRTY}.000") == THIRTY
+    assert canonical(figures(f"{THIRTY}T")[0].value) == THIRTY + "0" * 12
+    assert canonical(figures(f"-{THIRTY_1}")[0].value) == "-" + THIRTY_1
+    completion = f"<answer>{THIRTY_1}</answer>"
+    assert grade("exact", completion, {"answer": THIRTY}) == 0.0
+    assert grade("exact", f"<answer>{THIRTY}</answer>", {"answer": THIRTY}) == 1.0
+    assert grade("contains", completion, {"answer": THIRTY}) == 0.0
+    assert grade("label", completion, {"labels": [THIRTY, "no"]}) == 0.0
+    # 1e-27 relative: full credit by the bands, and the two stay distinct figures
+    assert grade("numbers", f"x {THIRTY_1}", {"reference": f"x {THIRTY}"}) == 1.0
+    assert len(figures(f"{THIRTY} {THIRTY_1}")) == 2
+
+
+def test_tolerance_bands_are_exact_at_the_edges():
+    row = {"reference": "rate 100"}
+    assert grade("numbers", "rate 101", row) == 1.0  # exactly 1% off
+    assert grade("numbers", "rate 101.000000000000000000000000001", row) == 0.5  # just past 1%
+    assert grade("numbers", "rate 105", row) == 0.5
+    assert grade("numbers", "rate 105.000000000000000000000000001", row) == 0.0
+    big = "9" * 400  # beyond any float: compared exactly, not as inf
+    assert grade("numbers", f"x {big}1", {"reference": f"x {big}0"}) == 1.0
+    assert grade("numbers", f"x {big}", {"reference": f"x {big}0"}) == 0.0
+    tiny = "0." + "0" * 400
+    assert grade("numbers", f"x {tiny}1", {"reference": f"x {tiny}1"}) == 1.0
+    assert grade("numbers", f"x {tiny}2", {"reference": f"x {tiny}1"}) == 0.0  # not 0 == 0 after underflow
+
+
+def test_digit_runs_past_the_bound_are_text():
+    ok, long = "7" * MAX_DIGITS, "7" * (MAX_DIGITS + 1)
+    assert [canonical(f.value) for f in figures(f"a {ok} b")] == [ok]
+    assert figures(f"a {long} b") == [] and figures(f"a 1,{long} b") == []
+    assert normalize(f"{long}.0") == f"{long} 0"  # kept as text: the point is punctuation
+    assert grade("exact", f"<answer>{long}</answer>", {"answer": long}) == 1.0
+    assert grade("exact", f"<answer>{long}.0</answer>", {"answer": long}) == 0.0
+    assert grade("numbers", f"x {long}", {"reference": f"x {long}"}) is None  # no figure in it
+
+
+@pytest.mark.parametrize("name", ["exact", "contains", "label", "numbers"])
+@pytest.mark.parametrize("where", ["completion", "reference"])
+def test_a_million_digits_scores_without_raising(name, where):
+    text = "-" + "9" * 1_000_000 + "T and 1.5" + "0" * 1_000_000 + "%"
+    row = {"answer": text, "labels": [text, "no"], "reference": text}
+    if where == "completion":
+        row = {"answer": "1.5%", "labels": ["1.5%"], "reference": "1.5%"}
+    score, took = timed_call(BUILT[name], text if where == "completion" else "1.5%", row)
+    assert _in_range(score) and took < 1.0

@@ -86,8 +86,9 @@ def test_reward_function_components_and_none():
     assert comps == {"a": [1.0, None, None], "b": [0.0, 0.5, None]}
 
 
-def test_base_grader_clips_and_maps_nan():
-    assert Fixed("x", [1.5, -0.2, float("nan"), None, 0.3])(batch(5)) == [1.0, 0.0, 0.0, None, 0.3]
+def test_base_grader_clips_and_maps_nan_to_none():
+    # a NaN is no score: None, never a measured 0 that would enter its group as a reward
+    assert Fixed("x", [1.5, -0.2, float("nan"), None, 0.3])(batch(5)) == [1.0, 0.0, None, None, 0.3]
 
 
 def test_mix_renormalises_or_propagates_none():

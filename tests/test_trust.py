@@ -280,16 +280,3 @@ def test_collectives_check_keys_and_ddp_syncs_once_per_pass(tmp_path):
     for rank in (0, 1):
         out = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
         assert out == ["KEYS True", f"CALLS 1 {[want]}"], out
-
-
-def test_a_nan_score_is_no_score_not_zero():
-    """A grader's NaN must not become a measured 0 (which would enter its group as a real reward)."""
-    from rewards.base import Grader
-
-    class Odd(Grader):
-        name = "odd"
-
-        def score(self, batch):
-            return [float("nan"), 1.5, -1.0, None, 0.25]
-
-    assert Odd()([None] * 5) == [None, 1.0, 0.0, None, 0.25]

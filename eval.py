@@ -165,9 +165,9 @@ def run_generate(args: Generate) -> None:
     from nanogrpo import lora
     from nanogrpo.config import ModelConfig
     from nanogrpo.data import load_task
+    from nanogrpo.device import resolve_device_dtype
     from nanogrpo.model import Transformer
     from nanogrpo.model_zoo import resolve_model
-    from nanogrpo.runtime import resolve_device_dtype
 
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows

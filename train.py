@@ -26,10 +26,11 @@ from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo
 from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, prompt_text, tokenize_prompts
+from nanogrpo.device import resolve_device_dtype, seed_everything
+from nanogrpo.logprobs import completion_logprobs, make_batch, micro_slices, pad_left
 from nanogrpo.metrics import Logger, console_line, plot_metrics
-from nanogrpo.policy import completion_logprobs, make_batch, pad_left
+from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
-from nanogrpo.runtime import load_policy, micro_slices, prompt_budget, resolve_device_dtype, seed_everything
 from nanogrpo.sampling import generate
 from rewards import Sample, build_reward, mean_metrics
 from rewards.judge import with_run_dir

@@ -6,7 +6,7 @@
     python bench/step.py --model random:qwen2.5-1.5b --side nanogrpo --device cuda --plan  # plan vs peak
 
 Both sides train the same model folder with the same LoRA (rank, alpha, target layers), dtype (bf16 on a
-GPU or a bf16-capable CPU, as nanogrpo.runtime.resolve_device_dtype picks), prompts (the built-in demo
+GPU or a bf16-capable CPU, as nanogrpo.device.resolve_device_dtype picks), prompts (the built-in demo
 task, same order), group size, batch (P prompts x G completions, one optimizer step each), sampling
 (temperature 1, no top-k/top-p), reward (ROUGE-L against the reference) and loss (token-mean clipped
 surrogate, eps 0.2, group-std advantages, no KL, no activation checkpointing unless --checkpointing).
@@ -250,7 +250,7 @@ def hardware_line(a: argparse.Namespace) -> str:
     import torch
 
     from nanogrpo.config import ModelConfig
-    from nanogrpo.runtime import resolve_device_dtype
+    from nanogrpo.device import resolve_device_dtype
 
     device, dtype = resolve_device_dtype(ModelConfig(path=a.model, dtype=a.dtype, device=a.device))
     if device.type == "cuda":

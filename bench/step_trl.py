@@ -31,8 +31,8 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from nanogrpo.config import ModelConfig
+    from nanogrpo.device import resolve_device_dtype
     from nanogrpo.model_zoo import resolve_model
-    from nanogrpo.runtime import resolve_device_dtype
     from rewards import Sample, build_reward
     from rewards.options import RewardConfig
 

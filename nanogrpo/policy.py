@@ -1,171 +1,322 @@
-"""From token ids to per-token log-probs of the completions: the one path the loss, the KL reference and
-the metrics share.
+"""The policy: the trained model with its tokenizer, reference and wrapping, how it is loaded, and update():
+the num_iterations x micro-batch passes of one GRPO step, every optimizer step included.
 
-The model returns final hidden states; only the positions that predict a completion token are gathered,
-and kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
+Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
+fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
 
-The G completions of a prompt share it: the forward runs each prompt once, expands its keys/values to the
-group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
-row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
-large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
-of a group then share one dropout mask over the prompt.)
+`--lora.init-from ADAPTER` (GRPO after SFT) merges that adapter into the base weights and trains a fresh
+adapter on top, so the KL reference (adapters off) is the SFT model, as in the papers' pipelines; the
+final adapter is saved stacked with the SFT one (`stack_adapters`), so it loads on the original base.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import contextlib
+import copy
+import json
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from kernels.logprobs import token_logprobs
+from . import dist, lora
+from .checkpoint import load_full_weights, save_full_weights, write_full_weights
+from .config import TrainConfig
+from .logprobs import Batch, LogprobHead, completion_logprobs
+from .model import ModelArgs, Transformer
+from .model_zoo import resolve_model
 
-from .kvcache import PrefixKV
 
-
-def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into ids [B, T] and an attention mask [B, T] (1 real, 0 pad)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, T - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, T - len(s) :] = 1
-    return ids, mask
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Transformer inside a LogprobHead, itself maybe inside DDP (FSDP keeps the module in place)."""
+    model = model.module if hasattr(model, "module") else model
+    return model.model if isinstance(model, LogprobHead) else model
 
 
 @dataclass
-class Batch:
-    """Prompts + completions of one step (or one micro-batch), on the model's device."""
+class Policy:
+    """The trained model and what goes with it."""
 
-    ids: torch.Tensor  # (N, Tp+Tc) left-padded prompt then completion
-    attn: torch.Tensor  # (N, Tp+Tc) 1 real, 0 padding
-    pos: torch.Tensor  # (N, Tp+Tc) position ids (0 at the first real token)
-    prompt_len: int  # Tp
-    targets: torch.Tensor  # (N, Tc) completion ids
-    mask: torch.Tensor  # (N, Tc) float, 1 on completion tokens
-    group: torch.Tensor  # (N,) long: rows with the same value share their prompt (and are adjacent)
+    model: torch.nn.Module  # LogprobHead(Transformer): what the loss calls; in DDP or FSDP under torchrun
+    tokenizer: object
+    ref_model: torch.nn.Module | None  # full fine-tune with KL: a frozen copy (FSDP: sharded); LoRA: None
+    pad_id: int
+    eos_ids: list[int]
+    autocast: torch.dtype | None  # forward autocast dtype for a full fine-tune in bf16
+    use_lora: bool
+    model_dir: Path
+    fsdp: bool = False  # model (and ref_model) sharded with FSDP2
+    init_from: str = ""  # the SFT adapter merged into the base weights ('' = none)
 
-    def __len__(self) -> int:
-        return self.ids.shape[0]
+    @property
+    def core(self) -> Transformer:
+        return unwrap(self.model)
 
-    def to(self, device: torch.device | str) -> Batch:
-        t = lambda x: x.to(device)
-        b = self
-        return Batch(t(b.ids), t(b.attn), t(b.pos), b.prompt_len, t(b.targets), t(b.mask), t(b.group))
+    def gathered(self) -> contextlib.AbstractContextManager:
+        """Around calls of `core` outside the wrapped forward (the sampler, evaluation). With FSDP it
+        all-gathers the weights, so every rank must enter it, outside inference_mode; else it does nothing."""
+        if not self.fsdp:
+            return contextlib.nullcontext()
+        from .fsdp import gathered
 
-    def rows(self, sl: slice) -> Batch:
-        b = self
-        return Batch(b.ids[sl], b.attn[sl], b.pos[sl], b.prompt_len, b.targets[sl], b.mask[sl], b.group[sl])
+        return gathered(self.model)
 
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """log pi_ref of the completion tokens: the model with LoRA disabled, or the frozen copy.
 
-def make_batch(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
-) -> Batch:
-    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc].
+        The same path as the policy's log-probs (same weights' dtype, autocast, kernels and batch), so a
+        policy equal to its reference has a KL of exactly 0, not rounding noise."""
+        if self.use_lora:
+            with lora.disabled(self.core):
+                return completion_logprobs(self.core, batch, temperature, self.autocast)[0]
+        assert self.ref_model is not None, "KL needs a reference model"
+        return completion_logprobs(self.ref_model, batch, temperature, self.autocast)[0]
 
-    Adjacent rows with the same prompt form a group (their prompt runs once in the forward).
-    """
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Tp+Tc)
-    # tokens after a completion's end only attend backwards (causal), so they cannot change earlier ones
-    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (N, Tp+Tc)
-    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (N, Tp+Tc)
-    new = torch.ones(len(ids), dtype=torch.bool)  # (N,) row starts a new group
-    new[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(1).cpu()
-    group = new.long().cumsum(0) - 1  # (N,)
-    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
+    @torch.no_grad()
+    def trainer_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """log pi of the completion tokens on the trainer's path, without grad (dropout off): the policy's
+        side of a KL in the reward, computed as the reference's side is."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return completion_logprobs(self.model, batch, temperature, self.autocast)[0]
+        finally:
+            self.model.train(was_training)
 
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward: under DDP, gradients are all-reduced only with the
+        last micro-batch of a pass (they add up locally until then); a no-op otherwise."""
+        if last or not hasattr(self.model, "no_sync") or self.fsdp:
+            return contextlib.nullcontext()
+        return self.model.no_sync()
 
-class LogprobHead(torch.nn.Module):
-    """The Transformer and the fused log-prob head in one forward.
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
+        the right gradient is the SUM over ranks; DDP's all-reduce and FSDP's reduce-scatter both
+        average, hence the factor world()."""
+        (loss * dist.world()).backward()
 
-    DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
-    not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too.
-    """
+    def step(self, opt, sched, grad_clip: float) -> float:
+        """Clip, step, schedule, zero; returns the grad norm before clipping (the full norm on every rank)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the shards
+            norm = norm.full_tensor()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return float(norm)
 
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        ids: torch.Tensor,
-        attn: torch.Tensor,
-        pos: torch.Tensor,
-        targets: torch.Tensor,
-        mask: torch.Tensor,
-        prompt_len: int,
-        temperature: float,
-        group: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        Tp, Tc = prompt_len, targets.shape[1]
-        first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
-        if group is not None and Tp > 0:
-            first = torch.ones_like(group, dtype=torch.bool)
-            first[1:] = group[1:] != group[:-1]
-        if first is None or bool(first.all()):  # no prompt is shared: one pass over prompt + completion
-            hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
-            hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+    def save_weights(self, folder: Path) -> None:
+        """The trainable weights (not for FSDP: see checkpoint_parts)."""
+        if self.use_lora:
+            lora.save_adapter(self.core, folder, base_model_name_or_path=str(self.model_dir))
         else:
-            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first)  # (N, Tc, H)
-        sel = mask.bool()  # (N, Tc)
-        h = hidden[sel]  # (n_tok, H)
-        weight = self.model.lm_head_weight  # (V, H)
-        if h.dtype != weight.dtype:
-            h = h.to(weight.dtype)
-        lp, ent = token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
-        logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
-        entropy = torch.zeros_like(logp)  # (N, Tc)
-        logp = logp.masked_scatter(sel, lp.float())
-        entropy[sel] = ent.detach().float()
-        return logp, entropy
+            save_full_weights(self.core, folder)
 
-    def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
-        """The hidden states that predict the completion tokens, each prompt run once for its group."""
-        heads = first.nonzero().squeeze(1)  # (P,) one row per prompt
-        owner = first.long().cumsum(0) - 1  # (N,) row -> its prompt in 0..P-1
-        prefix = PrefixKV(len(self.model.model.layers))
-        h_prompt = self.model(
-            ids[heads, :Tp],
-            attention_mask=attn[heads, :Tp],
-            position_ids=pos[heads, :Tp],
-            kv_cache=prefix,
-            return_hidden=True,
-        )  # (P, Tp, H)
-        h_first = h_prompt[:, -1:].index_select(0, owner)  # (N, 1, H) predicts completion token 0
-        if Tc == 1:
-            return h_first
-        # completion tokens 0..Tc-2 predict tokens 1..Tc-1; they see the whole prompt and, causally, each other
-        end = Tp + Tc - 1
-        h_rest = self.model(
-            ids[:, Tp:end],
-            attention_mask=attn[:, :end],
-            position_ids=pos[:, Tp:end],
-            kv_cache=prefix.expand(owner),
-            return_hidden=True,
-        )  # (N, Tc-1, H)
-        return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
+    def load_weights(self, folder: Path) -> None:
+        if self.use_lora:
+            lora.load_adapter(self.core, folder)
+        elif self.fsdp:
+            from safetensors.torch import load_file
+
+            from .fsdp import load_full_state_dict
+
+            load_full_state_dict(self.model, load_file(str(folder / "model.safetensors")))
+        else:
+            load_full_weights(self.core, folder)
+
+    def checkpoint_parts(self, opt) -> tuple[Callable[[Path], None], dict]:
+        """What a checkpoint holds: a function that writes the weights into a folder, and the optimizer
+        state. Every rank calls it: with FSDP it gathers the full tensors to rank 0, which writes them."""
+        if not self.fsdp:
+            return self.save_weights, opt.state_dict()
+        from .fsdp import full_state_dict, optimizer_state
+
+        tensors = full_state_dict(self.model)
+        return (lambda folder: write_full_weights(tensors, folder)), optimizer_state(self.model, opt)
+
+    def load_checkpoint(self, folder: Path, opt, optimizer_state: dict) -> None:
+        """Weights and optimizer state back from a checkpoint; every rank calls it (and reads the files)."""
+        self.load_weights(folder)
+        if self.fsdp:
+            from .fsdp import load_optimizer_state
+
+            load_optimizer_state(self.model, opt, optimizer_state)
+        else:
+            opt.load_state_dict(optimizer_state)
+
+    def save_final(self, folder: Path) -> None:
+        """The adapter (PEFT layout), or the full model as an HF folder (weights, config.json,
+        generation_config.json), plus the tokenizer. Every rank calls it; rank 0 writes.
+
+        With init_from the adapter is the SFT adapter stacked with the one trained here, so it loads on
+        the original base model like any adapter (see stack_adapters)."""
+        tensors = None
+        if self.fsdp:
+            from .fsdp import full_state_dict
+
+            tensors = full_state_dict(self.model)  # collective
+        if not dist.is_main():
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.use_lora:
+            self.save_weights(folder)
+            if self.init_from:
+                stack_adapters(Path(self.init_from), folder)
+        else:
+            if tensors is not None:
+                write_full_weights(tensors, folder)
+            else:
+                save_full_weights(self.core, folder)
+            for name in ("config.json", "generation_config.json"):  # what from_pretrained reads
+                if (self.model_dir / name).is_file():
+                    shutil.copyfile(self.model_dir / name, folder / name)
+        self.tokenizer.save_pretrained(str(folder))
 
 
-def completion_logprobs(
-    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(y_t | y_<t, x) and the entropy of pi(. | y_<t, x) for every completion token.
+def merge_into_base(model: torch.nn.Module) -> None:
+    """Fold every LoRA adapter into its base weight for good and take the adapters out of the model."""
+    lora.merge(model)
+    for name, m in lora.lora_modules(model).items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, m.base_layer)
 
-    `model` is a Transformer or a LogprobHead (possibly inside DDP/FSDP). Returns logp (N, Tc) float32
-    (differentiable) and entropy (N, Tc) float32 (detached); both are 0 where mask is 0. Only masked-in
-    positions go through the LM head, so no [N, V] float32 logits tensor is ever built.
+
+@torch.no_grad()
+def stack_adapters(first: Path, folder: Path) -> None:
+    """Rewrite the adapter in `folder` (trained on base + `first` merged) as one adapter on the base.
+
+    B1 A1 s1 + B2 A2 s2 = [B1 s1 | B2 s2] @ [A1 ; A2]: rank r1 + r2, alpha = r (scale 1); a layer that
+    only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
+    training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
     """
-    if not isinstance(getattr(model, "module", model), LogprobHead):
-        model = LogprobHead(model)
-    ctx = (
-        torch.autocast(batch.ids.device.type, dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else nullcontext()
+    from safetensors.torch import save_file
+
+    (cfg1, sd1), (cfg2, sd2) = lora.read_adapter(first), lora.read_adapter(folder)
+    r1, r2 = int(cfg1["r"]), int(cfg2["r"])
+    s1, s2 = float(cfg1["lora_alpha"]) / r1, float(cfg2["lora_alpha"]) / r2
+    paths = sorted({k.rsplit(".lora_", 1)[0] for k in [*sd1, *sd2]})
+    out = {}
+    for p in paths:
+        a1, b1 = sd1.get(f"{p}.lora_A.weight"), sd1.get(f"{p}.lora_B.weight")
+        a2, b2 = sd2.get(f"{p}.lora_A.weight"), sd2.get(f"{p}.lora_B.weight")
+        ref_a, ref_b = (a1, b1) if a1 is not None else (a2, b2)
+        n_in, n_out = ref_a.shape[1], ref_b.shape[0]
+        a1 = a1.float() if a1 is not None else torch.zeros(r1, n_in)  # (r1, in)
+        b1 = b1.float() * s1 if b1 is not None else torch.zeros(n_out, r1)  # (out, r1)
+        a2 = a2.float() if a2 is not None else torch.zeros(r2, n_in)  # (r2, in)
+        b2 = b2.float() * s2 if b2 is not None else torch.zeros(n_out, r2)  # (out, r2)
+        out[f"{p}.lora_A.weight"] = torch.cat([a1, a2]).contiguous()  # (r1+r2, in)
+        out[f"{p}.lora_B.weight"] = torch.cat([b1, b2], dim=1).contiguous()  # (out, r1+r2)
+    targets = sorted({*cfg1["target_modules"], *cfg2["target_modules"]})
+    cfg = {**cfg2, "r": r1 + r2, "lora_alpha": r1 + r2, "target_modules": targets}
+    cfg["base_model_name_or_path"] = cfg1.get("base_model_name_or_path") or cfg2.get(
+        "base_model_name_or_path"
     )
-    with ctx:
-        return model(
-            batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
-            batch.group,
-        )  # fmt: skip
+    (folder / lora.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(out, str(folder / lora.WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def parallel_mode(cfg: TrainConfig) -> str:
+    """'ddp', 'fsdp', or 'none' (one process): how the policy is wrapped under torchrun."""
+    if dist.world() == 1:
+        return "none"
+    mode = cfg.model.parallel
+    if mode == "auto":
+        mode = "ddp" if cfg.lora.r > 0 else "fsdp"
+    if mode == "fsdp" and cfg.lora.r > 0:
+        raise ValueError("--model.parallel fsdp shards full fine-tunes (--lora.r 0); LoRA runs with ddp")
+    if mode == "fsdp" and cfg.optim.name != "adamw":
+        raise ValueError(
+            f"--optim.name {cfg.optim.name} works on whole matrices, FSDP holds shards of them: "
+            "use --optim.name adamw or --model.parallel ddp"
+        )
+    return mode
+
+
+def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
+    """The tokenizer and the longest prompt the run allows, read from the model folder without loading the
+    weights: --data.max-prompt-tokens, at most the model's positions less --sampling.max-new-tokens."""
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model(cfg.model.path)
+    hf = json.loads((model_dir / "config.json").read_text())
+    ModelArgs.from_hf(hf)  # unknown architecture: fail first
+    room = int(hf.get("max_position_embeddings") or 1 << 30) - cfg.sampling.max_new_tokens
+    if room < 1:
+        raise ValueError(
+            f"--sampling.max-new-tokens {cfg.sampling.max_new_tokens} leaves no room for a prompt in the "
+            f"model's {hf.get('max_position_embeddings')} positions; lower it"
+        )
+    limit = min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room
+    return AutoTokenizer.from_pretrained(str(model_dir)), limit
+
+
+def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> Policy:
+    from transformers import AutoTokenizer
+
+    model_dir = resolve_model(cfg.model.path)
+    ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    use_lora = cfg.lora.r > 0
+    parallel = parallel_mode(cfg)
+    # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.
+    model = Transformer.from_pretrained(
+        model_dir, dtype=dtype if use_lora else torch.float32, device=device, attn=cfg.model.attn
+    )
+    model.activation_checkpointing = cfg.model.activation_checkpointing
+    autocast = None if use_lora or dtype == torch.float32 else dtype
+    if cfg.lora.init_from:  # GRPO after SFT: the SFT model becomes the base, and so the KL reference
+        lora.load_adapter(model, cfg.lora.init_from)
+        merge_into_base(model)
+    ref_model = None
+    if use_lora:
+        lora.inject_lora(
+            model, r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets
+        )
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        if cfg.algo == "grpo" and cfg.grpo.kl_placement != "none":
+            # the reference runs the policy's path: float32 weights under the same autocast (a bf16 copy
+            # would differ by rounding at step 0: |log pi - log ref| ~ 1e-2 a token). Under FSDP on a GPU
+            # the policy computes with bf16 all-gathered weights, so a bf16 copy is the same path there.
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if parallel == "fsdp" and device.type == "cuda" and dtype != torch.float32:
+                ref_model.to(dtype)
+    eos_ids = list(
+        dict.fromkeys(
+            [*model.config.eos_token_ids, *([tok.eos_token_id] if tok.eos_token_id is not None else [])]
+        )
+    )
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    head = LogprobHead(model)
+    if parallel == "fsdp":
+        from . import fsdp
+
+        # GPU: float32 master weights, all-gathered in bf16 for compute; CPU (gloo): float32 throughout
+        compute = dtype if device.type == "cuda" and dtype != torch.float32 else None
+        if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
+            ref_model = fsdp.shard(LogprobHead(ref_model), compute, frozen=True)
+        head = fsdp.shard(head, compute)
+    elif parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        head = DDP(head, device_ids=[device.index] if device.type == "cuda" else None)
+    return Policy(
+        head,
+        tok,
+        ref_model,
+        pad_id,
+        eos_ids,
+        autocast,
+        use_lora,
+        model_dir,
+        parallel == "fsdp",
+        cfg.lora.init_from,
+    )

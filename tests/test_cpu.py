@@ -12,9 +12,9 @@ import torch
 
 from nanogrpo import cpu
 from nanogrpo.config import ModelConfig
+from nanogrpo.device import resolve_device_dtype
 from nanogrpo.model import Transformer
 from nanogrpo.packed import packing_supported
-from nanogrpo.runtime import resolve_device_dtype
 from nanogrpo.sampling import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ from nanogrpo.cpu import cpu_capability
 from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
 from nanogrpo.packed import packing_supported
-from nanogrpo.runtime import resolve_device_dtype
+from nanogrpo.device import resolve_device_dtype
 from nanogrpo.sampling import generate
 
 cap = cpu_capability()

@@ -90,7 +90,7 @@ def test_parallel_mode(monkeypatch):
 
     from nanogrpo import dist
     from nanogrpo.config import PRESETS
-    from nanogrpo.runtime import parallel_mode
+    from nanogrpo.policy import parallel_mode
 
     cfg = PRESETS["tiny"][1]
     full = replace(cfg, lora=replace(cfg.lora, r=0))

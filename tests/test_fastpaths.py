@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from nanogrpo import lora
 from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
+from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
 from nanogrpo.model import Transformer, decode_attention
 from nanogrpo.model_zoo import resolve_model
 from nanogrpo.packed import PackedLinear, packed_weights, packing_supported
-from nanogrpo.policy import completion_logprobs, make_batch, pad_left
 from nanogrpo.sampling import generate
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]

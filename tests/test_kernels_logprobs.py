@@ -226,8 +226,8 @@ def test_never_materialises_n_by_v(path):
 
 def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     """The trainer's log-probs and entropy equal the naive logits path on the tiny model."""
+    from nanogrpo.logprobs import completion_logprobs, make_batch
     from nanogrpo.model import Transformer
-    from nanogrpo.policy import completion_logprobs, make_batch
 
     model = Transformer.from_pretrained(tiny_model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)

@@ -167,9 +167,9 @@ def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from nanogrpo import lora
+    from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
     from nanogrpo.model import Transformer
-    from nanogrpo.policy import completion_logprobs, make_batch, pad_left
-    from nanogrpo.runtime import load_policy
+    from nanogrpo.policy import load_policy
 
     torch.manual_seed(0)
     sft = Transformer.from_pretrained(tiny_model_dir)

@@ -218,7 +218,7 @@ import os, sys
 import torch, torch.distributed as tdist
 from pathlib import Path
 from nanogrpo import dist
-from nanogrpo.runtime import Policy
+from nanogrpo.policy import Policy
 
 tdist.init_process_group("cpu:gloo")  # a CUDA run's group, less NCCL (not built into CPU torch)
 r = dist.rank()

@@ -1,0 +1,43 @@
+"""Where a run computes and how: the device and the compute dtype, and the seeds.
+
+Precision: frozen weights run in the compute dtype (bfloat16 on a GPU or on a CPU with bf16 matmul units
+that oneDNN's bf16 path runs on, see nanogrpo.cpu; float32 elsewhere); trained weights are float32 master
+copies (LoRA adapters always; a full fine-tune keeps float32 weights and runs the forward under autocast).
+Log-softmax and the loss are float32.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from . import dist
+from .config import ModelConfig
+from .cpu import cpu_capability
+
+
+def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+    import kernels
+
+    if cfg.kernels != "auto":  # 'auto' leaves NANOGRPO_KERNELS in charge
+        kernels.set_backend(cfg.kernels)  # once, before the first kernel call
+    if cfg.device == "auto":
+        device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--model.device cuda but no GPU is visible; use --model.device cpu")
+    if cfg.dtype != "auto":
+        return device, getattr(torch, cfg.dtype)
+    if device.type == "cuda":
+        return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # bf16 only where it is fast: native bf16 units that oneDNN's bf16 path runs on (tried, see cpu.py)
+    return device, torch.bfloat16 if cpu_capability().bf16 else torch.float32
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

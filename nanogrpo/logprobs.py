@@ -1,0 +1,177 @@
+"""From token ids to per-token log-probs of the completions: the one path the loss, the KL reference and
+the metrics share.
+
+The model returns final hidden states; only the positions that predict a completion token are gathered,
+and kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
+
+The G completions of a prompt share it: the forward runs each prompt once, expands its keys/values to the
+group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
+row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
+large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
+of a group then share one dropout mask over the prompt.)
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from kernels.logprobs import token_logprobs
+
+from .kvcache import PrefixKV
+
+
+def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ids [B, T] and an attention mask [B, T] (1 real, 0 pad)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, T - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, T - len(s) :] = 1
+    return ids, mask
+
+
+@dataclass
+class Batch:
+    """Prompts + completions of one step (or one micro-batch), on the model's device."""
+
+    ids: torch.Tensor  # (N, Tp+Tc) left-padded prompt then completion
+    attn: torch.Tensor  # (N, Tp+Tc) 1 real, 0 padding
+    pos: torch.Tensor  # (N, Tp+Tc) position ids (0 at the first real token)
+    prompt_len: int  # Tp
+    targets: torch.Tensor  # (N, Tc) completion ids
+    mask: torch.Tensor  # (N, Tc) float, 1 on completion tokens
+    group: torch.Tensor  # (N,) long: rows with the same value share their prompt (and are adjacent)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def to(self, device: torch.device | str) -> Batch:
+        t = lambda x: x.to(device)
+        b = self
+        return Batch(t(b.ids), t(b.attn), t(b.pos), b.prompt_len, t(b.targets), t(b.mask), t(b.group))
+
+    def rows(self, sl: slice) -> Batch:
+        b = self
+        return Batch(b.ids[sl], b.attn[sl], b.pos[sl], b.prompt_len, b.targets[sl], b.mask[sl], b.group[sl])
+
+
+def make_batch(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
+) -> Batch:
+    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc].
+
+    Adjacent rows with the same prompt form a group (their prompt runs once in the forward).
+    """
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Tp+Tc)
+    # tokens after a completion's end only attend backwards (causal), so they cannot change earlier ones
+    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (N, Tp+Tc)
+    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (N, Tp+Tc)
+    new = torch.ones(len(ids), dtype=torch.bool)  # (N,) row starts a new group
+    new[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(1).cpu()
+    group = new.long().cumsum(0) - 1  # (N,)
+    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
+
+
+def micro_slices(n: int, micro: int) -> list[slice]:
+    """Row slices of at most `micro` rows (0 = one slice with everything)."""
+    micro = n if micro <= 0 else micro
+    return [slice(i, min(i + micro, n)) for i in range(0, n, micro)]
+
+
+class LogprobHead(torch.nn.Module):
+    """The Transformer and the fused log-prob head in one forward.
+
+    DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
+    not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        pos: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        prompt_len: int,
+        temperature: float,
+        group: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        Tp, Tc = prompt_len, targets.shape[1]
+        first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
+        if group is not None and Tp > 0:
+            first = torch.ones_like(group, dtype=torch.bool)
+            first[1:] = group[1:] != group[:-1]
+        if first is None or bool(first.all()):  # no prompt is shared: one pass over prompt + completion
+            hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
+            hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+        else:
+            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first)  # (N, Tc, H)
+        sel = mask.bool()  # (N, Tc)
+        h = hidden[sel]  # (n_tok, H)
+        weight = self.model.lm_head_weight  # (V, H)
+        if h.dtype != weight.dtype:
+            h = h.to(weight.dtype)
+        lp, ent = token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
+        entropy = torch.zeros_like(logp)  # (N, Tc)
+        logp = logp.masked_scatter(sel, lp.float())
+        entropy[sel] = ent.detach().float()
+        return logp, entropy
+
+    def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
+        """The hidden states that predict the completion tokens, each prompt run once for its group."""
+        heads = first.nonzero().squeeze(1)  # (P,) one row per prompt
+        owner = first.long().cumsum(0) - 1  # (N,) row -> its prompt in 0..P-1
+        prefix = PrefixKV(len(self.model.model.layers))
+        h_prompt = self.model(
+            ids[heads, :Tp],
+            attention_mask=attn[heads, :Tp],
+            position_ids=pos[heads, :Tp],
+            kv_cache=prefix,
+            return_hidden=True,
+        )  # (P, Tp, H)
+        h_first = h_prompt[:, -1:].index_select(0, owner)  # (N, 1, H) predicts completion token 0
+        if Tc == 1:
+            return h_first
+        # completion tokens 0..Tc-2 predict tokens 1..Tc-1; they see the whole prompt and, causally, each other
+        end = Tp + Tc - 1
+        h_rest = self.model(
+            ids[:, Tp:end],
+            attention_mask=attn[:, :end],
+            position_ids=pos[:, Tp:end],
+            kv_cache=prefix.expand(owner),
+            return_hidden=True,
+        )  # (N, Tc-1, H)
+        return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
+
+
+def completion_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(y_t | y_<t, x) and the entropy of pi(. | y_<t, x) for every completion token.
+
+    `model` is a Transformer or a LogprobHead (possibly inside DDP/FSDP). Returns logp (N, Tc) float32
+    (differentiable) and entropy (N, Tc) float32 (detached); both are 0 where mask is 0. Only masked-in
+    positions go through the LM head, so no [N, V] float32 logits tensor is ever built.
+    """
+    if not isinstance(getattr(model, "module", model), LogprobHead):
+        model = LogprobHead(model)
+    ctx = (
+        torch.autocast(batch.ids.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else nullcontext()
+    )
+    with ctx:
+        return model(
+            batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
+            batch.group,
+        )  # fmt: skip

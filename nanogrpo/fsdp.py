@@ -53,10 +53,6 @@ def shard(head: nn.Module, compute_dtype: torch.dtype | None = None, frozen: boo
     return head
 
 
-def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
-
-
 @contextlib.contextmanager
 def gathered(root: nn.Module) -> Iterator[None]:
     """Inside: every parameter of `root` is a full (unsharded) tensor on every rank. All ranks must enter.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nanogrpo.config import PRESETS, GRPOConfig
 from nanogrpo.data import demo_rows
+from nanogrpo.metrics import read_jsonl
 from nanogrpo.model_zoo import resolve_model
 
 from .ablate import Run, detect_collapse
@@ -113,7 +114,7 @@ def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
 
 def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     """Curves from a train.py run folder's metrics.jsonl (missing values become nan)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     get = lambda r, k: float(r[k]) if r.get(k) is not None else math.nan  # noqa: E731
     return {k: [get(r, k) for r in rows] for k in ("kl", "entropy", "reward", "grad_norm")}
 

@@ -4,7 +4,8 @@
 has a final base-vs-trained evaluation) and writes index.html with everything inline: CSS, a few lines
 of JS, the curves as SVG drawn here (no plotting library, no CDN), and every logged group: prompt,
 reference, each completion with its reward, every grader's score, the judge's marks and reason, and
-the advantage. It tolerates a run in progress (a half-written last line is skipped).
+the advantage. It tolerates a run in progress: the logs are read as the trainer reads them on resume
+(metrics.read_jsonl), so a half-written last line is skipped and a damaged line before it is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.evaluate import prompt_text
+from nanogrpo.metrics import read_jsonl
 
 # Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.
 PANELS: list[tuple[str, list[str]]] = [
@@ -54,19 +56,6 @@ td.text{min-width:420px;max-width:760px}.reason{color:#555;font-style:italic}
 JS = """
 function setAll(open){document.querySelectorAll('details.step').forEach(d=>d.open=open)}
 """
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the trainer may be writing this line right now
-            if isinstance(obj, dict):
-                rows.append(obj)
-    return rows
 
 
 def _num(x: Any) -> float | None:
@@ -287,8 +276,8 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
     cfg_path, ev_path = run_dir / "config.json", run_dir / "eval.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
     ev = json.loads(ev_path.read_text()) if ev_path.exists() else None
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
-    samples = _read_jsonl(run_dir / "samples.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")  # the trainer's reader: a torn last line is dropped
+    samples = read_jsonl(run_dir / "samples.jsonl")
     last = metrics[-1] if metrics else {}
     summary = " · ".join(
         f"{k} {last[k] if k == 'step' else _fmt(last.get(k))}"

@@ -193,6 +193,20 @@ def test_page_of_an_empty_or_missing_run(tmp_path):
         write_report(tmp_path / "absent")
 
 
+def test_page_reads_the_logs_as_the_trainer_does(tmp_path):
+    """The logs are JSON lines split on newlines only: a completion holding U+2028 or NEL (written raw, as
+    ensure_ascii=False writes them) keeps its step; a damaged line before the last names the file and line."""
+    run = make_fake_run(tmp_path)
+    step = {"step": 12, "groups": [{"id": "odd", "prompt": "p", "completions": [{"text": "a\u2028b\x85c"}]}]}
+    with (run / "samples.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(step, ensure_ascii=False) + "\n")
+    assert 'data-step="12"' in write_report(run).read_text(encoding="utf-8")
+    lines = (run / "metrics.jsonl").read_text().split("\n")
+    (run / "metrics.jsonl").write_text("\n".join(lines[:3] + ['{"step": 4, "lo'] + lines[4:]))
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 4"):
+        write_report(run)
+
+
 def test_page_keeps_first_and_latest_steps(tmp_path):
     run = make_fake_run(tmp_path)
     page = write_report(run, max_sample_steps=2).read_text()

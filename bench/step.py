@@ -89,6 +89,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         SamplingConfig,
         TrainConfig,
     )
+    from nanogrpo.metrics import read_jsonl
     from rewards.options import RewardConfig
 
     mem = MemoryMonitor()
@@ -136,7 +137,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         reward=RewardConfig(spec="rouge_l:1"),
     )
     train.main(cfg)
-    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(out_dir / "metrics.jsonl")
     timed = steps[a.warmup :]
     return {
         "version": "nanogrpo",

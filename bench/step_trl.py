@@ -4,7 +4,6 @@ nanogrpo's side, timed per step in its own process (see bench/step.py for what i
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from nanogrpo.config import ModelConfig
+    from nanogrpo.data import load_rows
     from nanogrpo.device import resolve_device_dtype
     from nanogrpo.model_zoo import resolve_model
     from rewards import Sample, build_reward
@@ -42,7 +42,7 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     model_dir = resolve_model(a.model)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows = load_rows(data)
     dataset = Dataset.from_list([{"prompt": r["prompt"], "reference": r["reference"]} for r in rows])
     grader = build_reward(RewardConfig(spec="rouge_l:1"))
 

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nanogrpo.metrics import fsync_path, replace_atomically
+
 FORMAT = "nanogrpo.trainer_state/2"  # 1 (unversioned) was a pickle of Python and numpy objects
 STATE = "trainer_state.pt"
 
@@ -62,15 +64,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync(path: Path) -> None:
-    """Flush a file (or a folder's entries) to the disk: a rename is durable only after both are."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     ckpt_root: Path,
     step: int,
@@ -101,17 +94,11 @@ def save_checkpoint(
     }
     torch.save(state, tmp / STATE)
     for p in tmp.iterdir():
-        _fsync(p)
-    _fsync(tmp)
+        fsync_path(p)
+    fsync_path(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    latest_tmp = ckpt_root / ".latest.tmp"
-    with latest_tmp.open("w") as f:
-        f.write(final.name)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest_tmp, ckpt_root / "latest")  # the pointer moves only once the folder is complete
-    _fsync(ckpt_root)
+    replace_atomically(ckpt_root / "latest", final.name)  # the pointer moves only once the folder is complete
     old = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)

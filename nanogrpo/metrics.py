@@ -78,9 +78,18 @@ def _parse_lines(path: Path) -> tuple[list[str], list[dict], bool]:
     return lines, objs, False
 
 
-def _replace_atomically(path: Path, text: str) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file (or a folder's entries) to the disk: a rename is durable only after both are."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: Path, text: str) -> None:
     """path's content becomes text, or (on a crash or a full disk) stays what it was: a new file, fsynced,
-    renamed over the old one."""
+    renamed over the old one. Also the run page's and the checkpoint pointer's write."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
@@ -91,11 +100,7 @@ def _replace_atomically(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself is durable once the folder is synced
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)  # the rename itself is durable once the folder is synced
 
 
 class JsonlWriter:
@@ -113,7 +118,7 @@ class JsonlWriter:
         keep = [ln for ln, o in zip(lines, objs) if o.get("step", 0) <= step]
         dropped = len(lines) - len(keep) + torn
         if dropped or not self.path.read_bytes().endswith(b"\n"):  # the next line must start a line
-            _replace_atomically(self.path, "".join(ln + "\n" for ln in keep))
+            replace_atomically(self.path, "".join(ln + "\n" for ln in keep))
         return dropped
 
     def write(self, obj: dict) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.evaluate import prompt_text
-from nanogrpo.metrics import read_jsonl
+from nanogrpo.metrics import read_jsonl, replace_atomically
 
 # Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.
 PANELS: list[tuple[str, list[str]]] = [
@@ -297,7 +297,5 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
         f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"
     )
     out = run_dir / "index.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)  # atomic: a browser never sees half a page
+    replace_atomically(out, page)  # a browser never sees half a page
     return out

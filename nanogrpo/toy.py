@@ -124,10 +124,10 @@ def toy_optimum(betas: list[float], s: ToySettings) -> dict[str, dict[str, float
     pol = TabularPolicy(V=3, T=4)
     theta_ref = toy_reference(pol, s)
     lref, r, out = pol.seq_logp(theta_ref), toy_reward(pol), {}
+    h0 = pol.entropy(theta_ref)
     for b in betas:
         ls = optimal_policy_logp(pol, theta_ref, r, b)
         p = torch.exp(ls)
-        h0 = -(torch.exp(lref) * lref).sum()
         out[f"{b:g}"] = {
             "kl": float((p * (ls - lref)).sum()),
             "entropy_frac": float(-(p * ls).sum() / h0),

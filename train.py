@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -25,14 +25,16 @@ from tqdm import tqdm
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo
 from nanogrpo.config import PRESETS, TrainConfig, check_config
-from nanogrpo.data import PromptOrder, load_task, prompt_text, tokenize_prompts
+from nanogrpo.data import PromptOrder, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
-from nanogrpo.logprobs import completion_logprobs, make_batch, micro_slices, pad_left
+from nanogrpo.logprobs import make_batch, pad_left
 from nanogrpo.metrics import Logger, console_line, plot_metrics
-from nanogrpo.policy import load_policy, prompt_budget
+from nanogrpo.optim import build_optimizer, build_scheduler
+from nanogrpo.policy import Policy, in_slices, load_policy, prompt_budget, sft_update, update
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
-from nanogrpo.sampling import generate
-from rewards import Sample, build_reward, mean_metrics
+from nanogrpo.rollout import rollout
+from nanogrpo.summary import grpo_summary, sample_groups
+from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 
 
@@ -64,15 +66,10 @@ def main(cfg: TrainConfig) -> dict:
 
     # ---------------------------------------------------------------- model, tokenizer, optimizer
     policy = load_policy(cfg, device, dtype)
-    model, tok = policy.model, policy.tokenizer
     if world > 1 and dist.is_main():
         how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
         print(f"torchrun: {world} ranks, the policy {how}")
-    pad_id, eos_ids = policy.pad_id, policy.eos_ids
-    params = [p for p in model.parameters() if p.requires_grad]
-    from nanogrpo.optim import build_optimizer, build_scheduler
-
-    opt = build_optimizer(params, cfg.optim)
+    opt = build_optimizer([p for p in policy.model.parameters() if p.requires_grad], cfg.optim)
     sched = build_scheduler(opt, cfg.optim, cfg.steps * cfg.grpo.num_iterations)
     order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
     logger = Logger(
@@ -100,9 +97,9 @@ def main(cfg: TrainConfig) -> dict:
             else:  # the run died before its first checkpoint: its logged steps will be run again
                 print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
 
-    G = cfg.grpo.group_size if cfg.algo == "grpo" else 1
+    run = Run(cfg, policy, opt, sched, reward_fn, logger, device)
+    step_fn = grpo_step if cfg.algo == "grpo" else sft_step  # a training stage is a step function
     P_local = cfg.prompts_per_step // world
-    temp = cfg.sampling.temperature
     bar = tqdm(
         range(step0, cfg.steps),
         initial=step0,
@@ -114,201 +111,9 @@ def main(cfg: TrainConfig) -> dict:
         t0 = time.perf_counter()
         # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
         idx = order.take(cfg.prompts_per_step)[rank * P_local : (rank + 1) * P_local]
-        batch_rows = [rows[i] for i in idx]
-        prompts = [r["_prompt_ids"] for r in batch_rows]  # (P,) token lists, rendered at start-up
-        m: dict = {"step": step + 1}
-
-        if cfg.algo == "sft":
-            # ---------------------------------------------------- SFT: NLL of the reference given the prompt
-            comp = [
-                tok(r["reference"], add_special_tokens=False)["input_ids"] + eos_ids[:1] for r in batch_rows
-            ]
-            Tc = max(len(c) for c in comp)
-            completion_ids = torch.tensor([c + [pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
-            cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
-            p_ids, p_mask = pad_left(prompts, pad_id)
-            batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
-            n_tok = dist.sum_floats({"n": float(cmask.sum())})["n"]
-            t1 = time.perf_counter()
-            model.train()
-            loss_sum = 0.0
-            slices = micro_slices(len(batch), cfg.micro_batch)
-            for k, sl in enumerate(slices):
-                mb = batch.rows(sl)
-                with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
-                    logp, _ = completion_logprobs(model, mb, 1.0, policy.autocast)
-                    loss = -(logp * mb.mask).sum() / n_tok
-                    policy.backward(loss)
-                loss_sum += loss.item()
-            m.update(loss=dist.sum_floats({"l": loss_sum})["l"], t_sample=0.0, t_score=0.0, tokens=n_tok)
-            m["len_mean"] = n_tok / cfg.prompts_per_step
-        else:
-            # ---------------------------------------------------- 1. sample G completions per prompt
-            model.eval()
-            # one stream per prompt, seeded by (seed, step, index in the global batch): resume needs no
-            # generator state, and a prompt samples the same on any rank or in any batch
-            gens = [
-                torch.Generator(device=device).manual_seed(
-                    (cfg.seed * 1_000_003 + step) * 4099 + rank * P_local + i
-                )
-                for i in range(len(prompts))
-            ]
-            with policy.gathered(), torch.inference_mode():  # FSDP: full weights for the sampler
-                gen = generate(
-                    policy.core,
-                    prompts,
-                    group_size=G,
-                    max_new_tokens=cfg.sampling.max_new_tokens,
-                    temperature=temp,
-                    top_p=cfg.sampling.top_p,
-                    top_k=cfg.sampling.top_k,
-                    eos_ids=eos_ids,
-                    stop_strings=cfg.sampling.stop,
-                    tokenizer=tok,
-                    generator=gens,
-                    pad_id=pad_id,
-                )
-            completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
-            lengths = cmask.sum(1)  # (N,)
-            texts = gen.texts(
-                tok, cfg.sampling.stop
-            )  # a stop string ends the text, kept (sampling.finish_text)
-            t1 = time.perf_counter()
-
-            # ---------------------------------------------------- 2. score
-            samples = [
-                Sample(prompt=prompt_text(r), completion=texts[i * G + j], group=i, row=r)
-                for i, r in enumerate(batch_rows)
-                for j in range(G)
-            ]
-            rewards, components = reward_fn(samples)
-            n_valid = dist.sum_floats({"n": float(sum(r is not None for r in rewards))})["n"]
-            reward_fn.empty_steps.update(n_valid)  # --reward.max-empty-steps in a row without a reward: stop
-            reward = torch.tensor([float("nan") if r is None else r for r in rewards])  # (N,)
-            t2 = time.perf_counter()
-
-            # ---------------------------------------------------- 3. advantages (KL in the reward first)
-            p_ids, p_mask = pad_left(prompts, pad_id)
-            p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
-            batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
-            sampler_logp = gen.logp.float().to(device) * batch.mask  # (N, Tc) what the sampler drew with
-            slices = micro_slices(len(batch), cfg.micro_batch)
-            ref_logp = kl_pen = None
-            if cfg.grpo.kl_placement != "none":
-                ref_logp = torch.cat(
-                    [policy.reference_logprobs(batch.rows(sl), temp) for sl in slices]
-                )  # (N, Tc)
-            score = reward  # (N,) NaN where no grader applied: such rows are left out of their group
-            if cfg.grpo.kl_placement == "reward":
-                # both sides on the trainer's path (not the sampler's log-probs): pi == ref gives exactly 0
-                pi_logp = torch.cat(
-                    [policy.trainer_logprobs(batch.rows(sl), temp) for sl in slices]
-                )  # (N, Tc)
-                kl_pen = grpo.kl_penalty(pi_logp, ref_logp, batch.mask, cfg.grpo).cpu()  # (N,)
-                score = reward - cfg.grpo.beta * kl_pen  # (N,)
-            adv, zero_std = grpo.compute_advantages(score, cfg.grpo)  # (N,), (P,)
-            adv = adv.to(device)
-
-            # ---------------------------------------------------- 4-6. loss, backward, mu passes
-            counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
-            model.train()
-            old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
-            stats_sum: dict[str, float] | None = None
-            ent_sum = loss_sum = 0.0
-            for it in range(cfg.grpo.num_iterations):
-                if it > 0:
-                    policy.step(opt, sched, cfg.optim.grad_clip)  # passes after the first are off-policy
-                for k, sl in enumerate(slices):
-                    mb = batch.rows(sl)
-                    with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
-                        logp, ent = completion_logprobs(model, mb, temp, policy.autocast)  # (n, Tc)
-                        if it == 0:  # pi_old: the first pass runs the weights the samples came from
-                            old_logp[sl] = logp.detach()
-                        loss, stats = grpo.grpo_loss(
-                            logp,
-                            old_logp[sl],
-                            None if ref_logp is None else ref_logp[sl],
-                            adv[sl],
-                            mb.mask,
-                            cfg.grpo,
-                            num_seqs=counts["seqs"],
-                            num_tokens=counts["tokens"],
-                            max_len=cfg.sampling.max_new_tokens,
-                            sampler_logp=sampler_logp[sl],  # the sampler-trainer gap: logged, corrected
-                        )
-                        policy.backward(loss)
-                    if it == 0:  # metrics describe the on-policy pass
-                        ent_sum += float((ent * mb.mask).sum())
-                        stats_sum = grpo.accumulate_stats(stats_sum, stats)
-                        loss_sum += float(loss.detach())
-            # ---------------------------------------------------- metrics of the step (summed over ranks)
-            valid = ~reward.isnan()
-            sums = {
-                "r": float(reward[valid].sum()),
-                "r2": float((reward[valid] ** 2).sum()),
-                "n_r": float(valid.sum()),
-                "zero": float(zero_std.sum()),
-                "groups": float(len(zero_std)),
-                "ent": ent_sum,
-                "len": float(lengths.sum()),
-                "trunc": float(gen.truncated.sum()),
-                "loss": loss_sum,
-                **{f"s/{k}": v for k, v in stats_sum.items() if not grpo.is_max_stat(k)},
-            }
-            for name, vals in components.items():
-                ok = [v for v in vals if v is not None]
-                sums[f"c/{name}"], sums[f"cn/{name}"] = float(sum(ok)), float(len(ok))
-            sums = dist.sum_floats(sums)
-            len_max = dist.max_floats({"len": float(lengths.max())})["len"]
-            n_r = sums["n_r"]  # completions with a reward: 0 when the judge scored nothing this step
-            mean_r = sums["r"] / n_r if n_r else None  # null in metrics.jsonl, not a measured 0
-            m.update(
-                reward=mean_r,
-                reward_std=max(0.0, sums["r2"] / n_r - mean_r**2) ** 0.5 if n_r else None,
-                **{
-                    f"reward/{k[2:]}": (sums[k] / sums["cn/" + k[2:]] if sums["cn/" + k[2:]] else None)
-                    for k in sums
-                    if k.startswith("c/")
-                },
-                frac_zero_std=sums["zero"] / sums["groups"],
-                entropy=sums["ent"] / counts["tokens"],
-                len_mean=sums["len"] / counts["seqs"],
-                len_max=len_max,
-                trunc_rate=sums["trunc"] / counts["seqs"],
-                reward_none=counts["seqs"] - sums["n_r"],
-                tokens=counts["tokens"],
-                loss=sums["loss"],
-                **grpo.finalize_stats(
-                    {
-                        **{k[2:]: v for k, v in sums.items() if k.startswith("s/")},
-                        **dist.max_floats({k: v for k, v in stats_sum.items() if grpo.is_max_stat(k)}),
-                    }
-                ),
-            )
-            if ref_logp is None:
-                m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
-            if kl_pen is not None:
-                m["kl_reward"] = dist.sum_floats({"k": float(kl_pen.sum())})["k"] / counts["seqs"]
-            m.update(t_sample=t1 - t0, t_score=t2 - t1)
-            m.update(
-                mean_metrics(dist.sum_floats(reward_fn.metrics()))
-            )  # judge tokens, seconds, retries, unparsable, ...
-
-            if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
-                logger.log_samples(
-                    step + 1, _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn)
-                )
-
-        # -------------------------------------------------------------------- 7. optimizer step, log, save
-        gn = policy.step(opt, sched, cfg.optim.grad_clip)
-        t_end = time.perf_counter()
-        m.update(
-            grad_norm=gn,
-            lr=sched.get_last_lr()[0],
-            t_train=t_end - (t1 if cfg.algo == "sft" else t2),
-            t_step=t_end - t0,
-            tok_per_s=m["tokens"] / max(t_end - t0, 1e-9),
-        )
+        m = step_fn(run, step, [rows[i] for i in idx], rank * P_local)
+        t_step = time.perf_counter() - t0
+        m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
         logger.log(m)
         if dist.is_main():
             bar.set_postfix_str(console_line(m).split(" | ")[1])  # the reward (or the SFT loss)
@@ -336,6 +141,66 @@ def main(cfg: TrainConfig) -> dict:
     release_run_dir(out)  # the folder's lock (nanogrpo/resume.py)
     dist.shutdown()
     return summary
+
+
+@dataclass
+class Run:
+    """What every step of a run works with."""
+
+    cfg: TrainConfig
+    policy: Policy
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    reward_fn: RewardFunction | None
+    logger: Logger
+    device: torch.device
+
+
+def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
+    """One GRPO step on this rank's prompts (`first`: the index of rows[0] in the step's global batch)."""
+    cfg, policy, g = run.cfg, run.policy, run.cfg.grpo
+    roll = rollout(policy, rows, step, first, cfg, run.device)  # 1. sample G completions per prompt
+    t1 = time.perf_counter()
+    rewards, parts = run.reward_fn(roll.samples)  # 2. score: a score per completion, or None
+    n_valid = dist.sum_floats({"n": float(sum(r is not None for r in rewards))})["n"]
+    run.reward_fn.empty_steps.update(n_valid)  # --reward.max-empty-steps in a row without a reward: stop
+    reward = torch.tensor([float("nan") if r is None else r for r in rewards])  # (N,)
+    t2 = time.perf_counter()
+    temp, micro = cfg.sampling.temperature, cfg.micro_batch
+    ref_logp = kl_pen = None  # 3. the reference, and the KL in the reward (both sides on the trainer's path)
+    if g.kl_placement != "none":
+        ref_logp = in_slices(lambda b: policy.reference_logprobs(b, temp), roll.batch, micro)  # (N, Tc)
+    score = reward  # (N,) NaN where no grader applied: such rows are left out of their group
+    if g.kl_placement == "reward":
+        pi_logp = in_slices(lambda b: policy.trainer_logprobs(b, temp), roll.batch, micro)  # (N, Tc)
+        kl_pen = grpo.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
+        score = reward - g.beta * kl_pen  # (N,)
+    adv, zero_std = grpo.compute_advantages(score, g)  # 4. advantages: (N,), (P,)
+    upd = update(policy, run.opt, run.sched, roll.batch, adv.to(run.device), ref_logp, roll.sampler_logp, cfg)
+    m = {"step": step + 1, **grpo_summary(roll, reward, parts, zero_std, upd, kl_pen, ref_logp is not None)}
+    m.update(t_sample=roll.seconds, t_score=t2 - t1)
+    m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))  # judge tokens, seconds, retries, ...
+    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t2)
+    if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
+        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, run.reward_fn.details()))
+    return m
+
+
+def sft_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
+    """One SFT step: the NLL of each row's reference given its prompt."""
+    t1 = time.perf_counter()
+    policy, tok = run.policy, run.policy.tokenizer
+    comp = [tok(r["reference"], add_special_tokens=False)["input_ids"] + policy.eos_ids[:1] for r in rows]
+    Tc = max(len(c) for c in comp)
+    completion_ids = torch.tensor([c + [policy.pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
+    cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
+    p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], policy.pad_id)
+    batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(run.device)
+    upd = sft_update(policy, run.opt, run.sched, batch, run.cfg)
+    m = {"step": step + 1, "loss": dist.sum_floats({"l": upd.loss})["l"], "t_sample": 0.0, "t_score": 0.0}
+    m.update(tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
+    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
+    return m
 
 
 def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
@@ -367,36 +232,6 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
     print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
     print(format_paired_table(res["summary"]))
     return res["summary"]
-
-
-def _groups(batch_rows, texts, reward, components, adv, lengths, G, reward_fn) -> list[dict]:
-    """The step's groups for samples.jsonl and the run page."""
-    details = reward_fn.details()  # {'judge': [marks and reason per completion], ...}
-    groups = []
-    for i, r in enumerate(batch_rows):
-        comps = []
-        for j in range(G):
-            k = i * G + j
-            c = {
-                "text": texts[k],
-                "reward": None if reward[k].isnan() else float(reward[k]),
-                "scores": {name: vals[k] for name, vals in components.items()},
-                "advantage": float(adv[k]),
-                "length": int(lengths[k]),
-            }
-            for name, vals in details.items():
-                if vals[k] is not None:
-                    c[name] = vals[k]
-            comps.append(c)
-        groups.append(
-            {
-                "id": r.get("id"),
-                "prompt": prompt_text(r),
-                "reference": r.get("reference"),
-                "completions": comps,
-            }
-        )
-    return groups
 
 
 def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from . import dist, lora
+from . import dist, grpo, lora
 from .checkpoint import load_full_weights, save_full_weights, write_full_weights
 from .config import TrainConfig
-from .logprobs import Batch, LogprobHead, completion_logprobs
+from .logprobs import Batch, LogprobHead, completion_logprobs, micro_slices
 from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
 
@@ -176,6 +176,86 @@ class Policy:
                 if (self.model_dir / name).is_file():
                     shutil.copyfile(self.model_dir / name, folder / name)
         self.tokenizer.save_pretrained(str(folder))
+
+
+def in_slices(fn: Callable[[Batch], torch.Tensor], batch: Batch, micro: int) -> torch.Tensor:
+    """fn over the batch's rows in micro-batches of `micro` (0 = all at once), concatenated: (N, Tc)."""
+    return torch.cat([fn(batch.rows(sl)) for sl in micro_slices(len(batch), micro)])
+
+
+@dataclass
+class Update:
+    """What one update did, on this rank (the metrics describe the first, on-policy pass)."""
+
+    seqs: float  # completions of the step, summed over ranks
+    tokens: float  # completion tokens of the step, summed over ranks
+    stats: dict[str, float]  # grpo_loss's stats, summed over micro-batches (the *_max ones maxed)
+    entropy: float  # sum over this rank's tokens
+    loss: float  # this rank's share of the loss
+    grad_norm: float  # before clipping, at the last optimizer step
+
+
+def update(
+    policy: Policy,
+    opt,
+    sched,
+    batch: Batch,
+    adv: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    sampler_logp: torch.Tensor,
+    cfg: TrainConfig,
+) -> Update:
+    """num_iterations passes of the GRPO loss over the batch, micro-batch by micro-batch, each pass ended by
+    an optimizer step; passes after the first are off-policy.
+
+    The loss is normalised by the step's counts summed over all ranks, so the sum over micro-batches and
+    ranks is the full-batch loss. pi_old is the first pass's own log-probs (the weights the samples came
+    from), not the sampler's: the sampler's go in as `sampler_logp`, to log the gap and, with
+    --grpo.is-correction, to correct it."""
+    g, temp = cfg.grpo, cfg.sampling.temperature
+    slices = micro_slices(len(batch), cfg.micro_batch)
+    counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+    policy.model.train()
+    old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
+    stats: dict[str, float] | None = None
+    ent_sum = loss_sum = grad_norm = 0.0
+    for it in range(g.num_iterations):
+        for k, sl in enumerate(slices):
+            mb = batch.rows(sl)
+            with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
+                logp, ent = completion_logprobs(policy.model, mb, temp, policy.autocast)  # (n, Tc)
+                if it == 0:  # pi_old: the first pass runs the weights the samples came from
+                    old_logp[sl] = logp.detach()
+                loss, mb_stats = grpo.grpo_loss(
+                    logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
+                    num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
+                    sampler_logp=sampler_logp[sl],
+                )  # fmt: skip
+                policy.backward(loss)
+            if it == 0:  # metrics describe the on-policy pass
+                ent_sum += float((ent * mb.mask).sum())
+                stats = grpo.accumulate_stats(stats, mb_stats)
+                loss_sum += float(loss.detach())
+        grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
+    return Update(counts["seqs"], counts["tokens"], stats, ent_sum, loss_sum, grad_norm)
+
+
+def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Update:
+    """One SFT step: the NLL of the reference tokens given the prompt, per token of the step (all ranks),
+    micro-batch by micro-batch, then the optimizer step."""
+    n_tok = dist.sum_floats({"n": float(batch.mask.sum())})["n"]
+    policy.model.train()
+    loss_sum = 0.0
+    slices = micro_slices(len(batch), cfg.micro_batch)
+    for k, sl in enumerate(slices):
+        mb = batch.rows(sl)
+        with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
+            logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)
+            loss = -(logp * mb.mask).sum() / n_tok
+            policy.backward(loss)
+        loss_sum += loss.item()
+    grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
+    return Update(float(len(batch)), n_tok, {}, 0.0, loss_sum, grad_norm)
 
 
 def merge_into_base(model: torch.nn.Module) -> None:

@@ -1,0 +1,106 @@
+"""One step's numbers for metrics.jsonl and the console: totals reduced over ranks, then turned into means.
+
+Every number a rank contributes is a total of its own rows, declared with how it combines across ranks
+(`Totals`: sums add, maxes take the max); `reduce()` does the collectives, and only then are means taken,
+so a logged mean is the mean over the whole step, not a mean of per-rank means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import dist, grpo
+
+
+@dataclass
+class Totals:
+    """One rank's totals: `sums` add up over ranks, `maxes` take the max over ranks."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    maxes: dict[str, float] = field(default_factory=dict)
+
+    def reduce(self) -> Totals:
+        """The totals over all ranks (every rank must call it, with the same keys)."""
+        return Totals(dist.sum_floats(self.sums), dist.max_floats(self.maxes))
+
+
+def grpo_summary(
+    roll, reward: torch.Tensor, parts: dict, zero_std: torch.Tensor, upd, kl_pen, has_ref
+) -> dict:
+    """The logged means of a GRPO step: rewards (each grader's too), group spread, entropy, lengths,
+    the loss's stats (grpo.finalize_stats) and, when there is one, the KL."""
+    valid = ~reward.isnan()  # (N,) completions some grader scored
+    t = Totals(
+        sums={
+            "r": float(reward[valid].sum()),
+            "r2": float((reward[valid] ** 2).sum()),
+            "n_r": float(valid.sum()),
+            "zero": float(zero_std.sum()),
+            "groups": float(len(zero_std)),
+            "ent": upd.entropy,
+            "len": float(roll.lengths.sum()),
+            "trunc": float(roll.truncated.sum()),
+            "loss": upd.loss,
+        },
+        maxes={"len": float(roll.lengths.max())},
+    ).reduce()
+    loss_stats = Totals(
+        {k: v for k, v in upd.stats.items() if not grpo.is_max_stat(k)},
+        {k: v for k, v in upd.stats.items() if grpo.is_max_stat(k)},
+    ).reduce()
+    scored = {name: [x for x in vals if x is not None] for name, vals in parts.items()}  # each grader's
+    graders = Totals({name: float(sum(ok)) for name, ok in scored.items()}).reduce().sums
+    counts = Totals({name: float(len(ok)) for name, ok in scored.items()}).reduce().sums
+    s, n_r = t.sums, t.sums["n_r"]  # n_r: completions with a reward, 0 when the judge scored nothing
+    mean_r = s["r"] / n_r if n_r else None  # null in metrics.jsonl, not a measured 0
+    m = {
+        "reward": mean_r,
+        "reward_std": max(0.0, s["r2"] / n_r - mean_r**2) ** 0.5 if n_r else None,
+        **{f"reward/{k}": (graders[k] / counts[k] if counts[k] else None) for k in parts},
+        "frac_zero_std": s["zero"] / s["groups"],
+        "entropy": s["ent"] / upd.tokens,
+        "len_mean": s["len"] / upd.seqs,
+        "len_max": t.maxes["len"],
+        "trunc_rate": s["trunc"] / upd.seqs,
+        "reward_none": upd.seqs - n_r,
+        "tokens": upd.tokens,
+        "loss": s["loss"],
+        **grpo.finalize_stats({**loss_stats.sums, **loss_stats.maxes}),
+    }
+    if not has_ref:
+        m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
+    if kl_pen is not None:
+        m["kl_reward"] = Totals({"k": float(kl_pen.sum())}).reduce().sums["k"] / upd.seqs
+    return m
+
+
+def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, details: dict) -> list[dict]:
+    """The step's groups for samples.jsonl and the run page: each completion with its scores and advantage."""
+    G = len(roll.texts) // len(roll.rows)
+    groups = []
+    for i, r in enumerate(roll.rows):
+        comps = []
+        for j in range(G):
+            k = i * G + j
+            c = {
+                "text": roll.texts[k],
+                "reward": None if reward[k].isnan() else float(reward[k]),
+                "scores": {name: vals[k] for name, vals in parts.items()},
+                "advantage": float(adv[k]),
+                "length": int(roll.lengths[k]),
+            }
+            for name, vals in details.items():
+                if vals[k] is not None:
+                    c[name] = vals[k]
+            comps.append(c)
+        groups.append(
+            {
+                "id": r.get("id"),
+                "prompt": roll.samples[i * G].prompt,
+                "reference": r.get("reference"),
+                "completions": comps,
+            }
+        )
+    return groups

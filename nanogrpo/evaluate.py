@@ -18,7 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nanogrpo import stats
+from nanogrpo import judge_backend, stats
+
+judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model
 
 ANSWER_METRICS: dict[str, Callable[[str, list[str]], float]] = {
     "em": stats.exact_match,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards import RewardConfig, Sample, build_reward
+from rewards.agreement import kendall_tau_b, pairwise_accuracy
 from rewards.registry import mean_metrics
 from rewards.rows import DataError, check_prompt
 from rewards.rows import read_rows as read_rows_checked
@@ -126,8 +127,6 @@ def percentile_ranks(values: list[float]) -> list[float]:
 
 def agreement(rows, scores, groups, top: int) -> dict[str, Any]:
     """Kendall tau-b, pairwise accuracy within groups and the largest disagreements (None/nan if n/a)."""
-    from nanogrpo.stats import kendall_tau_b, pairwise_accuracy
-
     both = [i for i, r in enumerate(rows) if r.get("human") is not None and scores[i] is not None]
     out: dict[str, Any] = {"n": len(both), "kendall_tau": None, "pairwise_accuracy": None, "pairs": 0}
     out["disagreements"] = []

@@ -474,10 +474,15 @@ class OpenAIClient:
 
 
 def check_endpoint(cfg: JudgeConfig, flag: str = "--reward.judge") -> None:
-    """At start-up: the judge server of `cfg` answers (OpenAIClient.check); a local backend needs none."""
+    """At start-up: the judge server of `cfg` answers (OpenAIClient.check); a local backend needs no
+    server, only a model backend registered (rewards.local_client.set_backend; nanogrpo registers one)."""
     if cfg.backend == "openai":
         OpenAIClient(cfg).check(flag)
-    elif cfg.backend != "local":
+    elif cfg.backend == "local":
+        from rewards.local_client import get_backend
+
+        get_backend()
+    else:
         raise ValueError(f"{flag}.backend must be 'openai' or 'local', got {cfg.backend!r}")
 
 

@@ -1,8 +1,13 @@
-"""The judges' local backend: a model folder run in-process with nanogrpo.model, greedy decoding.
+"""The judges' local backend: a model folder run in-process, greedy decoding.
+
+rewards imports nothing of the trainer, so the model comes from a `LocalBackend` handed in: a
+resolver of model names, a loader and a sampler. nanogrpo registers its own (nanogrpo.model,
+nanogrpo.sampling, nanogrpo.model_zoo's names 'tiny' and 'smollm2') with `set_backend` before it
+builds rewards; another program registers its own, or passes one to `LocalClient`.
 
 Two ways to answer a request:
 - free replies (the generative rubric readout, any request without a shape) are greedy decoding with
-  nanogrpo.sampling.generate; log-probs, when asked for, come from one extra forward pass over
+  the backend's `generate`; log-probs, when asked for, come from one extra forward pass over
   prompt + reply (the sampler keeps only the chosen token's log-prob), top-k of the full softmax;
 - replies of fixed shape (the judges' JSON: a request carries its `shape`, literal text and slots)
   are filled slot by slot over one KV cache: literal text is fed as is, a mark slot takes the most
@@ -19,6 +24,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rewards.llm_client import ChatRequest, Reply, Slot, TokenLogprob
@@ -37,15 +45,59 @@ def _logaddexp(a: float, b: float) -> float:
     return hi + math.log1p(math.exp(lo - hi))
 
 
+@dataclass(frozen=True)
+class LocalBackend:
+    """What the local judge needs from the program that runs it.
+
+    resolve(name) -> an HF model folder (config.json, *.safetensors, tokenizer) for a model name or path.
+    load(folder, dtype, device) -> the model: `model(ids)` gives logits (B, T, V) for ids (B, T),
+      `model(ids, kv_cache=cache)` the same over a cache from `model.new_kv_cache(batch, max_len)`;
+      `model.config.eos_token_ids` (an id or a list) and `model.lm_head_weight` (for its device).
+    generate(model, prompts, max_new_tokens, temperature, eos_ids, pad_id) -> an object with
+      `completion_ids` (B, T) and `mask` (B, T), 1 on the generated tokens.
+    """
+
+    resolve: Callable[[str], Path]
+    load: Callable[[Path, Any, str], Any]
+    generate: Callable[..., Any]
+
+
+_backend: LocalBackend | None = None
+
+
+def set_backend(backend: LocalBackend | None) -> None:
+    """Register the backend that local judges (and probes, for model names) use; None unregisters."""
+    global _backend
+    _backend = backend
+
+
+def get_backend() -> LocalBackend:
+    if _backend is None:
+        raise ValueError(
+            "the local judge has no model backend: run it through nanogrpo (train.py, eval.py), or register "
+            "one with rewards.local_client.set_backend(LocalBackend(resolve, load, generate))"
+        )
+    return _backend
+
+
+def resolve_model(name: str) -> Path:
+    """A model name or path -> its folder, through the registered backend; without one, a folder only."""
+    if _backend is not None:
+        return _backend.resolve(name)
+    if not Path(name).expanduser().is_dir():
+        raise ValueError(
+            f"model {name!r} is not a folder, and no backend is registered to resolve model names "
+            "(nanogrpo's: `python -m nanogrpo.model_zoo NAME` prints the folder of 'tiny' or 'smollm2')"
+        )
+    return Path(name).expanduser()
+
+
 class LocalClient:
     """A model folder ('smollm2', 'tiny' or a path) answering chat requests in-process."""
 
-    def __init__(self, cfg: JudgeConfig):
+    def __init__(self, cfg: JudgeConfig, backend: LocalBackend | None = None):
         import torch
         from transformers import AutoTokenizer
-
-        from nanogrpo.model import Transformer
-        from nanogrpo.model_zoo import resolve_model
 
         if not cfg.model:
             raise ValueError(
@@ -54,9 +106,10 @@ class LocalClient:
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
         if cfg.dtype not in dtypes:
             raise ValueError(f"--reward.judge.dtype must be one of {sorted(dtypes)}, got {cfg.dtype!r}")
-        path = resolve_model(cfg.model)
+        self.backend = backend or get_backend()
+        path = self.backend.resolve(cfg.model)
         self.cfg = cfg
-        self.model = Transformer.from_pretrained(path, dtype=dtypes[cfg.dtype], device=cfg.device).eval()
+        self.model = self.backend.load(path, dtypes[cfg.dtype], cfg.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         eos = self.model.config.eos_token_ids
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
@@ -78,12 +131,10 @@ class LocalClient:
     def generate(self, req: ChatRequest) -> Reply:
         import torch
 
-        from nanogrpo.sampling import generate
-
         ids = self.encode(req.messages)
         with torch.no_grad():
-            gen = generate(self.model, [ids], max_new_tokens=req.max_tokens, temperature=0.0,
-                           eos_ids=self.eos_ids, pad_id=self.pad_id)  # fmt: skip
+            gen = self.backend.generate(self.model, [ids], max_new_tokens=req.max_tokens, temperature=0.0,
+                                        eos_ids=self.eos_ids, pad_id=self.pad_id)  # fmt: skip
         n = int(gen.mask[0].sum())
         reply_ids = gen.completion_ids[0, :n].tolist()
         tokens = self.token_logprobs(ids, reply_ids, req.top_logprobs) if req.top_logprobs > 0 else None

@@ -569,8 +569,15 @@ def test_a_refused_key_is_refused_at_start_up(server, monkeypatch):
     assert KEY not in str(e.value)
 
 
-def test_local_judges_and_the_probe_readout_need_no_server():
+def test_local_judges_and_the_probe_readout_need_no_server(monkeypatch):
+    from nanogrpo import judge_backend
+    from rewards import local_client
+
     local = JudgeConfig(backend="local", model="tiny", base_url=closed_url())
+    monkeypatch.setattr(local_client, "_backend", None)
+    with pytest.raises(ValueError, match="no model backend"):  # refused at start-up, not at the first step
+        build_reward(RewardConfig(spec="judge:1", judge=local)).validate(ROWS)
+    judge_backend.register()
     build_reward(RewardConfig(spec="judge:1", judge=local)).validate(ROWS)  # the model is not loaded either
     probe = RewardConfig(spec="rubric:1", judge=JudgeConfig(base_url=closed_url()))
     probe = dataclasses.replace(probe, rubric=dataclasses.replace(probe.rubric, readout="probe", probe="p"))

@@ -10,12 +10,43 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rewards import Sample, mean_metrics
+from nanogrpo import judge_backend
+from rewards import Sample, local_client, mean_metrics
 from rewards.judge import Judge
 from rewards.judge_entropy import EntropyJudge, mark_distributions, marks_shape
 from rewards.llm_client import ChatRequest
 from rewards.local_client import LocalClient, render_chat
 from rewards.options import JudgeConfig
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nanogrpo_backend():
+    """rewards imports nothing of nanogrpo: the model comes from the backend nanogrpo registers."""
+    judge_backend.register()
+
+
+def test_without_a_backend_the_local_judge_says_how_to_get_one(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(local_client, "_backend", None)
+    with pytest.raises(ValueError, match=r"no model backend.*set_backend"):
+        LocalClient(JudgeConfig(backend="local", model=str(tiny_model_dir)))
+    assert local_client.resolve_model(str(tiny_model_dir)) == tiny_model_dir  # a folder needs no backend
+    with pytest.raises(ValueError, match="not a folder.*nanogrpo.model_zoo"):
+        local_client.resolve_model("tiny")
+
+
+def test_a_backend_handed_in_is_the_one_used(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(local_client, "_backend", None)
+    calls = []
+
+    def resolve(name):
+        calls.append(name)
+        return judge_backend.resolve(name)
+
+    backend = local_client.LocalBackend(resolve, judge_backend.load, judge_backend.generate)
+    client = LocalClient(JudgeConfig(backend="local", model="tiny", max_tokens=2), backend=backend)
+    assert calls == ["tiny"] and client.backend is backend
+    reply = client.chat([ChatRequest([{"role": "user", "content": "hi"}], max_tokens=2)])[0]
+    assert reply.completion_tokens <= 2
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +165,11 @@ def test_smollm2_local_judges(smollm2_dir):
     assert mean_metrics(ent.metrics())["digit_mass"] > 0.3, (
         "the mark tokens are among SmolLM2's likely next tokens"
     )
+
+
+def test_model_names_resolve_through_the_registered_backend(tiny_model_dir):
+    """nanogrpo's backend gives the local judge and the probes' frozen LMs its model zoo's names."""
+    from rewards.probe import FrozenLM
+
+    assert local_client.resolve_model("tiny") == tiny_model_dir
+    assert FrozenLM("tiny").tokenizer.name_or_path == str(tiny_model_dir)

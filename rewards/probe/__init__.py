@@ -15,8 +15,10 @@ compared by pairwise accuracy; default: same prompt and criterion).
 As in seed 004, the layer and the decision threshold are chosen on the dev split (layer: lowest dev
 log-loss; threshold: highest dev macro-F1). Departures: features are standardised with the training
 mean and std, and the fit is a full-batch L-BFGS with a small L2 penalty (float64) rather than SGD.
-Hidden states come from transformers (`output_hidden_states`) on the same model folder nanogrpo
-loads, since nanogrpo.model returns only the last layer.
+Hidden states come from transformers (`output_hidden_states`) on the same model folder the local
+judge loads, since a judge's model returns only the last layer. A model name ('tiny', 'smollm2') is
+resolved by the backend registered in rewards.local_client (nanogrpo registers one); without one,
+`--model` is a folder.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rewards import agreement
 
 if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays light
     import torch
@@ -74,7 +78,9 @@ class FrozenLM:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        path = _resolve(model)
+        from rewards.local_client import resolve_model
+
+        path = resolve_model(model)  # 'tiny', 'smollm2' through the registered backend; else a folder
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.tokenizer.padding_side = "right"
         self.tokenizer.truncation_side = "left"  # the verdict position is at the end: keep it
@@ -116,14 +122,6 @@ class FrozenLM:
             else:
                 out.append(hs[layer][rows_, last].float().cpu())  # (B, H)
         return torch.cat(out, dim=-2)
-
-
-def _resolve(model: str) -> Path:
-    try:
-        from nanogrpo.model_zoo import resolve_model
-    except ImportError:
-        return Path(model)
-    return resolve_model(model)
 
 
 def fit_logistic(
@@ -169,17 +167,8 @@ def macro_f1(pred: Sequence[int], y: Sequence[int]) -> float:
 
 def pairwise_accuracy(p: Sequence[float], y: Sequence[int], groups: Sequence[str]) -> float | None:
     """Within each group, the share of (met, not met) pairs the probe orders correctly (ties count 1/2)."""
-    by: dict[str, list[int]] = {}
-    for i, g in enumerate(groups):
-        by.setdefault(g, []).append(i)
-    hits = pairs = 0.0
-    for idx in by.values():
-        for i in idx:
-            for j in idx:
-                if y[i] > y[j]:
-                    pairs += 1
-                    hits += 1.0 if p[i] > p[j] else 0.5 if p[i] == p[j] else 0.0
-    return hits / pairs if pairs else None
+    acc, pairs = agreement.pairwise_accuracy(p, y, groups)
+    return acc if pairs else None
 
 
 def best_threshold(p: Sequence[float], y: Sequence[int]) -> float:

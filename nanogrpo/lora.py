@@ -272,3 +272,47 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
                     )
                 dst.copy_(src)
     return model
+
+
+def merge_into_base(model: torch.nn.Module) -> None:
+    """Fold every LoRA adapter into its base weight for good and take the adapters out of the model."""
+    merge(model)
+    for name, m in lora_modules(model).items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, m.base_layer)
+
+
+@torch.no_grad()
+def stack_adapters(first: Path, folder: Path) -> None:
+    """Rewrite the adapter in `folder` (trained on base + `first` merged) as one adapter on the base.
+
+    B1 A1 s1 + B2 A2 s2 = [B1 s1 | B2 s2] @ [A1 ; A2]: rank r1 + r2, alpha = r (scale 1); a layer that
+    only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
+    training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
+    """
+    from safetensors.torch import save_file
+
+    (cfg1, sd1), (cfg2, sd2) = read_adapter(first), read_adapter(folder)
+    r1, r2 = int(cfg1["r"]), int(cfg2["r"])
+    s1, s2 = float(cfg1["lora_alpha"]) / r1, float(cfg2["lora_alpha"]) / r2
+    paths = sorted({k.rsplit(".lora_", 1)[0] for k in [*sd1, *sd2]})
+    out = {}
+    for p in paths:
+        a1, b1 = sd1.get(f"{p}.lora_A.weight"), sd1.get(f"{p}.lora_B.weight")
+        a2, b2 = sd2.get(f"{p}.lora_A.weight"), sd2.get(f"{p}.lora_B.weight")
+        ref_a, ref_b = (a1, b1) if a1 is not None else (a2, b2)
+        n_in, n_out = ref_a.shape[1], ref_b.shape[0]
+        a1 = a1.float() if a1 is not None else torch.zeros(r1, n_in)  # (r1, in)
+        b1 = b1.float() * s1 if b1 is not None else torch.zeros(n_out, r1)  # (out, r1)
+        a2 = a2.float() if a2 is not None else torch.zeros(r2, n_in)  # (r2, in)
+        b2 = b2.float() * s2 if b2 is not None else torch.zeros(n_out, r2)  # (out, r2)
+        out[f"{p}.lora_A.weight"] = torch.cat([a1, a2]).contiguous()  # (r1+r2, in)
+        out[f"{p}.lora_B.weight"] = torch.cat([b1, b2], dim=1).contiguous()  # (out, r1+r2)
+    targets = sorted({*cfg1["target_modules"], *cfg2["target_modules"]})
+    cfg = {**cfg2, "r": r1 + r2, "lora_alpha": r1 + r2, "target_modules": targets}
+    cfg["base_model_name_or_path"] = cfg1.get("base_model_name_or_path") or cfg2.get(
+        "base_model_name_or_path"
+    )
+    (folder / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(out, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})

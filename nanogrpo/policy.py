@@ -101,7 +101,7 @@ class Policy:
 
     def step(self, opt, sched, grad_clip: float) -> float:
         """Clip, step, schedule, zero; returns the grad norm before clipping (the full norm on every rank)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = lora.trainable_parameters(self.model)
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the shards
             norm = norm.full_tensor()
@@ -166,7 +166,7 @@ class Policy:
         if self.use_lora:
             self.save_weights(folder)
             if self.init_from:
-                stack_adapters(Path(self.init_from), folder)
+                lora.stack_adapters(Path(self.init_from), folder)
         else:
             if tensors is not None:
                 write_full_weights(tensors, folder)
@@ -258,50 +258,6 @@ def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Up
     return Update(float(len(batch)), n_tok, {}, 0.0, loss_sum, grad_norm)
 
 
-def merge_into_base(model: torch.nn.Module) -> None:
-    """Fold every LoRA adapter into its base weight for good and take the adapters out of the model."""
-    lora.merge(model)
-    for name, m in lora.lora_modules(model).items():
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, m.base_layer)
-
-
-@torch.no_grad()
-def stack_adapters(first: Path, folder: Path) -> None:
-    """Rewrite the adapter in `folder` (trained on base + `first` merged) as one adapter on the base.
-
-    B1 A1 s1 + B2 A2 s2 = [B1 s1 | B2 s2] @ [A1 ; A2]: rank r1 + r2, alpha = r (scale 1); a layer that
-    only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
-    training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
-    """
-    from safetensors.torch import save_file
-
-    (cfg1, sd1), (cfg2, sd2) = lora.read_adapter(first), lora.read_adapter(folder)
-    r1, r2 = int(cfg1["r"]), int(cfg2["r"])
-    s1, s2 = float(cfg1["lora_alpha"]) / r1, float(cfg2["lora_alpha"]) / r2
-    paths = sorted({k.rsplit(".lora_", 1)[0] for k in [*sd1, *sd2]})
-    out = {}
-    for p in paths:
-        a1, b1 = sd1.get(f"{p}.lora_A.weight"), sd1.get(f"{p}.lora_B.weight")
-        a2, b2 = sd2.get(f"{p}.lora_A.weight"), sd2.get(f"{p}.lora_B.weight")
-        ref_a, ref_b = (a1, b1) if a1 is not None else (a2, b2)
-        n_in, n_out = ref_a.shape[1], ref_b.shape[0]
-        a1 = a1.float() if a1 is not None else torch.zeros(r1, n_in)  # (r1, in)
-        b1 = b1.float() * s1 if b1 is not None else torch.zeros(n_out, r1)  # (out, r1)
-        a2 = a2.float() if a2 is not None else torch.zeros(r2, n_in)  # (r2, in)
-        b2 = b2.float() * s2 if b2 is not None else torch.zeros(n_out, r2)  # (out, r2)
-        out[f"{p}.lora_A.weight"] = torch.cat([a1, a2]).contiguous()  # (r1+r2, in)
-        out[f"{p}.lora_B.weight"] = torch.cat([b1, b2], dim=1).contiguous()  # (out, r1+r2)
-    targets = sorted({*cfg1["target_modules"], *cfg2["target_modules"]})
-    cfg = {**cfg2, "r": r1 + r2, "lora_alpha": r1 + r2, "target_modules": targets}
-    cfg["base_model_name_or_path"] = cfg1.get("base_model_name_or_path") or cfg2.get(
-        "base_model_name_or_path"
-    )
-    (folder / lora.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
-    save_file(out, str(folder / lora.WEIGHTS_NAME), metadata={"format": "pt"})
-
-
 def parallel_mode(cfg: TrainConfig) -> str:
     """'ddp', 'fsdp', or 'none' (one process): how the policy is wrapped under torchrun."""
     if dist.world() == 1:
@@ -353,7 +309,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> P
     autocast = None if use_lora or dtype == torch.float32 else dtype
     if cfg.lora.init_from:  # GRPO after SFT: the SFT model becomes the base, and so the KL reference
         lora.load_adapter(model, cfg.lora.init_from)
-        merge_into_base(model)
+        lora.merge_into_base(model)
     ref_model = None
     if use_lora:
         lora.inject_lora(

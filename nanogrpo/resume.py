@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.config import TrainConfig
+from nanogrpo.metrics import replace_atomically
 
 # Fields a resumed run may change, and why each leaves the trained weights exactly as a straight run's.
 # Anything else is refused. `steps` is the one conditional field: see _unsafe_reason.
@@ -227,6 +228,5 @@ def prepare_run_dir(cfg: TrainConfig, write: bool = True) -> None:
             "or pick another --out-dir (or delete the folder) to start a new one"
         )
     if write:
-        tmp = out / "config.json.tmp"  # other ranks may be reading config.json: replace it whole
-        tmp.write_text(json.dumps(asdict(cfg), indent=2))
-        os.replace(tmp, out / "config.json")
+        # other ranks may be reading config.json: replace it whole
+        replace_atomically(out / "config.json", json.dumps(asdict(cfg), indent=2))

@@ -64,14 +64,6 @@ def figure_credit(
     return figure_credits([ref], answer, full, half)[0]
 
 
-def numbers_score(answer: str, reference: str, full: float = 0.01, half: float = 0.05) -> float | None:
-    """Mean credit over the reference's key figures; None when it has none."""
-    ref = key_figures(reference)
-    if not ref:
-        return None
-    return sum(figure_credits(ref, sorted(key_figures(answer)), full, half)) / len(ref)
-
-
 class Numbers(Grader):
     requires = ("reference",)
 

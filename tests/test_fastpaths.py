@@ -48,7 +48,7 @@ def group_batch(vocab: int, seed: int = 0):
 
 def logp_and_grads(model, batch):
     logp, ent = completion_logprobs(model, batch, temperature=0.9)
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = lora.trainable_parameters(model)
     grads = torch.autograd.grad((logp * torch.linspace(-1, 1, logp.shape[1])).sum(), params)
     return logp.detach(), ent, grads
 

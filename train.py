@@ -23,7 +23,7 @@ import tyro
 from tqdm import tqdm
 
 from nanogrpo import checkpoint as ckpt
-from nanogrpo import dist, grpo, lora
+from nanogrpo import dist, grpo, judge_backend, lora
 from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
@@ -47,6 +47,7 @@ def main(cfg: TrainConfig) -> dict:
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, source = load_task(cfg.data.train, "train")
+    judge_backend.register()  # a local judge model runs on nanogrpo's model and sampler
     # a judge keeps its cache in the run folder, so a resumed run does not pay twice
     reward_fn = build_reward(with_run_dir(cfg.reward, cfg.out_dir)) if cfg.algo == "grpo" else None
     if reward_fn is not None:

@@ -20,7 +20,7 @@ from typing import Literal
 
 import tyro
 
-from nanogrpo import evaluate, pairwise, report
+from nanogrpo.eval import evaluate, pairwise, report
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig

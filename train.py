@@ -132,7 +132,7 @@ def main(cfg: TrainConfig) -> dict:
         summary["eval"] = final_eval(cfg, policy, out)
     if dist.is_main():
         try:
-            from nanogrpo.report import write_report
+            from nanogrpo.eval.report import write_report
 
             write_report(out)
         except ImportError:
@@ -208,7 +208,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
     95% CI of the difference."""
-    from nanogrpo.evaluate import base_vs_trained, format_paired_table, save_eval
+    from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
 
     source = cfg.data.eval or ("demo" if cfg.data.train == "demo" else "")
     if not source or not policy.use_lora:

@@ -20,7 +20,7 @@ Where this departs from the GRPO paper (Shao et al. 2024) and why:
 - KL: k1/k2/k3 on l = logp - ref_logp, in the reward (detached, summed over the sequence: the correct
   reverse-KL gradient) or in the loss. The paper's choice (k3 per token in the loss) has the expected gradient
   of the FORWARD KL(ref || pi) with contexts sampled from pi (see docs/KL.md, checked exactly by
-  nanogrpo.klcheck). `kl_reward_to_go` makes the in-loss term sequence level; `kl_is_weight` multiplies it by
+  nanogrpo.lab.klcheck). `kl_reward_to_go` makes the in-loss term sequence level; `kl_is_weight` multiplies it by
   the live ratio pi/pi_old (DeepSeek-V3.2), which turns k1/k3 into unbiased reverse-KL gradients.
 - GSPO (ratio_level='sequence'): the ratio is exp(mean_t log(pi/pi_old)) of the whole sequence, broadcast to
   its tokens, so every token of a sequence is clipped together.

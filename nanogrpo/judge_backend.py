@@ -1,5 +1,5 @@
 """The local judge's model, from nanogrpo: rewards/ imports nothing of nanogrpo, so whoever builds
-rewards here calls `register()` first (eval.py through nanogrpo.evaluate, train.py before build_reward).
+rewards here calls `register()` first (eval.py through nanogrpo.eval.evaluate, train.py before build_reward).
 
 Local judges (`--reward.judge.backend local`, `eval.py elo --judge local:PATH`) then load their model
 with nanogrpo.model, decode with nanogrpo.sampling.generate, and accept nanogrpo.model_zoo's names

@@ -1,5 +1,5 @@
 """Rank agreement between a grader's scores and a person's: Kendall's tau-b and pairwise accuracy
-within groups. Plain numpy, O(n^2); `python -m rewards.grade` reports both, and nanogrpo.stats
+within groups. Plain numpy, O(n^2); `python -m rewards.grade` reports both, and nanogrpo.eval.stats
 offers them beside the other evaluation statistics."""
 
 from __future__ import annotations

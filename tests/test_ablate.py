@@ -1,4 +1,4 @@
-"""nanogrpo.ablate and the toy task: a tiny grid end to end, the collapse detector, the train.py hook."""
+"""nanogrpo.lab.ablate and the toy task: a tiny grid end to end, the collapse detector, the train.py hook."""
 
 import json
 import math
@@ -7,9 +7,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nanogrpo import ablate, ablate_lm
 from nanogrpo.config import GRPOConfig
-from nanogrpo.toy import TabularPolicy, ToySettings, optimal_policy_logp, toy_optimum, toy_reward, train_toy
+from nanogrpo.lab import ablate, ablate_lm
+from nanogrpo.lab.toy import (
+    TabularPolicy,
+    ToySettings,
+    optimal_policy_logp,
+    toy_optimum,
+    toy_reward,
+    train_toy,
+)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from nanogrpo import evaluate, pairwise, stats
+from nanogrpo.eval import evaluate, pairwise, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 

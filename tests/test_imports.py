@@ -14,7 +14,7 @@ import rewards
 ROOT = Path(__file__).resolve().parents[1]
 
 # a fresh interpreter where `import nanogrpo` (and nanogrpo.*) fails: every module of rewards/ imports,
-# and the graders' agreement report (which once took its statistics from nanogrpo.stats) runs
+# and the graders' agreement report (which once took its statistics from nanogrpo.eval.stats) runs
 BLOCKED = textwrap.dedent(
     """
     import importlib, pkgutil, sys

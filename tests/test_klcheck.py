@@ -1,12 +1,12 @@
-"""The KL facts, checked exactly through the trainer's own loss code (nanogrpo.klcheck on the 81-sequence toy)."""
+"""The KL facts, checked exactly through the trainer's own loss code (nanogrpo.lab.klcheck on the 81-sequence toy)."""
 
 import json
 
 import pytest
 import torch
 
-from nanogrpo import klcheck
-from nanogrpo.toy import TabularPolicy
+from nanogrpo.lab import klcheck
+from nanogrpo.lab.toy import TabularPolicy
 
 DISTANCES = (0.1, 0.3, 1.0, 3.0)
 EXACT = 1e-6

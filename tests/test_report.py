@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanogrpo.report import write_report
+from nanogrpo.eval.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -94,7 +94,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def expected(run: Path) -> dict:
-    """What the page must show, read from the run's files independently of nanogrpo.report."""
+    """What the page must show, read from the run's files independently of nanogrpo.eval.report."""
     metrics, samples = _jsonl(run / "metrics.jsonl"), _jsonl(run / "samples.jsonl")
     series = {}
     for m in metrics:
@@ -215,7 +215,7 @@ def test_page_keeps_first_and_latest_steps(tmp_path):
 
 
 def test_eval_section_from_eval_json(tmp_path):
-    from nanogrpo import evaluate
+    from nanogrpo.eval import evaluate
 
     run = make_fake_run(tmp_path)
     base = [{"em": 0.0, "f1": 0.2}] * 5 + [{"em": 1.0, "f1": 1.0}] * 5

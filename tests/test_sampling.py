@@ -296,9 +296,10 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from nanogrpo import evaluate, lora
+    from nanogrpo import lora
     from nanogrpo.config import PRESETS
     from nanogrpo.data import render_prompt
+    from nanogrpo.eval import evaluate
     from nanogrpo.sampling import finish_text
 
     model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)

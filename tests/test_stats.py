@@ -9,7 +9,7 @@ import pytest
 import scipy.optimize
 import scipy.stats
 
-from nanogrpo import evaluate, stats
+from nanogrpo.eval import evaluate, stats
 
 
 @pytest.mark.parametrize(

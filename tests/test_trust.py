@@ -15,7 +15,7 @@ import torch
 from nanogrpo import dist
 from nanogrpo.config import PRESETS, GRPOConfig, check_config
 from nanogrpo.grpo import grpo_loss, importance_weights
-from nanogrpo.toy import TabularPolicy
+from nanogrpo.lab.toy import TabularPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = PRESETS["tiny"][1]

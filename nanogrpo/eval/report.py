@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nanogrpo.evaluate import prompt_text
+from nanogrpo.eval.evaluate import prompt_text
 from nanogrpo.metrics import read_jsonl, replace_atomically
 
 # Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.

@@ -1,8 +1,8 @@
 """Exact expected gradients of nanogrpo's KL terms, against the true KL gradients.
 
-    python -m nanogrpo.klcheck [--json] [--distances 0.1 0.3 1 3] [--old-shift 0.1] [--group 2]
+    python -m nanogrpo.lab.klcheck [--json] [--distances 0.1 0.3 1 3] [--old-shift 0.1] [--group 2]
 
-On the enumerable tabular policy (nanogrpo.toy: vocabulary 3, length 4, 81 sequences) every expectation is a
+On the enumerable tabular policy (nanogrpo.lab.toy: vocabulary 3, length 4, 81 sequences) every expectation is a
 finite sum, so the EXPECTED gradient of a loss is computed exactly: all sequences (or all groups of G
 sequences) go through the trainer's own code -- grpo.kl_penalty, grpo.compute_advantages and grpo.grpo_loss --
 and each row's gradient is weighted by its sampling probability. A row's weight enters as a gradient scale
@@ -30,7 +30,7 @@ import torch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
-from nanogrpo.toy import TabularPolicy
+from nanogrpo.lab.toy import TabularPolicy
 
 TARGETS = ("rev", "fwd", "tok_rev", "tok_fwd", "rev-tokfwd", "away")
 MATCH_TOL = 1e-6  # relative error under which a row "matches" a target
@@ -191,7 +191,7 @@ def table(records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m nanogrpo.klcheck", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m nanogrpo.lab.klcheck", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
     ap.add_argument(
         "--distances", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0], help="theta - theta_ref scales"

@@ -1,4 +1,4 @@
-"""The small-LM half of the KL ablations: each grid cell is a `train.py` subprocess (see nanogrpo/ablate.py).
+"""The small-LM half of the KL ablations: each grid cell is a `train.py` subprocess (see nanogrpo/lab/ablate.py).
 
 A short SFT warm-up of the preset's model on the built-in demo task (once per output folder) makes the
 reference; each cell then runs GRPO from it, and its curves are read back from metrics.jsonl.
@@ -24,7 +24,7 @@ from nanogrpo.model_zoo import resolve_model
 
 from .ablate import Run, detect_collapse
 
-TRAIN_PY = Path(__file__).resolve().parents[1] / "train.py"
+TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step
 # The flags of every cell (flags after `--` come later on the command line, so they override these).
 # Full fine-tuning, so the KL reference is the warmed-up model itself; top-k off, so the sampler draws from

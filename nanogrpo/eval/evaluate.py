@@ -2,7 +2,7 @@
 
 eval.py is the command line over these functions; train.py calls `base_vs_trained` at the end of a run
 (the same model with LoRA disabled is the base) and `save_eval` to keep the result in the run folder.
-Pairwise judging and Elo live in nanogrpo/pairwise.py.
+Pairwise judging and Elo live in nanogrpo/eval/pairwise.py.
 
 Scores per row (seed 002): EM, token F1 and SeqM against the row's reference(s), plus any graders of
 rewards/ by name (ROUGE-L by default). A metric that does not apply to a row (no reference, a grader's
@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nanogrpo import judge_backend, stats
+from nanogrpo import judge_backend
+from nanogrpo.eval import stats
 
 judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model
 

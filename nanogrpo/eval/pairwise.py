@@ -3,7 +3,7 @@
 A judge is any callable `prefer(prompt, reference, answer_a, answer_b) -> 'A' | 'B' | 'tie'`. It sees no
 system names (the answers are anonymous), and every pair is asked in both orders, so a judge that
 favours the first position gives each system the same number of first positions and the bias cancels.
-Each answer of a pair is one game; ratings are a Bradley-Terry fit on the Elo scale (nanogrpo.stats)
+Each answer of a pair is one game; ratings are a Bradley-Terry fit on the Elo scale (nanogrpo.eval.stats)
 with item-bootstrap intervals, per judge and pooled over judges.
 
 Seed 000 reports the mean Elo over three judges with min-max bars across judges; `plot_elo` draws that.
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from nanogrpo import stats
-from nanogrpo.evaluate import ANSWER_METRICS, grade, prompt_text, references
+from nanogrpo.eval import stats
+from nanogrpo.eval.evaluate import ANSWER_METRICS, grade, prompt_text, references
 
 Judge = Callable[[str, "str | None", str, str], str]
 

@@ -7,7 +7,7 @@ terms: KL(pi || ref), entropy, expected reward and the EXPECTED gradient of any 
 A sequence is named by its index 0..V^T-1 (base-V digits, first token most significant). Parameters are a
 plain tensor `theta` (n_ctx, V) passed to every function, so callers choose what is differentiated.
 
-The toy task (used by nanogrpo.ablate): one prompt, reward = fraction of tokens that are not the last token
+The toy task (used by nanogrpo.lab.ablate): one prompt, reward = fraction of tokens that are not the last token
 id (16 of 81 sequences score 1), plus Gaussian noise per sample, as a noisy judge would give.
 """
 

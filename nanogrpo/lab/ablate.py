@@ -1,14 +1,14 @@
 """KL ablations: a grid of GRPO runs, collapse detection, a table and plots.
 
-    python -m nanogrpo.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
+    python -m nanogrpo.lab.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
                                   [--policy on off] [--std-norm on off] [--steps 300] [--out runs/ablate-toy]
-    python -m nanogrpo.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 300] [--out runs/ablate-lm]
+    python -m nanogrpo.lab.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 300] [--out runs/ablate-lm]
                                   [-- extra train.py flags]
 
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
-enumerable tabular policy of nanogrpo.toy, so KL(pi || ref), entropy, expected reward and the distance to the
+enumerable tabular policy of nanogrpo.lab.toy, so KL(pi || ref), entropy, expected reward and the distance to the
 analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds per run.
-'lm' (nanogrpo/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves read back
+'lm' (nanogrpo/lab/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves read back
 from metrics.jsonl): a short SFT warm-up of the preset's model on 16 prompts of the built-in demo task
 (once per output folder), then GRPO from it with ROUGE-L against the one-word answers; the warmed-up model
 is also the KL reference. About half a minute per 300-step run of the tiny preset on one CPU thread;
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from nanogrpo.config import GRPOConfig
-from nanogrpo.toy import ToySettings, toy_optimum, train_toy
+from nanogrpo.lab.toy import ToySettings, toy_optimum, train_toy
 
 # name -> GRPOConfig fields; the names are what tables and plots show
 VARIANTS: dict[str, dict] = {
@@ -288,7 +288,7 @@ def write(results: list[dict], out: Path, prefix: str, meta: dict) -> list[dict]
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m nanogrpo.ablate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m nanogrpo.lab.ablate", description=__doc__.split("\n")[0])
     ap.add_argument("kind", choices=["toy", "lm"])
     ap.add_argument(
         "--variants", nargs="+", choices=list(VARIANTS), help=f"default {' '.join(DEFAULT_VARIANTS)}"

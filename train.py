@@ -6,7 +6,7 @@
 
 One step: sample G completions for each of P prompts, score them, turn rewards into group advantages,
 then take `num_iterations` optimizer passes over the batch with the clipped surrogate (+ KL) loss. The
-loop reads top to bottom; the pieces live in nanogrpo/ (README "Layout").
+loop reads top to bottom; the pieces live in nanogrpo/ (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

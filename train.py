@@ -36,6 +36,7 @@ from nanogrpo.rollout import rollout
 from nanogrpo.summary import grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
+from rewards.registry import parse_spec
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -220,7 +221,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
         policy.core,
         policy.tokenizer,
         rows,
-        graders=",".join(n.split(":")[0] for n in cfg.reward.spec.split(",") if n.strip()),
+        graders=",".join(name for name, _ in parse_spec(cfg.reward.spec)),
         reward_cfg=cfg.reward,
         seed=cfg.seed,
         max_new_tokens=cfg.sampling.max_new_tokens,

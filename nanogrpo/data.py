@@ -62,14 +62,6 @@ def require_fields(rows: list[dict], fields: set[str] | tuple[str, ...], source:
                 )
 
 
-def prompt_text(row: dict) -> str:
-    """The prompt as plain text, for graders and logs ('role: content' lines for chat prompts)."""
-    p = row["prompt"]
-    if isinstance(p, str):
-        return p
-    return "\n".join(f"{m['role']}: {m['content']}" for m in p)
-
-
 def render_prompt(tokenizer, row: dict, system_prompt: str = "") -> list[int]:
     """Token ids of the prompt: chat messages go through the tokenizer's chat template; text is used as is."""
     p = row["prompt"]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from rewards import Sample
+from rewards.rows import prompt_text
 
 from .config import TrainConfig
-from .data import prompt_text
 from .logprobs import Batch, make_batch, pad_left
 from .sampling import generate
 
@@ -58,7 +58,7 @@ def rollout(
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
     texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (sampling.finish_text)
     samples = [
-        Sample(prompt=prompt_text(r), completion=texts[i * G + j], group=i, row=r)
+        Sample(prompt=prompt_text(r["prompt"]), completion=texts[i * G + j], group=i, row=r)
         for i, r in enumerate(rows)
         for j in range(G)
     ]

@@ -30,7 +30,7 @@ from typing import Any
 from rewards import RewardConfig, Sample, build_reward
 from rewards.agreement import kendall_tau_b, pairwise_accuracy
 from rewards.registry import mean_metrics
-from rewards.rows import DataError, check_prompt
+from rewards.rows import DataError, check_prompt, prompt_text
 from rewards.rows import read_rows as read_rows_checked
 
 
@@ -71,18 +71,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     )
 
 
-def prompt_text(row: dict) -> str:
-    p = row.get("prompt")
-    if isinstance(p, list):
-        return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in p)
-    return p if isinstance(p, str) else ""
-
-
 def group_keys(rows: list[dict]) -> list[str]:
     """The group of each row: its `group` field, else its prompt (see the module docstring)."""
     if any("group" in r for r in rows):
         return [json.dumps(r.get("group"), sort_keys=True) for r in rows]
-    return [prompt_text(r) for r in rows]
+    return [prompt_text(r.get("prompt")) for r in rows]
 
 
 def score_rows(reward, rows: list[dict], groups: list[str], batch_size: int):
@@ -99,7 +92,8 @@ def score_rows(reward, rows: list[dict], groups: list[str], batch_size: int):
         if len(pending) < batch_size and k < len(order) - 1:
             continue
         batch = [
-            Sample(prompt_text(rows[i]), rows[i]["completion"], gid[groups[i]], rows[i]) for i in pending
+            Sample(prompt_text(rows[i].get("prompt")), rows[i]["completion"], gid[groups[i]], rows[i])
+            for i in pending
         ]
         r, c = reward(batch)
         for j, i in enumerate(pending):

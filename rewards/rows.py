@@ -191,3 +191,10 @@ def _short(x: Any, n: int = 80) -> str:
     """repr(x), cut to n characters (a message must not quote a megabyte)."""
     r = repr(x)
     return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def prompt_text(prompt: Any) -> str:
+    """A prompt as plain text, for graders and logs: a chat prompt becomes 'role: content' lines."""
+    if isinstance(prompt, list):
+        return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt)
+    return prompt if isinstance(prompt, str) else ""

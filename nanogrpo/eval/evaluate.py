@@ -20,6 +20,7 @@ from typing import Any
 
 from nanogrpo import judge_backend
 from nanogrpo.eval import stats
+from rewards.rows import prompt_text
 
 judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model
 
@@ -30,13 +31,6 @@ ANSWER_METRICS: dict[str, Callable[[str, list[str]], float]] = {
 }
 
 # ----------------------------------------------------------------------------- rows and prompts
-
-
-def prompt_text(prompt: str | list[dict]) -> str:
-    """A prompt as plain text; a chat prompt becomes 'role: content' lines."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt)
 
 
 def references(row: dict, target: str = "reference") -> list[str]:
@@ -167,10 +161,12 @@ def grade(
 ) -> dict[str, list[float | None]]:
     """Scores of each named grader of rewards/ (one component each), e.g. spec 'rouge_l,numbers'.
     The rows are validated first: a field a grader needs and a row lacks is a ValueError naming `path`."""
-    names = [n.split(":")[0].strip() for n in spec.split(",") if n.strip()]
+    import rewards
+    from rewards.registry import parse_spec
+
+    names = [n for n, _ in parse_spec(spec)] if spec.strip() else []
     if not names:
         return {}
-    import rewards
     from rewards.base import Sample
     from rewards.options import RewardConfig
 

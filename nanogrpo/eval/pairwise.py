@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from nanogrpo.eval import stats
-from nanogrpo.eval.evaluate import ANSWER_METRICS, grade, prompt_text, references
+from nanogrpo.eval.evaluate import ANSWER_METRICS, grade, references
+from rewards.rows import prompt_text
 
 Judge = Callable[[str, "str | None", str, str], str]
 

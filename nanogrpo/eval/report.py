@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nanogrpo.eval.evaluate import prompt_text
 from nanogrpo.metrics import read_jsonl, replace_atomically
+from rewards.rows import prompt_text
 
 # Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.
 PANELS: list[tuple[str, list[str]]] = [

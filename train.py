@@ -67,7 +67,7 @@ def main(cfg: TrainConfig) -> dict:
     seed_everything(cfg.seed + rank)
 
     # ---------------------------------------------------------------- model, tokenizer, optimizer
-    policy = load_policy(cfg, device, dtype)
+    policy = load_policy(cfg, device, dtype, tok)
     if world > 1 and dist.is_main():
         how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
         print(f"torchrun: {world} ranks, the policy {how}")
@@ -118,8 +118,9 @@ def main(cfg: TrainConfig) -> dict:
         m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
         logger.log(m)
         if dist.is_main():
-            bar.set_postfix_str(console_line(m).split(" | ")[1])  # the reward (or the SFT loss)
-            tqdm.write(console_line(m))
+            line = console_line(m)
+            bar.set_postfix_str(line.split(" | ")[1])  # the reward (or the SFT loss)
+            tqdm.write(line)
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             _save(policy, out, step + 1, opt, sched, order)
     bar.close()

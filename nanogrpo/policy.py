@@ -293,12 +293,13 @@ def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
     return AutoTokenizer.from_pretrained(str(model_dir)), limit
 
 
-def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> Policy:
+def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, tokenizer=None) -> Policy:
+    """The policy of a run; `tokenizer`: the one prompt_budget loaded already (None: load it here)."""
     from transformers import AutoTokenizer
 
     model_dir = resolve_model(cfg.model.path)
     ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
     use_lora = cfg.lora.r > 0
     parallel = parallel_mode(cfg)
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.

@@ -23,7 +23,10 @@ class Totals:
 
     def reduce(self) -> Totals:
         """The totals over all ranks (every rank must call it, with the same keys)."""
-        return Totals(dist.sum_floats(self.sums), dist.max_floats(self.maxes))
+        # which of the two a Totals fills is fixed by the code, the same on every rank: an empty one
+        # needs no collective
+        sums = dist.sum_floats(self.sums) if self.sums else {}
+        return Totals(sums, dist.max_floats(self.maxes) if self.maxes else {})
 
 
 def grpo_summary(

@@ -23,6 +23,7 @@ answer numbers, never R * A.
 
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_left
 from decimal import Decimal, localcontext
@@ -64,6 +65,9 @@ def figure_credit(
     return figure_credits([ref], answer, full, half)[0]
 
 
+_reference_figures = functools.lru_cache(maxsize=256)(key_figures)  # read-only: never mutate a result
+
+
 class Numbers(Grader):
     requires = ("reference",)
 
@@ -75,7 +79,6 @@ class Numbers(Grader):
             )
         self.cfg = cfg
         self.full, self.half = Decimal(str(cfg.numbers_full)), Decimal(str(cfg.numbers_half))
-        self._ref_cache: dict[str, list[Decimal]] = {}
 
     def check_row(self, row):
         return check_text_field(row, "reference")
@@ -88,11 +91,7 @@ class Numbers(Grader):
             if not isinstance(ref, str):
                 out.append(None)
                 continue
-            if ref not in self._ref_cache:  # the G completions of a prompt share one reference
-                if len(self._ref_cache) > 100_000:
-                    self._ref_cache.clear()
-                self._ref_cache[ref] = key_figures(ref)
-            figs = self._ref_cache[ref]
+            figs = _reference_figures(ref)  # the G completions of a prompt share one reference
             if not figs:
                 out.append(None)
                 continue

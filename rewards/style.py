@@ -23,6 +23,7 @@ row has no reference. The text checked is the completion without its think block
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable
@@ -80,6 +81,9 @@ def text_style(text: str, checks: tuple[str, ...] = BUILTIN) -> tuple[int, froze
     return n, frozenset(name for name in checks if name in _PATTERNS and _PATTERNS[name].search(text))
 
 
+_reference_style = functools.lru_cache(maxsize=256)(text_style)  # the G answers share a reference
+
+
 def load_check(path: str) -> UserCheck:
     """Import 'package.module.function'; ValueError with the fix when it is not there."""
     mod, _, fn = path.rpartition(".")
@@ -127,18 +131,9 @@ class Style(Grader):
             raise ValueError("style: no checks enabled; set --reward.style-weights, e.g. 'length:1,lists:1'")
         self.builtin = tuple(n for n in self.checks if n in BUILTIN)
         self.user_errors = 0
-        self._ref_cache: dict[str, tuple[int, frozenset[str]]] = {}  # the G answers share a reference
 
     def check_row(self, row):
         return check_text_field(row, "reference")
-
-    def _reference(self, ref: str) -> tuple[int, frozenset[str]]:
-        got = self._ref_cache.get(ref)
-        if got is None:
-            if len(self._ref_cache) > 100_000:  # bound the memory on huge datasets
-                self._ref_cache.clear()
-            got = self._ref_cache[ref] = text_style(ref, self.builtin)
-        return got
 
     def _user(self, name: str, answer: str, ref: str, row: dict) -> float | None:
         try:
@@ -157,7 +152,10 @@ class Style(Grader):
                 out.append(None)
                 continue
             answer = reply_text(s.completion, self.cfg.text_tag, self.cfg.think_tag)
-            (n_ref, ref_has), (n_ans, ans_has) = self._reference(ref), text_style(answer, self.builtin)
+            (n_ref, ref_has), (n_ans, ans_has) = (
+                _reference_style(ref, self.builtin),
+                text_style(answer, self.builtin),
+            )
             vals: list[float | None] = []
             for n in self.checks:
                 if n == "length":

@@ -237,28 +237,9 @@ def grpo_loss(
     weighted by `importance_weights(old_logp, sampler_logp, ...)` (cfg.is_correction) and the stats also
     hold the sampler-trainer gap ('sampler_*', 'is_capped'). The KL term is not reweighted.
     """
-    if logp.shape != mask.shape or old_logp.shape != mask.shape:
-        raise ValueError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask must share (N, T)"
-        )
-    if cfg.kl_placement == "loss" and ref_logp is None:
-        raise ValueError("kl_placement='loss' needs ref_logp (the reference model's log-probs)")
-    mask = mask.to(logp.dtype)
+    logp, old_logp, ref_logp, adv, mask = _masked_inputs(logp, old_logp, ref_logp, adv, mask, cfg)
     on = mask > 0
-    # Padding may hold garbage (-inf, nan): zero it through where() so it gets exactly zero gradient.
-    logp = torch.where(on, logp, 0.0)  # (N, T)
-    old_logp = torch.where(on, old_logp.to(logp.dtype), 0.0)  # (N, T)
-    if ref_logp is not None:
-        ref_logp = torch.where(on, ref_logp.to(logp.dtype), 0.0)  # (N, T)
-    adv = (adv[:, None] if adv.dim() == 1 else adv).to(logp.dtype).expand_as(logp)  # (N, T)
-
-    log_ratio = logp - old_logp  # (N, T)
-    if cfg.ratio_level == "sequence":
-        n_i = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-        log_ratio = ((log_ratio * mask).sum(-1, keepdim=True) / n_i).expand_as(logp)  # (N, T) GSPO
-    elif cfg.ratio_level != "token":
-        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: use 'token' or 'sequence'")
-    ratio = torch.exp(log_ratio)  # (N, T)
+    ratio = _ratio(logp, old_logp, mask, cfg)  # (N, T)
     clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)  # (N, T)
     pg = -torch.minimum(ratio * adv, clipped * adv)  # (N, T)
     gap: dict[str, torch.Tensor] = {}
@@ -293,6 +274,36 @@ def grpo_loss(
             **gap,
         }
     return pg_loss + kl_loss, stats
+
+
+def _masked_inputs(logp, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
+    """Checked inputs in logp's dtype, 0 on padding, adv broadcast to (N, T)."""
+    if logp.shape != mask.shape or old_logp.shape != mask.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask must share (N, T)"
+        )
+    if cfg.kl_placement == "loss" and ref_logp is None:
+        raise ValueError("kl_placement='loss' needs ref_logp (the reference model's log-probs)")
+    mask = mask.to(logp.dtype)
+    on = mask > 0
+    # Padding may hold garbage (-inf, nan): zero it through where() so it gets exactly zero gradient.
+    logp = torch.where(on, logp, 0.0)  # (N, T)
+    old_logp = torch.where(on, old_logp.to(logp.dtype), 0.0)  # (N, T)
+    if ref_logp is not None:
+        ref_logp = torch.where(on, ref_logp.to(logp.dtype), 0.0)  # (N, T)
+    adv = (adv[:, None] if adv.dim() == 1 else adv).to(logp.dtype).expand_as(logp)  # (N, T)
+    return logp, old_logp, ref_logp, adv, mask
+
+
+def _ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """pi / pi_old per token (N, T), or GSPO's geometric mean over the sequence broadcast to its tokens."""
+    log_ratio = logp - old_logp  # (N, T)
+    if cfg.ratio_level == "sequence":
+        n_i = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+        log_ratio = ((log_ratio * mask).sum(-1, keepdim=True) / n_i).expand_as(logp)  # (N, T) GSPO
+    elif cfg.ratio_level != "token":
+        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: use 'token' or 'sequence'")
+    return torch.exp(log_ratio)  # (N, T)
 
 
 def _token_weights(

@@ -116,6 +116,18 @@ class GRPOConfig:
     """w per token, or one w per sequence (the product of its tokens' ratios: unbiased, higher variance)."""
     is_cap: float = 2.0
     """C of --grpo.is-correction: the truncation (tis) or the acceptance band [1/C, C] (mis); > 1."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards have no spread (max - min <= zero_spread_tol) and
+    sample fresh prompts until the step holds prompts_per_step informative groups (docs/STABILITY.md)."""
+    zero_spread_tol: float = 1e-6
+    """--grpo.dynamic-sampling: a group whose rewards differ by at most this has no spread (continuous
+    graders rarely tie exactly)."""
+    max_resample_rounds: int = 3
+    """--grpo.dynamic-sampling: extra rounds of prompts_per_step fresh prompts at most; when they run out the
+    step is filled up with groups without spread (logged as groups_kept < prompts_per_step)."""
+    mask_truncated: bool = False
+    """Completions that hit --sampling.max-new-tokens add no gradient and are left out of the loss's token
+    and sequence counts (DAPO's overlong filtering); see also the 'overlong' grader."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,11 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--grpo.kl-placement {g.kl_placement} with --grpo.beta 0 computes a KL that does nothing: set "
             "--grpo.beta > 0, or --grpo.kl-placement none"
+        )
+    if g.dynamic_sampling and (g.zero_spread_tol < 0 or g.max_resample_rounds < 0):
+        raise ValueError(
+            f"--grpo.zero-spread-tol {g.zero_spread_tol} / --grpo.max-resample-rounds {g.max_resample_rounds}:"
+            " both must be >= 0"
         )
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")

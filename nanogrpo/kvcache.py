@@ -1,5 +1,9 @@
 """Key/value caches: the sampler's preallocated caches, and the training forward's shared-prompt prefix.
 
+Every cache offers the same two calls to the attention layer, which has one path whatever the cache:
+`k, v = cache.update(layer, k, v)` (store this block's keys/values, return all the block attends to) and
+`y = cache.attend(layer, q, k, v, mask)` (y (B, T, nh, D)). `NO_CACHE` is the forward without one.
+
 - `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
 - `GroupedKVCache`: after the prefill, each prompt's keys/values once for its G completions, plus each
   completion's own; decode attention reads a prompt's keys once per group.
@@ -13,6 +17,21 @@ from __future__ import annotations
 import copy
 
 import torch
+
+from .attention import attention
+
+
+class NoCache:
+    """A forward without a cache: nothing stored, plain attention over the block's own keys."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return attention(q, k, v, mask)  # (B, T, nh, D)
+
+
+NO_CACHE = NoCache()  # stateless: one instance serves every forward
 
 
 class KVCache:
@@ -36,6 +55,9 @@ class KVCache:
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return attention(q, k, v, mask)  # (B, T, nh, D)
 
     def select(self, rows: torch.Tensor) -> KVCache:
         """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
@@ -63,6 +85,9 @@ class PrefixKV:
             return torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
         self.k[layer], self.v[layer] = k, v
         return k, v
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return attention(q, k, v, mask)  # (B, T, nh, D)
 
     def expand(self, rows: torch.Tensor) -> PrefixKV:
         """A frozen prefix whose row i is row rows[i] of this one (prompt -> its completions); differentiable:
@@ -130,8 +155,11 @@ class GroupedKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
         """One query per row. q (n, nh, 1, D); k/v (n, n_kv, t, D) from update; mask None or bool
-        (n, 1, 1, Lp + t) on top of the prompts' padding. Returns (n, nh, 1, D): softmax over the prompt's
-        keys and the row's own."""
+        (n, 1, 1, Lp + t) on top of the prompts' padding. Returns (n, 1, nh, D) in q's dtype: softmax over
+        the prompt's keys and the row's own, computed in the cache's dtype."""
+        assert q.shape[2] == 1, "a GroupedKVCache serves decode steps (one token per row); prefill a KVCache"
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        dtype, q = q.dtype, q.to(k.dtype)
         n, nh, _, D = q.shape
         P, nkv, Lp, _ = self.pk.shape[1:]
         kp = self.pk[layer].reshape(P * nkv, Lp, D)  # (P*n_kv, Lp, D)
@@ -160,4 +188,4 @@ class GroupedKVCache:
         if rows is not None:
             y = y[rows]
         y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
-        return y.view(n, nh, 1, D)
+        return y.view(n, 1, nh, D).to(dtype)  # (n, 1, nh, D)

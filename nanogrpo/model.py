@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .kvcache import GroupedKVCache, KVCache, PrefixKV
+from .kvcache import NO_CACHE, KVCache
 from .rope import apply_rope, rope_inv_freq, rope_tables
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
@@ -134,23 +134,6 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """One query per row: q (B, nh, 1, D) against k, v (B, n_kv, S, D); mask None or bool (B, 1, 1, S).
-
-    Same result as SDPA; on the CPU, two batched matmuls with the query heads of a KV head stacked as rows
-    (no repeated keys) beat SDPA's kernel for a single query (~20% per call on SmolLM2's shapes).
-    """
-    B, nh, _, D = q.shape
-    nkv = k.shape[1]
-    s = q.view(B, nkv, nh // nkv, D) @ k.transpose(-1, -2)  # (B, n_kv, nh/n_kv, S)
-    s = s * D**-0.5
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))  # mask broadcasts over the heads
-    return (s.softmax(-1) @ v).view(B, nh, 1, D)  # (B, nh, 1, D)
-
-
 class Attention(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
@@ -159,57 +142,27 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
         self.v_proj = nn.Linear(a.hidden_size, self.nkv * self.hd, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.nh * self.hd, a.hidden_size, bias=a.o_bias)
-        self.fused_qkv = None  # q|k|v in one matmul: set by packed.packed_weights while the CPU samples
+        self.packed_qkv: nn.Module | None = None  # q|k|v in one matmul, only inside packed.packed_weights
         if a.qk_norm:
             self.q_norm = RMSNorm(self.hd, a.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
 
-    def forward(
-        self, x, cos, sin, mask, kv_cache: KVCache | GroupedKVCache | PrefixKV | None, layer: int
-    ) -> torch.Tensor:
-        """x (B, T, H); mask as built in Transformer.forward."""
+    def forward(self, x, cos, sin, mask, kv_cache, layer: int) -> torch.Tensor:
+        """x (B, T, H); mask as built in Transformer.forward; kv_cache any cache of kvcache.py, or None."""
         B, T, _ = x.shape
         nh, nkv, D = self.nh, self.nkv, self.hd
-        if self.fused_qkv is not None and not hasattr(self, "q_norm"):
-            # sampling on the CPU: q|k|v from one matmul, and q|k rotated in one pass
-            qkv = self.fused_qkv(x).view(B, T, nh + 2 * nkv, D)
-            qk = apply_rope(qkv[:, :, : nh + nkv], cos, sin)  # (B, T, nh + n_kv, D)
-            q, k, v = qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv :]
+        if self.packed_qkv is not None:
+            q, k, v = self.packed_qkv(x).split([nh * D, nkv * D, nkv * D], -1)
         else:
-            if self.fused_qkv is not None:
-                q, k, v = self.fused_qkv(x).split([nh * D, nkv * D, nkv * D], -1)
-            else:
-                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            q, k, v = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, D)
-            if hasattr(self, "q_norm"):
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, T, nh, D), (B, T, n_kv, D)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(B, T, nh, D), k.view(B, T, nkv, D), v.view(B, T, nkv, D)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, T, nh, D), (B, T, n_kv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
-        if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D)
-        if isinstance(kv_cache, GroupedKVCache):
-            assert T == 1, "a GroupedKVCache serves decode steps (one token per row); prefill a KVCache"
-            mask = mask if isinstance(mask, torch.Tensor) else None
-            y = kv_cache.attend(layer, q.to(k.dtype), k, v, mask).transpose(1, 2).to(q.dtype)  # (B, 1, nh, D)
-        elif isinstance(mask, str) and mask == "flash":
-            from flash_attn import flash_attn_func
-
-            # flash aligns its causal mask bottom-right, as a query block after a cache needs
-            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=T > 1)
-        else:
-            causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
-            dtype = q.dtype
-            if q.device.type == "cpu" and (dtype != torch.float32 or k.dtype != torch.float32):
-                # on the CPU the float32 attention kernels are 2-5x faster than the bf16 ones, forward and
-                # backward (the sampler keeps a float32 cache for this reason)
-                q, k, v = q.float(), k.float(), v.float()
-            if T == 1 and q.device.type == "cpu":
-                y = decode_attention(q, k, v, mask).transpose(1, 2)  # (B, 1, nh, D)
-            else:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.nkv != self.nh
-                ).transpose(1, 2)  # (B, T, nh, D)
-            y = y.to(dtype)
+        cache = NO_CACHE if kv_cache is None else kv_cache
+        k, v = cache.update(layer, k, v)  # (B, n_kv, S, D): the block's keys, or the cache's so far
+        y = cache.attend(layer, q, k, v, mask)  # (B, T, nh, D)
         return self.o_proj(y.reshape(B, T, -1))
 
 
@@ -219,11 +172,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
         self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
-        self.fused_gate_up = None  # gate|up in one matmul: set by packed.packed_weights while the CPU samples
+        self.packed_gate_up: nn.Module | None = None  # gate|up in one matmul, only inside packed_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_gate_up is not None:
-            gate, up = self.fused_gate_up(x).chunk(2, dim=-1)
+        if self.packed_gate_up is not None:
+            gate, up = self.packed_gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
@@ -304,10 +257,11 @@ class Transformer(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        kv_cache: KVCache | GroupedKVCache | PrefixKV | None = None,
+        kv_cache=None,
         return_hidden: bool = False,
     ) -> torch.Tensor:
-        """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding.
+        """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding;
+        kv_cache: a KVCache, GroupedKVCache or PrefixKV (nanogrpo/kvcache.py), or None.
 
         Returns logits (B, T, V), or with return_hidden the final-normed hidden states (B, T, H).
         """

@@ -4,8 +4,9 @@ call to `generate` into oneDNN's blocked layout, q|k|v and gate|up fused.
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain bf16
 `F.linear` re-lays out the weight on every call; a pre-packed weight skips that (15-30% faster matmuls
 on SmolLM2's shapes), folding the LoRA update into the temporary copy removes the two low-rank matmuls
-per projection, and fusing the projections that read the same input saves a few percent more. The copies
-live only for the duration of the `with` block, except the LM head's, which is kept while its weight is
+per projection, and fusing the projections that read the same input saves a few percent more. The packed
+modules are swapped in for the model's own and put back on the way out; the copies live only for the
+duration of the `with` block, except the LM head's, which is kept while its weight is
 unchanged (frozen under LoRA); the trained weights are untouched, so the sampler's model is the trained
 model up to bf16 rounding of W + BA.
 
@@ -40,18 +41,22 @@ def packing_supported(weight: torch.Tensor) -> bool:
     )
 
 
-class PackedLinear:
-    """y = x @ W^T + b with W pre-packed for oneDNN; `batch_hint` is the expected number of rows."""
+class PackedLinear(nn.Module):
+    """y = x @ W^T + b with W pre-packed for oneDNN; `batch_hint` is the expected number of rows.
+
+    A module without parameters (the packed copy is a plain attribute): swapped in for a projection while
+    the sampler runs, it adds nothing to the state dict or the optimizer."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int):
+        super().__init__()
         self.out_features = weight.shape[0]
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
-        self.bias = None if bias is None else bias.to(weight.dtype)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
+        self.packed_bias = None if bias is None else bias.to(weight.dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # (..., in)
         y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]), self.weight, self.bias, "none", [], ""
+            x.reshape(-1, shape[-1]), self.packed, self.packed_bias, "none", [], ""
         )
         return y.view(*shape[:-1], self.out_features)  # (..., out)
 
@@ -92,31 +97,32 @@ def _packed_head(model: nn.Module, head: torch.Tensor, batch_hint: int) -> Packe
 
 @contextlib.contextmanager
 def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[PackedLinear | None]:
-    """Inside the block the model's projections run on packed copies of their effective weights, q|k|v
-    and gate|up fused into one matmul each. Yields a PackedLinear for the LM head (None when packing does
-    not apply: then nothing changes, use the plain weight).
+    """Inside the block the model's projections are swapped for packed copies of their effective weights
+    (o_proj and down_proj by a PackedLinear each; q|k|v and gate|up fused into one, in the layers'
+    `packed_qkv` / `packed_gate_up` slots); on the way out the original modules are put back. Yields a
+    PackedLinear for the LM head (None when packing does not apply: then nothing changes).
     """
     head = model.lm_head_weight
     if not packing_supported(head):
         yield None
         return
-    patched: list[nn.Module] = []
-    fused: list[tuple[nn.Module, str]] = []
+    swapped: list[tuple[nn.Module, str, nn.Module | None]] = []  # (parent, name, original)
+
+    def swap(parent: nn.Module, name: str, new: nn.Module) -> None:
+        swapped.append((parent, name, getattr(parent, name)))
+        setattr(parent, name, new)
+
     try:
         with torch.no_grad():
             for layer in model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                attn.fused_qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], batch_hint)
-                mlp.fused_gate_up = _fused([mlp.gate_proj, mlp.up_proj], batch_hint)
-                fused += [(attn, "fused_qkv"), (mlp, "fused_gate_up")]
-                for m in (attn.o_proj, mlp.down_proj):
-                    # an instance attribute shadows the class's forward until it is deleted again
-                    m.forward = PackedLinear(effective_weight(m), m.bias, batch_hint)
-                    patched.append(m)
+                swap(attn, "packed_qkv", _fused([attn.q_proj, attn.k_proj, attn.v_proj], batch_hint))
+                swap(mlp, "packed_gate_up", _fused([mlp.gate_proj, mlp.up_proj], batch_hint))
+                for parent, name in ((attn, "o_proj"), (mlp, "down_proj")):
+                    m = getattr(parent, name)
+                    swap(parent, name, PackedLinear(effective_weight(m), m.bias, batch_hint))
             lm_head = _packed_head(model, head, batch_hint)
         yield lm_head
     finally:
-        for m in patched:
-            del m.forward
-        for m, name in fused:
-            setattr(m, name, None)
+        for parent, name, original in reversed(swapped):
+            setattr(parent, name, original)

@@ -228,48 +228,47 @@ def generate(
         model.train(was_training)
 
 
+def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad_id: int):
+    """Run the P prompts once, left-padded into one batch, and expand them to their groups.
+
+    Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
+    and values once, shared by their G completions, their padding kept, so decode steps pass no attention
+    mask) and each row's position of the first new token (N, 1).
+    """
+    dev = model.lm_head_weight.device
+    P = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
+    L = int(lens.max())
+    # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
+    ids = torch.full((P, L), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+    ids = ids.to(dev)  # (P, L)
+    attn = None
+    if bool((lens < L).any()):
+        attn = (torch.arange(L, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, L) 0 on pads
+        pos = (attn.cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
+    else:
+        pos = torch.arange(L, device=dev).expand(P, L)
+    # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
+    # without casting the whole cache at every step
+    W = model.lm_head_weight
+    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else None
+    cache = model.new_kv_cache(P, L, dtype=cache_dtype)
+    h = model(ids, position_ids=pos, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, L, H)
+    logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
+    grouped = GroupedKVCache(cache, G, max_new, prompt_mask=attn)
+    return logits.repeat_interleave(G, 0), grouped, lens.repeat_interleave(G)[:, None]
+
+
 def _generate(
     model, head, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
 ) -> Generation:  # fmt: skip
     W = model.lm_head_weight  # (V, H)
     lm_head = head if head is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     dev = W.device
-    P, N = len(prompts), len(prompts) * G
-    lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
-    L = int(lens.max())
-
-    # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
-    ids = torch.full((P, L), pad_id, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-    ids = ids.to(dev)  # (P, L)
-    padded = bool((lens < L).any())
-    attn = None
-    if padded:
-        attn = (torch.arange(L, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, L) 0 on pads
-        pos = (attn.cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
-    else:
-        pos = torch.arange(L, device=dev).expand(P, L)
-
-    # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
-    # without casting the whole cache at every step
-    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else None
-    cache = model.new_kv_cache(P, L, dtype=cache_dtype)
-    h = model(
-        ids,
-        position_ids=pos,
-        attention_mask=attn,
-        kv_cache=cache,
-        return_hidden=True,
-    )
-    logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
-
-    # expand the prefilled prompts to their groups: G rows per prompt, adjacent; the prompts' keys and
-    # values stay shared (one copy per prompt), each completion adds its own; the cache keeps the prompts'
-    # padding, so decode steps pass no attention mask
-    cache = GroupedKVCache(cache, G, max_new, prompt_mask=attn)
-    logits = logits.repeat_interleave(G, 0)  # (N, V)
-    next_pos = lens.repeat_interleave(G)[:, None]  # (N, 1) position of the first new token
+    N = len(prompts) * G
+    logits, cache, next_pos = _prefill(model, lm_head, prompts, G, max_new, pad_id)  # (N, V), ...
 
     tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
     logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from nanogrpo import lora
+from nanogrpo.attention import decode_attention
 from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
 from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
-from nanogrpo.model import Transformer, decode_attention
+from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
 from nanogrpo.packed import PackedLinear, packed_weights, packing_supported
 from nanogrpo.sampling import generate
@@ -155,18 +156,18 @@ def test_packed_weights_fold_lora_and_restore(tiny_dir):
         before, qkv = proj(xo), torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
         gate_up = torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1)
         with packed_weights(model, batch_hint=4) as head:
-            assert head is not None
-            inside = proj(xo)
-            qkv_in, gate_up_in = attn.fused_qkv(x), mlp.fused_gate_up(x)
+            assert head is not None and isinstance(attn.o_proj, PackedLinear)  # swapped in
+            inside = attn.o_proj(xo)
+            qkv_in, gate_up_in = attn.packed_qkv(x), mlp.packed_gate_up(x)
             logits = head(x)
         after = proj(xo)
-    assert torch.equal(before, after) and "forward" not in proj.__dict__
-    assert attn.fused_qkv is None and mlp.fused_gate_up is None
+    assert torch.equal(before, after) and attn.o_proj is proj
+    assert attn.packed_qkv is None and mlp.packed_gate_up is None
     for got, want in [(inside, before), (qkv_in, qkv), (gate_up_in, gate_up)]:
         torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
     torch.testing.assert_close(logits.float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02)
     with lora.disabled(model), torch.no_grad(), packed_weights(model, batch_hint=4):
-        base = proj(xo)  # a disabled adapter is not folded in
+        base = attn.o_proj(xo)  # a disabled adapter is not folded in
     torch.testing.assert_close(base.float(), proj.base_layer(xo).float(), atol=0.05, rtol=0.02)
 
 

@@ -43,6 +43,8 @@ def console_line(m: dict[str, Any]) -> str:
         v = m.get(key)
         if v is not None:  # kl is None when no KL is computed
             parts.append(f"{label} {fmt.format(v)}")
+    if m.get("resample_rounds"):  # --grpo.dynamic-sampling drew more: informative groups of those drawn
+        parts.append(f"kept {m['groups_kept']}/{m['groups_drawn']}")
     if m.get("tok_per_s"):
         parts.append(f"{_fmt_rate(m['tok_per_s'])} tok/s")
     if "t_step" in m:
@@ -193,28 +195,39 @@ PLOTS = {
     "kl_entropy": ["kl", "entropy"],
     "sampler_gap": ["sampler_abs_diff", "sampler_kl"],
     "length": ["len_mean", "len_max"],
+    "len_corr": [],  # every hack/len_corr/<grader>: within-group correlation of score and length
     "clip": ["clip_low", "clip_high", "frac_zero_std"],
     "grad_norm": ["grad_norm"],
     "loss": ["loss"],
 }
 
 
-def plot_metrics(out_dir: Path) -> list[Path]:
-    """One PNG per panel from metrics.jsonl (reward also shows each grader and a +-1 std band)."""
+PREFIXES = {"reward": "reward/", "len_corr": "hack/len_corr/"}  # panels that also show every key so prefixed
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_metrics(out_dir: Path) -> list[Path]:
+    """One PNG per panel from metrics.jsonl (reward also shows each grader and a +-1 std band), and
+    reward_vs_length.png from samples.jsonl."""
+    plt = _pyplot()
     rows = read_jsonl(out_dir / "metrics.jsonl")
     if not rows:
         return []
     steps = [r["step"] for r in rows]
     written = []
     for name, keys in PLOTS.items():
+        if name in PREFIXES:
+            keys = keys + sorted({k for r in rows for k in r if k.startswith(PREFIXES[name])})
         keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
-        if name == "reward":
-            keys += sorted({k for r in rows for k in r if k.startswith("reward/")})
         if not keys:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -235,4 +248,32 @@ def plot_metrics(out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    return written
+    return written + plot_reward_vs_length(out_dir)
+
+
+def plot_reward_vs_length(out_dir: Path) -> list[Path]:
+    """reward_vs_length.png: every logged completion's reward against its length (tokens), coloured by
+    step: a cloud that tilts up over the run says the reward pays for length. [] with no samples."""
+    pts = [
+        (c["length"], c["reward"], s["step"])
+        for s in read_jsonl(out_dir / "samples.jsonl")
+        for g in s.get("groups") or []
+        for c in g.get("completions") or []
+        if c.get("reward") is not None and c.get("length") is not None
+    ]
+    if not pts:
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs, ys, steps = zip(*pts)
+    dots = ax.scatter(xs, ys, c=steps, cmap="viridis", s=8, alpha=0.6)
+    fig.colorbar(dots, ax=ax, label="step")
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("reward")
+    ax.set_title("reward vs length")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "reward_vs_length.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

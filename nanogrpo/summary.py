@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rewards.diagnostics import hacking_totals
+from rewards.registry import mean_metrics
+
 from . import dist, grpo
 
 
@@ -33,7 +36,7 @@ def grpo_summary(
     roll, reward: torch.Tensor, parts: dict, zero_std: torch.Tensor, upd, kl_pen, has_ref
 ) -> dict:
     """The logged means of a GRPO step: rewards (each grader's too), group spread, entropy, lengths,
-    the loss's stats (grpo.finalize_stats) and, when there is one, the KL."""
+    the loss's stats (grpo.finalize_stats), score against length (hack/*) and, when there is one, the KL."""
     valid = ~reward.isnan()  # (N,) completions some grader scored
     t = Totals(
         sums={
@@ -72,6 +75,10 @@ def grpo_summary(
         "loss": s["loss"],
         **grpo.finalize_stats({**loss_stats.sums, **loss_stats.maxes}),
     }
+    # reward hacking: each grader's score against completion length within groups (rewards/diagnostics.py)
+    r_rows = [None if x != x else x for x in reward.tolist()]  # NaN: no reward
+    hack = hacking_totals(parts, r_rows, roll.lengths.tolist(), len(roll.texts) // len(roll.rows))
+    m.update({f"hack/{k}": v for k, v in mean_metrics(Totals(hack).reduce().sums).items()})
     if not has_ref:
         m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
     if kl_pen is not None:

@@ -27,7 +27,7 @@ from rewards.registry import (
 )
 
 # `grade` is the command line (python -m rewards.grade); importing it here would make -m warn
-_NOT_GRADERS = {"base", "options", "registry", "grade", "text"}
+_NOT_GRADERS = {"base", "diagnostics", "options", "registry", "grade", "text"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _NOT_GRADERS and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")

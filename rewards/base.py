@@ -23,6 +23,9 @@ class Sample:
     """Index of the prompt's group in the batch: completions of the same prompt share it."""
     row: dict[str, Any] = field(default_factory=dict)
     """The data row's fields (reference, answer, labels, key_points, rubric, ...)."""
+    tokens: int | None = None
+    """The completion's length in tokens as sampled (what --sampling.max-new-tokens caps), set by the
+    trainer; None where the caller does not know it (graders that need it, like overlong, return None)."""
 
 
 class Grader:

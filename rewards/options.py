@@ -1,12 +1,14 @@
 """Grader options: the flags under `--reward.*` (tyro reads the field docstrings for --help).
 
 Each grader family reads its own fields from one RewardConfig; judges and rubric judges keep their
-options in nested dataclasses.
+options in nested dataclasses. `with_max_tokens` fills in the one option that comes from the trainer's
+sampler (overlong's limit).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,18 @@ class RewardConfig:
     """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
     style_allow_user_code: bool = False
     """style: required to run style_user_checks (they import and run your Python code)."""
+    aggregate: Literal["sum", "normalize-then-sum"] = "sum"
+    """How the graders' scores become one reward: 'sum' (the weighted sum above) or 'normalize-then-sum'
+    (GDPO: each grader's scores z-scored within their group first, so a wide-range grader cannot drown
+    the others; the logged reward/<grader> stay raw)."""
+    gate: str = ""
+    """Gates, ';'- or ','-separated: 'rouge_l<format' scores rouge_l 0 where format is below 1,
+    'rouge_l<format>=0.5' sets the threshold; a gating grader not in --reward.spec is added with weight 0."""
+    overlong_buffer: int = 0
+    """overlong: B, the last tokens before the limit over which the penalty ramps from 0 down to -1
+    (DAPO's soft overlong punishment); 0 = a quarter of the limit."""
+    overlong_max_tokens: int = 0
+    """overlong: L, the length that scores -1; 0 = --sampling.max-new-tokens (the trainer fills it in)."""
     max_empty_steps: int = 3
     """Stop the run (exit 2) after this many steps in a row in which no completion got a reward (every
     grader None: a judge server that stopped answering, say); 0 = never stop."""
@@ -135,3 +149,10 @@ class RewardConfig:
     """The group LLM judge."""
     rubric: RubricConfig = field(default_factory=RubricConfig)
     """Rubric judges."""
+
+
+def with_max_tokens(cfg: RewardConfig, max_new_tokens: int) -> RewardConfig:
+    """cfg with overlong's limit L set to the sampler's `max_new_tokens` where it was left at 0 (auto)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--sampling.max-new-tokens must be >= 1, got {max_new_tokens}")
+    return replace(cfg, overlong_max_tokens=max_new_tokens) if cfg.overlong_max_tokens == 0 else cfg

@@ -10,12 +10,20 @@ keep their total: with weights that sum to 1 the reward stays a weighted mean in
 unweighted sum 'a:1,b:1' stays a sum in [0, 2]. A weight of 0 computes and logs a grader without
 letting it into the reward. All components None -> the reward is None (the trainer skips the row).
 `mix(...)` builds a named composite grader (e.g. 'judge+numbers') with the same rule, as a weighted mean.
+
+Two options change what goes into that sum (docs/STABILITY.md). `--reward.gate 'rouge_l<format'` scores
+rouge_l 0 on the rows where format is below its threshold (a gate). `--reward.aggregate
+normalize-then-sum` z-scores each grader's scores within their group before the sum (GDPO, Liu et al.
+2026), which then goes through the trainer's usual group advantage where GDPO normalises the summed
+advantages over the batch. Both leave the components returned for logging raw.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rewards.base import Grader, Sample
@@ -92,6 +100,89 @@ def combine(
     return total * sum(s * (w / wsum) for s, w in avail)  # normalise first: tiny weights stay exact
 
 
+AGGREGATES = ("sum", "normalize-then-sum")
+GATE_FORM = (
+    "'A<B' (A counts where B scores >= 1) or 'A<B>=0.5', several separated by ';', e.g. 'rouge_l<format'"
+)
+
+
+def normalize_in_groups(scores: Sequence[float | None], groups: Sequence[int]) -> list[float | None]:
+    """Each score z-scored within its group (rows sharing `groups[i]`): (s - mean) / std over the group's
+    scored rows (std unbiased, as the advantages). None stays None and is left out of the statistics; a
+    group with fewer than 2 scored rows, or whose scores are all equal, gets exactly 0."""
+    by_group: dict[int, list[int]] = {}
+    for i, (s, g) in enumerate(zip(scores, groups)):
+        if s is not None:
+            by_group.setdefault(g, []).append(i)
+    out = list(scores)
+    for idx in by_group.values():
+        vals = [scores[i] for i in idx]
+        n, mean = len(vals), sum(vals) / len(vals)
+        spread = n >= 2 and max(vals) > min(vals)  # exact equality, as the advantages' zero-spread flag
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if spread else 0.0
+        for i, v in zip(idx, vals):
+            out[i] = (v - mean) / std if spread else 0.0
+    return out
+
+
+@dataclass(frozen=True)
+class Gate:
+    """'A<B>=t': grader A's score counts only on rows where grader B scores at least t."""
+
+    target: str
+    gate: str
+    threshold: float = 1.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.target}<{self.gate}" + ("" if self.threshold == 1.0 else f">={self.threshold:g}")
+
+
+def parse_gates(text: str) -> list[Gate]:
+    """'rouge_l<format; judge<numbers>=0.5' -> [Gate('rouge_l', 'format', 1.0), Gate('judge', 'numbers', 0.5)]."""
+    out: list[Gate] = []
+    for part in re.split(r"[;,]", text):
+        part = part.strip()
+        if not part:
+            continue
+        target, sep, rest = part.partition("<")
+        gate, has_t, t = rest.partition(">=")
+        target, gate = target.strip(), gate.strip()
+        if not (sep and target and gate) or any(c in gate + target for c in "<>="):
+            raise ValueError(f"--reward.gate: cannot read {part!r}; write {GATE_FORM}")
+        try:
+            threshold = float(t) if has_t else 1.0
+        except ValueError:
+            threshold = math.nan
+        if not math.isfinite(threshold):
+            raise ValueError(
+                f"--reward.gate: threshold {t.strip()!r} in {part!r} is not a number; write {GATE_FORM}"
+            )
+        if target == gate:
+            raise ValueError(f"--reward.gate: {part!r} gates '{target}' on itself; name another grader as B")
+        out.append(Gate(target, gate, threshold))
+    return out
+
+
+def apply_gates(
+    components: dict[str, list[float | None]], gates: Sequence[Gate]
+) -> tuple[dict[str, list[float | None]], list[tuple[int, int]]]:
+    """The components with each gate applied: A becomes 0.0 where B scored below the threshold (A None stays
+    None; B None, B not applying, leaves A as it is). Gates read B's own score, not B after its gates.
+    Also, per gate, (rows it closed, rows A scored)."""
+    out, counts = dict(components), []
+    for g in gates:
+        a, b = list(out[g.target]), components[g.gate]
+        shut = [
+            i for i, (x, y) in enumerate(zip(a, b)) if x is not None and y is not None and y < g.threshold
+        ]
+        for i in shut:
+            a[i] = 0.0
+        out[g.target] = a
+        counts.append((len(shut), sum(x is not None for x in components[g.target])))
+    return out, counts
+
+
 def _row_errors(graders: dict[str, Grader], rows: Sequence[dict], path: str) -> None:
     for i, row in enumerate(rows):
         for name, g in graders.items():
@@ -147,10 +238,20 @@ def mean_metrics(summed: dict[str, float]) -> dict[str, float | None]:
 class RewardFunction:
     """The reward of a training run: several graders, weighted (see the module docstring)."""
 
-    def __init__(self, graders: dict[str, Grader], weights: dict[str, float], max_empty_steps: int = 0):
+    def __init__(
+        self,
+        graders: dict[str, Grader],
+        weights: dict[str, float],
+        max_empty_steps: int = 0,
+        aggregate: str = "sum",
+        gates: Sequence[Gate] = (),
+    ):
         assert graders.keys() == weights.keys(), "one weight per grader"
+        assert aggregate in AGGREGATES, f"aggregate must be one of {AGGREGATES}, got {aggregate!r}"
         self.graders = graders
         self.weights = weights
+        self.aggregate, self.gates = aggregate, list(gates)
+        self._gate_counts = [(0, 0)] * len(self.gates)  # the last call's (closed, scored) per gate
         self.empty_steps = EmptySteps(max_empty_steps)
         """The trainer calls `empty_steps.update(n_valid)` once a step (--reward.max-empty-steps)."""
         self._last_n = -1
@@ -178,15 +279,27 @@ class RewardFunction:
     def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
         self._last_n = len(batch)
         components = {name: g(batch) for name, g in self.graders.items()}
+        scores = components  # what goes into the sum; the components stay raw for logging
+        if self.gates:
+            scores, self._gate_counts = apply_gates(components, self.gates)
+        if self.aggregate == "normalize-then-sum":
+            groups = [s.group for s in batch]
+            scores = {
+                n: normalize_in_groups(v, groups) if self.weights[n] > 0 else v for n, v in scores.items()
+            }
         names = list(self.graders)
         weights = [self.weights[n] for n in names]
-        rewards = [combine([components[n][i] for n in names], weights) for i in range(len(batch))]
+        rewards = [combine([scores[n][i] for n in names], weights) for i in range(len(batch))]
         return rewards, components
 
     def metrics(self) -> dict[str, float]:
         """Every grader's extra numbers, keyed 'grader/metric': counts and sums, the same keys at every
-        step, to sum over ranks; `mean_metrics` of the sum gives the means."""
-        return {f"{name}/{k}": v for name, g in self.graders.items() for k, v in g.metrics().items()}
+        step, to sum over ranks; `mean_metrics` of the sum gives the means. Each gate adds
+        'gate/A<B/closed': the fraction of A's scored rows it set to 0."""
+        out = {f"{name}/{k}": v for name, g in self.graders.items() for k, v in g.metrics().items()}
+        for g, (closed, scored) in zip(self.gates, self._gate_counts):
+            out[f"gate/{g.key}/closed_sum"], out[f"gate/{g.key}/closed_n"] = float(closed), float(scored)
+        return out
 
     def details(self) -> dict[str, list]:
         """Per-completion details of the last call, from graders that keep `last_details` (the judge's
@@ -203,7 +316,8 @@ class RewardFunction:
 
 
 def build_reward(cfg: RewardConfig) -> RewardFunction:
-    """The reward named by `cfg.spec`, each grader built from `cfg`."""
+    """The reward named by `cfg.spec`, each grader built from `cfg`, with `cfg.gate` and `cfg.aggregate`;
+    a gate's B that is not in the spec is added with weight 0 (computed and logged, not rewarded)."""
     if not cfg.spec.strip():
         raise ValueError(
             f"--reward.spec is empty; name graders with weights, e.g. 'rouge_l:1' (known: {', '.join(known())})"
@@ -214,7 +328,19 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
         raise ValueError(
             f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}"
         )
-    return RewardFunction({n: make(n, cfg) for n, _ in spec}, dict(spec), cfg.max_empty_steps)
+    if cfg.aggregate not in AGGREGATES:
+        raise ValueError(f"--reward.aggregate {cfg.aggregate!r}: use 'sum' or 'normalize-then-sum'")
+    weights, gates = dict(spec), parse_gates(cfg.gate)
+    for g in gates:
+        if g.target not in dict(spec):
+            raise ValueError(f"--reward.gate '{g.key}': '{g.target}' is not in --reward.spec {cfg.spec!r}")
+        if g.gate not in _REGISTRY:
+            raise ValueError(
+                f"unknown grader '{g.gate}' in --reward.gate '{g.key}'; known graders: {', '.join(known())}"
+            )
+        weights.setdefault(g.gate, 0.0)
+    graders = {n: make(n, cfg) for n in weights}
+    return RewardFunction(graders, weights, cfg.max_empty_steps, cfg.aggregate, gates)
 
 
 class Mix(Grader):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nanogrpo.eval import report
 from nanogrpo.eval.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,8 @@ def make_fake_run(root: Path) -> Path:
              "reward/exact": 0.1 * (s % 3), "frac_zero_std": 0.25, "kl": 0.001 * s if s != 5 else None,
              "entropy": 2.0 - 0.05 * s, "clip_low": 0.0, "clip_high": 0.01, "ratio_max": 1.1, "len_mean": 30 - s,
              "len_max": 64, "trunc_rate": 0.0, "grad_norm": 0.5, "lr": 1e-4, "tok_per_s": 4000.0, "t_sample": 1.0,
-             "t_score": 0.1, "t_train": 0.7}  # fmt: skip
+             "t_score": 0.1, "t_train": 0.7, "hack/len_corr/rouge_l": 0.05 * s - 0.2,
+             "hack/len_corr/reward": 0.04 * s if s != 3 else None, "hack/best_is_longest/rouge_l": 0.25}  # fmt: skip
         lines.append(json.dumps(m))
     (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 13, "loss": 0.0')  # a run in progress
     rng = np.random.default_rng(0)
@@ -159,8 +161,9 @@ def test_page_renders_in_chromium(run_dir, tmp_path):
     assert c.get("svg.curve", 0) >= 4  # reward, KL, entropy, length at least
     assert c.get("script", 0) == 2  # the data and the page's own script: completions stay text
     assert c.get("table.config", 0) == 1
-    for name in ("reward", "KL", "entropy", "length"):
+    for name in ("reward", "KL", "entropy", "length", "score-length correlation in groups"):
         assert f'data-title="{name}"' in res.stdout
+    assert c.get("svg.scatter", 0) == 1 and c.get("circle.point", 0) == want["completions"]
 
     shot = tmp_path / "page.png"
     res = chromium(f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri(), tmp=tmp_path)
@@ -183,6 +186,32 @@ def test_page_is_self_contained_and_escaped(tmp_path):
     assert "<script>alert(" not in page and "&lt;script&gt;alert(" in page
     assert "<b>not bold</b>" not in page
     assert "close to the reference" in page and "correctness 4" in page  # judge marks and reason
+
+
+def test_reward_length_scatter_and_hacking_curves(tmp_path):
+    """One point per logged completion with a reward and a length, coloured from the first logged step
+    (the first colour) to the last (the second); each hack/len_corr/<grader> is one line of one panel."""
+    run = make_fake_run(tmp_path)
+    with (run / "samples.jsonl").open("a") as f:  # no reward, no length: no point
+        f.write(json.dumps({"step": 12, "groups": [{"completions": [{"text": "x", "reward": None, "length": 3},
+                                                                    {"text": "y", "reward": 0.5}]}]}) + "\n")  # fmt: skip
+    page = write_report(run).read_text()
+    scatter = page[page.index('<svg class="curve scatter"') :]
+    scatter = scatter[: scatter.index("</svg>")]
+    samples = _jsonl(run / "samples.jsonl")
+    n = sum(
+        c.get("reward") is not None and "length" in c
+        for s in samples
+        for g in s["groups"]
+        for c in g["completions"]
+    )
+    assert scatter.count('<circle class="point"') == n == 12 + 8 + 12  # 3, 2 and 3 groups of 4
+    assert f'fill="{report.COLORS[0]}"' in scatter and f'fill="{report.COLORS[1]}"' in scatter
+    assert "step 1</text>" in scatter and "step 11</text>" in scatter
+    panel = page[page.index('data-title="score-length correlation in groups"') :]
+    panel = panel[: panel.index("</svg>")]
+    assert panel.count('<path class="series"') == 2 and "hack/len_corr/reward: last 0.480" in panel
+    assert report.svg_scatter("empty", []).count("<circle") == 0  # no points: an empty frame, no error
 
 
 def test_page_of_an_empty_or_missing_run(tmp_path):

@@ -4,7 +4,8 @@
 has a final base-vs-trained evaluation) and writes index.html with everything inline: CSS, a few lines
 of JS, the curves as SVG drawn here (no plotting library, no CDN), and every logged group: prompt,
 reference, each completion with its reward, every grader's score, the judge's marks and reason, and
-the advantage. It tolerates a run in progress: the logs are read as the trainer reads them on resume
+the advantage, and a scatter of every logged completion's reward against its length, coloured by step
+(with the hack/* curves: does the reward pay for length?). It tolerates a run in progress: the logs are read as the trainer reads them on resume
 (metrics.read_jsonl), so a half-written last line is skipped and a damaged line before it is an error.
 """
 
@@ -26,12 +27,19 @@ PANELS: list[tuple[str, list[str]]] = [
     ("sampler-trainer gap", ["sampler_abs_diff", "sampler_kl"]),
     ("entropy", ["entropy"]),
     ("length", ["len_mean", "len_max"]),
+    ("score-length correlation in groups", []),  # every hack/len_corr/<grader>
+    ("best is longest (fraction of groups)", []),  # every hack/best_is_longest/<grader>
     ("loss", ["loss"]),
     ("zero-std groups / truncation", ["frac_zero_std", "trunc_rate"]),
     ("clipped fraction", ["clip_low", "clip_high"]),
     ("grad norm", ["grad_norm"]),
     ("time per step (s)", ["t_sample", "t_score", "t_train"]),
 ]
+PREFIXES = {  # panels that carry every key with this prefix
+    "reward": "reward/",
+    "score-length correlation in groups": "hack/len_corr/",
+    "best is longest (fraction of groups)": "hack/best_is_longest/",
+}
 COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#bab0ac"]
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 380, 210, 52, 12, 28, 30
 
@@ -77,19 +85,21 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def svg_chart(title: str, steps: list[float], series: dict[str, list[float | None]]) -> str:
-    """A line chart as an <svg class="curve">; each series is one <path class="series">, gaps where None."""
-    vals = [v for ys in series.values() for v in ys if v is not None]
+def _span(vals: list[float]) -> tuple[float, float]:
+    """The axis range of some values: widened when flat, padded 4% so marks stay off the frame."""
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
     if hi - lo < 1e-12:
         lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
-    lo, hi = lo - 0.04 * (hi - lo), hi + 0.04 * (hi - lo)  # keep lines off the frame
-    x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
-    x1 = x1 if x1 > x0 else x0 + 1
+    return lo - 0.04 * (hi - lo), hi + 0.04 * (hi - lo)
+
+
+def _frame(cls: str, title: str, xr: tuple[float, float], yr: tuple[float, float]):
+    """An <svg> chart's opening, title, grid, ticks and axes, and its data-to-pixel maps px, py."""
+    (x0, x1), (lo, hi) = xr, yr
     px = lambda x: PAD_L + (x - x0) / (x1 - x0) * (W - PAD_L - PAD_R)
     py = lambda y: H - PAD_B - (y - lo) / (hi - lo) * (H - PAD_T - PAD_B)
     out = [
-        f'<svg class="curve" width="{W}" height="{H}" viewBox="0 0 {W} {H}" data-title="{html.escape(title)}">',
+        f'<svg class="{cls}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" data-title="{html.escape(title)}">',
         f'<text class="title" x="{PAD_L}" y="16">{html.escape(title)}</text>',
     ]
     for t in _ticks(lo, hi):
@@ -100,6 +110,14 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
     for t in _ticks(x0, x1):
         out.append(f'<text x="{px(t):.1f}" y="{H - PAD_B + 14}" text-anchor="middle">{t:g}</text>')
     out.append(f'<path class="axis" d="M{PAD_L},{PAD_T} V{H - PAD_B} H{W - PAD_R}"/>')
+    return out, px, py
+
+
+def svg_chart(title: str, steps: list[float], series: dict[str, list[float | None]]) -> str:
+    """A line chart as an <svg class="curve">; each series is one <path class="series">, gaps where None."""
+    x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
+    yr = _span([v for ys in series.values() for v in ys if v is not None])
+    out, px, py = _frame("curve", title, (x0, x1 if x1 > x0 else x0 + 1), yr)
     lx = PAD_L + 4
     for k, (name, ys) in enumerate(series.items()):
         color = COLORS[k % len(COLORS)]
@@ -126,15 +144,52 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
     return "".join(out)
 
 
-def curves_html(metrics: list[dict]) -> str:
-    """One chart per panel that has data; the reward panel carries every reward/<grader> line."""
+def _mix(c0: str, c1: str, t: float) -> str:
+    """The colour a fraction t of the way from c0 to c1 ('#rrggbb')."""
+    a, b = (tuple(int(c[i : i + 2], 16) for i in (1, 3, 5)) for c in (c0, c1))
+    return "#" + "".join(f"{round(u + t * (v - u)):02x}" for u, v in zip(a, b))
+
+
+def svg_scatter(title: str, points: list[tuple[float, float, float]], xlabel: str = "length") -> str:
+    """(x, y, step) points as an <svg class="curve scatter"> of <circle class="point">, coloured from the
+    first step (blue) to the last (orange)."""
+    s0, s1 = (min(p[2] for p in points), max(p[2] for p in points)) if points else (0, 1)
+    out, px, py = _frame("curve scatter", title, _span([p[0] for p in points]), _span([p[1] for p in points]))
+    c0, c1 = COLORS[0], COLORS[1]
+    for x, y, st in points:
+        c = _mix(c0, c1, (st - s0) / (s1 - s0) if s1 > s0 else 1.0)
+        out.append(
+            f'<circle class="point" cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{c}" fill-opacity="0.6">'
+            f"<title>step {st:g}: {xlabel} {x:g}, reward {_fmt(y)}</title></circle>"
+        )
+    out.append(f'<text x="{W - PAD_R}" y="{H - 4}" text-anchor="end">{xlabel} (tokens)</text>')
+    out.append(f'<text x="{PAD_L + 4}" y="{H - 4}" style="fill:{c0}">step {s0:g}</text>')
+    out.append(f'<text x="{PAD_L + 70}" y="{H - 4}" style="fill:{c1}">step {s1:g}</text></svg>')
+    return "".join(out)
+
+
+def length_scatter_html(samples: list[dict], max_steps: int) -> str:
+    """The logged completions' reward against their length (tokens), coloured by step; at most
+    `max_steps` logged steps, evenly spread over the run."""
+    samples = samples[:: math.ceil(len(samples) / max_steps)] if len(samples) > max_steps else samples
+    points = [
+        (n, r, float(s.get("step", 0)))
+        for s in samples
+        for g in s.get("groups") or []
+        for c in g.get("completions") or []
+        if (n := _num(c.get("length"))) is not None and (r := _num(c.get("reward"))) is not None
+    ]
+    return svg_scatter("reward vs completion length", points) if points else ""
+
+
+def curves_html(metrics: list[dict], scatter: str = "") -> str:
+    """One chart per panel that has data (the reward panel carries every reward/<grader> line), and
+    `scatter` (an <svg> of reward against length) after the length panel."""
     if not metrics:
         return '<p class="muted">No metrics yet (metrics.jsonl is empty or missing).</p>'
     steps = [m.get("step", i) for i, m in enumerate(metrics)]
     keys = list(dict.fromkeys(k for m in metrics for k in m if k != "step" and _num(m[k]) is not None))
-    panels = [
-        (t, ks + [k for k in keys if k.startswith("reward/")] if t == "reward" else ks) for t, ks in PANELS
-    ]
+    panels = [(t, ks + [k for k in keys if t in PREFIXES and k.startswith(PREFIXES[t])]) for t, ks in PANELS]
     used = {k for _, ks in panels for k in ks}
     panels += [(k, [k]) for k in keys if k not in used]
     charts = []
@@ -142,6 +197,8 @@ def curves_html(metrics: list[dict]) -> str:
         series = {k: [_num(m.get(k)) for m in metrics] for k in ks if k in keys}
         if series:
             charts.append(svg_chart(title, steps, series))
+        if title == "length":  # the reward against length comes next to the length curves
+            charts.append(scatter)
     return f'<div class="grid">{"".join(charts)}</div>'
 
 
@@ -291,7 +348,7 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
         f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(run_dir.name)}</title>"
         f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
         f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev)}"
-        f"<section id='curves'><h2>Curves</h2>{curves_html(metrics)}</section>"
+        f"<section id='curves'><h2>Curves</h2>{curves_html(metrics, length_scatter_html(samples, max_sample_steps))}</section>"
         f"<section id='samples'><h2>Samples</h2>{samples_html(samples, max_sample_steps)}</section>"
         f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"
         f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"

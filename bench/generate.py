@@ -8,8 +8,10 @@ to P*G rows before its prefill (num_return_sequences); nanogrpo prefills P rows 
     python bench/generate.py --model random:qwen2.5-1.5b --device cuda --roofline 1,64 --json gen.json
 
 --roofline B1,B2 also times nanogrpo's decode step alone at each batch (P x G rows) and compares the bytes
-a step must read (weights + KV cache) per second with the device's copy bandwidth (measured here on CUDA,
-or --peak-gbs): the share of the memory-bandwidth roofline that decoding reaches.
+a step must read (weights + KV cache) per second with the device's copy bandwidth (measured here, or
+--peak-gbs), and its FLOPs per second with the machine's matmul rate (measured at a large shape): the
+share of each roofline that decoding reaches, and the step's floor (the slower of the two). On a CPU it
+is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
 
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
@@ -118,6 +120,25 @@ def copy_bandwidth_gbs(device: str) -> float:
     return 2 * x.numel() * x.element_size() / statistics.median(wall) / 1e9
 
 
+def matmul_gflops(dtype: torch.dtype, device: str) -> float | None:
+    """The machine's matmul rate at a large shape (1024 x 2048 @ 2048 x 2048), GFLOP/s; None if the dtype's
+    matmul does not run here. On a CPU this is the compute ceiling a decode step's matmuls can reach."""
+    if device == "cpu" and dtype == torch.bfloat16 and not cpu_capability().onednn_bf16:
+        return None  # no bf16 units: the bf16 matmul is emulated, not a ceiling worth quoting
+    x = torch.randn(1024, 2048, device=device).to(dtype)
+    w = torch.randn(2048, 2048, device=device).to(dtype)
+    wall, _ = timed(lambda: torch.mm(x, w), warmup=2, repeats=5)
+    return 2 * 1024 * 2048 * 2048 / statistics.median(wall) / 1e9
+
+
+def cpu_copy_gbs() -> float:
+    """CPU copy bandwidth (bytes read + written per second) over 256 MiB, many times the last-level cache."""
+    x = torch.empty(1 << 26, dtype=torch.float32)
+    y = torch.empty_like(x)
+    wall, _ = timed(lambda: y.copy_(x), warmup=2, repeats=10)
+    return 2 * x.numel() * 4 / statistics.median(wall) / 1e9
+
+
 def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int, peak: float) -> dict:
     """Seconds per decode step at `batch` rows (P prompts x G), from two timings of the same prompts
     ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and the bytes a
@@ -146,11 +167,14 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem  # bytes per cached token
     kv = (P * max(map(len, prompts)) + batch * N / 2) * kv_token
     gbs = (weights + kv) / t_step / 1e9
+    # every weight is one multiply-add per row, the LM head included (the embedding gather is free)
+    matmul_params = sum(p.numel() for p in params) - (0 if tied else model.model.embed_tokens.weight.numel())
+    flops = 2 * batch * matmul_params  # attention's own FLOPs are small at these lengths
     return {
         "batch": batch, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
         "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
         "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
-        "utilisation": gbs / peak if peak else None,
+        "utilisation": gbs / peak if peak else None, "flops_step": flops, "GFLOPs": flops / t_step / 1e9,
     }  # fmt: skip
 
 
@@ -175,7 +199,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per sampler (the median is shown)")
     ap.add_argument("--only", choices=["nanogrpo", "transformers"], default=None, help="run one side only")
     ap.add_argument(
-        "--roofline", default="", help="decode batches to time against the bandwidth roofline, e.g. 1,64"
+        "--roofline",
+        default="auto",
+        help="decode batches to time against the roofline, e.g. 1,64 ('auto': P x G on a CPU, off on a GPU; '' off)",
     )
     ap.add_argument("--peak-gbs", type=float, default=0.0, help="peak bandwidth (0: measure a copy on CUDA)")
     ap.add_argument("--json", default="", help="also write every measurement to this file")
@@ -185,6 +211,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     P, G, N = args.prompts, args.group, args.new_tokens
+    if args.roofline == "auto":
+        args.roofline = str(P * G) if args.device == "cpu" else ""
     batches = [int(b) for b in args.roofline.split(",") if b]
     notes: list[str] = []
     # a random model without safetensors is built in memory (no folder, no tokenizer, no transformers side)
@@ -207,6 +235,7 @@ def main() -> None:
         only = "nanogrpo"
     results: dict[str, tuple[tuple[list[float], list[float]], int]] = {}
     roofline: list[dict] = []
+    ceilings: dict = {}
     peak, peak_from = args.peak_gbs, "--peak-gbs"
 
     if only != "transformers":
@@ -225,6 +254,13 @@ def main() -> None:
         if batches:
             if not peak and args.device.startswith("cuda"):
                 peak, peak_from = copy_bandwidth_gbs(args.device), "measured device copy"
+            elif not peak:
+                peak, peak_from = cpu_copy_gbs(), "measured CPU copy"
+            rate = matmul_gflops(dtype, args.device)
+            ceilings = {"copy_GBps": peak, "matmul_GFLOPs": rate, "dtype": args.dtype}
+            if args.device == "cpu":
+                other = torch.float32 if dtype != torch.float32 else torch.bfloat16
+                ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
             roofline = [decode_roofline(model, prompts, b, args, pad, peak) for b in batches]
         del model
 
@@ -295,14 +331,31 @@ def main() -> None:
     if roofline:
         where = f"peak {peak:.0f} GB/s ({peak_from})" if peak else "no peak bandwidth: pass --peak-gbs"
         print(f"\ndecode vs the bandwidth roofline (weights + KV cache read per step), {where}")
-        print(f"{'batch':>6}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}{'of peak':>9}")
+        rate = ceilings.get("matmul_GFLOPs")
+        if ceilings:
+            rates = ", ".join(
+                f"{k.removeprefix('matmul_GFLOPs_') or args.dtype} {v:.0f}" if v else f"{k} n/a"
+                for k, v in ceilings.items()
+                if k.startswith("matmul_GFLOPs") and k != "matmul_GFLOPs"
+            )
+            print(
+                f"machine ceilings: copy {peak:.1f} GB/s, matmul {args.dtype} "
+                f"{(rate or 0):.0f} GFLOP/s{', ' + rates if rates else ''} (1024x2048 @ 2048x2048)"
+            )
+        head = f"{'batch':>6}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}{'of peak':>9}"
+        print(head + f"{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}")
         for r in roofline:
             util = f"{100 * r['utilisation']:.0f}%" if r["utilisation"] is not None else "-"
             mb = (r["weight_bytes"] + r["kv_bytes_mean"]) / 1e6
             pg = f"{r['P']}x{r['G']}"
+            share = f"{100 * r['GFLOPs'] / rate:.0f}%" if rate else "-"
+            # the step cannot be faster than its bytes at copy speed or its FLOPs at the matmul rate
+            floor = max((r["weight_bytes"] + r["kv_bytes_mean"]) / (peak * 1e9 or float("inf")) * 1e3,
+                        r["flops_step"] / (rate * 1e9) * 1e3 if rate else 0.0)  # fmt: skip
+            r["floor_ms"] = floor
             print(
                 f"{r['batch']:>6}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
-                f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}"
+                f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{floor:>10.1f}"
             )
     print("reproduce: python " + " ".join(shlex.quote(a) for a in ["bench/generate.py", *sys.argv[1:]]))
     if args.json:
@@ -316,7 +369,7 @@ def main() -> None:
                 name: {"wall_s": wall, "cpu_s": cpu, "tokens": n, "tok_per_s_wall": tps[name][0]}
                 for name, ((wall, cpu), n) in results.items()
             },
-            "roofline": roofline,
+            "roofline": roofline, "ceilings": ceilings,
         }  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=2))
 

@@ -131,9 +131,9 @@ class RewardConfig:
     style_allow_user_code: bool = False
     """style: required to run style_user_checks (they import and run your Python code)."""
     aggregate: Literal["sum", "normalize-then-sum"] = "sum"
-    """How the graders' scores become one reward: 'sum' (the weighted sum above) or 'normalize-then-sum'
-    (GDPO: each grader's scores z-scored within their group first, so a wide-range grader cannot drown
-    the others; the logged reward/<grader> stay raw)."""
+    """How the graders' scores become one reward: 'sum' (the weighted sum of --reward.spec) or
+    'normalize-then-sum' (GDPO: each grader's scores z-scored within their group first, so a wide-range
+    grader cannot drown the others; the logged reward/<grader> stay raw)."""
     gate: str = ""
     """Gates, ';'- or ','-separated: 'rouge_l<format' scores rouge_l 0 where format is below 1,
     'rouge_l<format>=0.5' sets the threshold; a gating grader not in --reward.spec is added with weight 0."""

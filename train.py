@@ -178,7 +178,8 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
         pi_logp = in_slices(lambda b: policy.trainer_logprobs(b, temp), roll.batch, micro)  # (N, Tc)
         kl_pen = grpo.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
         score = reward - g.beta * kl_pen  # (N,)
-    adv, zero_std = grpo.compute_advantages(score, g)  # 4. advantages: (N,), (P,)
+    moments = dist.sum_floats(grpo.reward_moments(score)) if g.scale_rewards == "batch" else None  # all ranks
+    adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)
     upd = update(policy, run.opt, run.sched, roll.batch, adv.to(run.device), ref_logp, roll.sampler_logp, cfg)
     m = {"step": step + 1, **grpo_summary(roll, reward, parts, zero_std, upd, kl_pen, ref_logp is not None)}
     m.update(t_sample=roll.seconds, t_score=t2 - t1)

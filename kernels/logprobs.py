@@ -17,7 +17,9 @@ float32 logits [N, V] and a log-softmax of the same size, 2 * 4 * N * V bytes (4
   contract: a few [C, V] float32 tiles at a time, logits recomputed in the backward, not saved.
 
 Both paths save only the per-token log-sum-exp for the backward (the recomputation costs one more
-matmul). Entropy is a metric: returned detached, it adds no backward work.
+matmul). Entropy is a metric, returned detached, unless `entropy_grad=True` (an entropy bonus): then its
+gradient dH/dz_j = -(1/T) q_j (log q_j + H), q = softmax(z / T), joins the softmax gradient in the same
+backward pass (saving the entropy too); without it the backward is unchanged.
 
 Autocast (a full fine-tune: float32 weights, forward under `torch.autocast(..., torch.bfloat16)`): the
 logits matmul is one autocast runs in bf16, but autocast is usually off by the time the backward runs, so
@@ -58,7 +60,7 @@ class LogprobsTorchFunction(torch.autograd.Function):
     """Chunked reference: forward saves only the per-token log-sum-exp, backward recomputes logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_elems):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_elems, entropy_grad=False):
         n, v = hidden.shape[0], weight.shape[0]
         acc = _acc_dtype(hidden.dtype)
         logp = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
@@ -74,14 +76,12 @@ class LogprobsTorchFunction(torch.autograd.Function):
             entropy[s : s + c] = -(logq.exp() * logq).sum(-1)
             lse[s : s + c] = lse_c
             del z, logq
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk_elems = temperature, chunk_elems
-        ctx.mark_non_differentiable(entropy)
+        _save(ctx, hidden, weight, targets, lse, entropy, temperature, chunk_elems, entropy_grad)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n, v = hidden.shape[0], weight.shape[0]
         t = ctx.temperature
@@ -96,7 +96,14 @@ class LogprobsTorchFunction(torch.autograd.Function):
                 z = _chunk_logits(hidden[s : s + c], weight, t)  # (C, V)
                 # d logp / d logits_raw = (onehot(y) - softmax) / T, scaled by the incoming gradient
                 g = grad_logp[s : s + c].to(acc) / t  # (C,)
-                dz = z.sub_(lse[s : s + c, None]).exp_().mul_(-g[:, None])  # (C, V)
+                if entropy is None:
+                    dz = z.sub_(lse[s : s + c, None]).exp_().mul_(-g[:, None])  # (C, V)
+                else:  # + g_H dH/dz: dz = -q (g + g_H (log q + H)) / T, and + g / T at the target below
+                    logq = z.sub_(lse[s : s + c, None])  # (C, V)
+                    q = logq.exp()  # (C, V)
+                    g_h = grad_entropy[s : s + c].to(acc) / t  # (C,)
+                    dz = logq.add_(entropy[s : s + c, None]).mul_(g_h[:, None]).add_(g[:, None])  # (C, V)
+                    dz = dz.mul_(q).neg_()
                 dz.scatter_add_(1, targets[s : s + c, None], g[:, None])
                 if need_h:
                     grad_h[s : s + c] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
@@ -105,7 +112,15 @@ class LogprobsTorchFunction(torch.autograd.Function):
                 del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
+
+
+def _save(ctx, hidden, weight, targets, lse, entropy, temperature, chunk_elems, entropy_grad) -> None:
+    """What both backwards read: the inputs, the log-sum-exp and, when it is differentiable, the entropy."""
+    ctx.save_for_backward(hidden, weight, targets, lse, entropy if entropy_grad else None)
+    ctx.temperature, ctx.chunk_elems = temperature, chunk_elems
+    if not entropy_grad:
+        ctx.mark_non_differentiable(entropy)
 
 
 def logprobs_torch(
@@ -114,12 +129,15 @@ def logprobs_torch(
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked PyTorch log-probs and entropies; same contract as `token_logprobs` (autocast included)."""
     _check_inputs(hidden, weight, targets, temperature)
     hidden, weight = _autocast_inputs(hidden, weight)
     with _autocast_off(hidden):
-        return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), int(chunk_elems))
+        return LogprobsTorchFunction.apply(
+            hidden, weight, targets, float(temperature), int(chunk_elems), bool(entropy_grad)
+        )
 
 
 def _autocast_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,9 +246,10 @@ def _logprobs_fwd_kernel(
 @triton.jit
 def _logprobs_bwd_kernel(
     h_ptr, w_ptr, tgt_ptr, lse_ptr, dz_ptr,  # one chunk: hidden (C, H), targets (C,), lse (C,), dz (C, V)
+    ent_ptr, a_ptr, b_ptr,  # ENT_GRAD: entropy (C,), the row's weights of dlogp and dH (C,) (else unused)
     C, V, H, stride_h, stride_w, stride_dz, inv_temp,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-    DOT_F32: tl.constexpr, IEEE: tl.constexpr,
+    DOT_F32: tl.constexpr, IEEE: tl.constexpr, ENT_GRAD: tl.constexpr,
 ):  # fmt: skip
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -241,10 +260,18 @@ def _logprobs_bwd_kernel(
     acc = _logits_tile(h_rows, w_cols, mask_n, mask_v, H, BLOCK_N, BLOCK_V, BLOCK_H, DOT_F32, IEEE)
     tgt = tl.load(tgt_ptr + offs_n, mask=mask_n, other=-1)
     lse = tl.load(lse_ptr + offs_n, mask=mask_n, other=0.0)
-    p = tl.exp(acc * inv_temp - lse[:, None])  # softmax, from the saved log-sum-exp
+    logq = acc * inv_temp - lse[:, None]
+    p = tl.exp(logq)  # softmax, from the saved log-sum-exp
+    onehot = tl.where(offs_v[None, :] == tgt[:, None], 1.0, 0.0)
     # d logp / d (h @ W.T) = (onehot(y) - p) / T. The incoming gradient is applied outside, per row, so
     # that fp16 tiles never hold tiny products.
-    dz = (tl.where(offs_v[None, :] == tgt[:, None], 1.0, 0.0) - p) * inv_temp
+    if ENT_GRAD:  # a * dlogp + b * dH, dH = -p (log p + H) / T; a, b: the row's gradients over their max
+        a = tl.load(a_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+        b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+        ent = tl.load(ent_ptr + offs_n, mask=mask_n, other=0.0)[:, None]
+        dz = (a * onehot - p * (a + b * (logq + ent))) * inv_temp
+    else:
+        dz = (onehot - p) * inv_temp
     ptrs = dz_ptr + offs_n.to(tl.int64)[:, None] * stride_dz + offs_v[None, :]
     tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_v[None, :])
 
@@ -292,8 +319,10 @@ def _logprobs_fwd_triton(hidden, weight, targets, temperature, splits=None):
     return logp, entropy, lse
 
 
-def _logprobs_bwd_triton(hidden, weight, targets, lse, grad_logp, temperature, need_h, need_w, chunk_elems):
-    """Triton backward -> (grad_hidden or None, grad_weight or None)."""
+def _logprobs_bwd_triton(
+    hidden, weight, targets, lse, grad_logp, temperature, need_h, need_w, chunk_elems, entropy=None, grad_ent=None,
+):  # fmt: skip
+    """Triton backward -> (grad_hidden or None, grad_weight or None); given entropy, of logp and entropy."""
     n, hdim = hidden.shape
     v = weight.shape[0]
     cfg = _launch_args(hidden)
@@ -303,13 +332,19 @@ def _logprobs_bwd_triton(hidden, weight, targets, lse, grad_logp, temperature, n
     grad_h = torch.empty_like(hidden) if need_h else None  # (N, H)
     grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
     g = grad_logp.float()  # (N,)
+    a = b = None
+    if entropy is not None:  # the tile: a * dlogp + b * dH with |a|, |b| <= 1, their scale g applied outside
+        g_ent = grad_ent.float()  # (N,)
+        g = torch.maximum(g.abs(), g_ent.abs()).clamp(min=torch.finfo(torch.float32).tiny)  # (N,)
+        a, b = grad_logp.float() / g, g_ent / g  # (N,), (N,)
     for s in range(0, n, c):
         rows = min(c, n - s)
         h_c = hidden[s : s + rows]  # (C, H)
         grid = (triton.cdiv(rows, cfg["BLOCK_N"]), triton.cdiv(v, cfg["BLOCK_V"]))
+        ent_args = (lse, lse, lse) if a is None else (entropy[s : s + rows], a[s : s + rows], b[s : s + rows])
         _logprobs_bwd_kernel[grid](
-            h_c, weight, targets[s : s + rows], lse[s : s + rows], dz, rows, v, hdim,
-            hidden.stride(0), weight.stride(0), dz.stride(0), 1.0 / temperature, **cfg,
+            h_c, weight, targets[s : s + rows], lse[s : s + rows], dz, *ent_args, rows, v, hdim,
+            hidden.stride(0), weight.stride(0), dz.stride(0), 1.0 / temperature, **cfg, ENT_GRAD=a is not None,
         )  # fmt: skip
         d = dz[:rows]  # (C, V)
         g_c = g[s : s + rows, None]  # (C, 1)
@@ -324,31 +359,35 @@ class LogprobsFunction(torch.autograd.Function):
     """Triton forward and backward; saves hidden, weight, targets and the per-token log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_elems):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_elems, entropy_grad=False):
         logp, entropy, lse = _logprobs_fwd_triton(hidden, weight, targets, temperature)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk_elems = temperature, chunk_elems
-        ctx.mark_non_differentiable(entropy)
+        _save(ctx, hidden, weight, targets, lse, entropy, temperature, chunk_elems, entropy_grad)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with _autocast_off(hidden):
             grad_h, grad_w = _logprobs_bwd_triton(
-                hidden, weight, targets, lse, grad_logp, ctx.temperature, need_h, need_w, ctx.chunk_elems
-            )
-        return grad_h, grad_w, None, None, None
+                hidden, weight, targets, lse, grad_logp, ctx.temperature, need_h, need_w, ctx.chunk_elems,
+                entropy, None if entropy is None else grad_entropy,
+            )  # fmt: skip
+        return grad_h, grad_w, None, None, None, None
 
 
 def token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log softmax(hidden @ weight.T / temperature)[targets] and the entropy of that softmax.
 
     hidden [N, H], weight [V, H], targets [N] (ids in [0, V)) -> (logp [N] float32, entropy [N] float32).
-    Differentiable w.r.t. hidden and weight; entropy is detached (a metric). CUDA tensors run the Triton
+    Differentiable w.r.t. hidden and weight; entropy is detached (a metric) unless entropy_grad (an entropy
+    bonus in the loss), which costs one more [C, V] tile in the reference's backward. CUDA tensors run the Triton
     kernels, CPU tensors the chunked PyTorch reference (see `kernels.set_backend`). Under autocast the
     logits are those of hidden and weight cast to the autocast dtype, and the gradient is theirs (through
     the casts), on both paths.
@@ -359,7 +398,7 @@ def token_logprobs(
     with _autocast_off(hidden):
         if use_triton(hidden, weight) and hidden.dtype != torch.float64 and hidden.shape[0] > 0:
             hidden, weight = hidden.contiguous(), weight.contiguous()
-            return LogprobsFunction.apply(
-                hidden, weight, targets.contiguous(), float(temperature), TRITON_CHUNK_ELEMS
-            )
-        return LogprobsTorchFunction.apply(hidden, weight, targets, float(temperature), DEFAULT_CHUNK_ELEMS)
+            args = (float(temperature), TRITON_CHUNK_ELEMS, bool(entropy_grad))
+            return LogprobsFunction.apply(hidden, weight, targets.contiguous(), *args)
+        args = (float(temperature), DEFAULT_CHUNK_ELEMS, bool(entropy_grad))
+        return LogprobsTorchFunction.apply(hidden, weight, targets, *args)

@@ -81,16 +81,29 @@ class GRPOConfig:
     """G: completions sampled per prompt; advantages compare completions within a group."""
     adv_estimator: Literal["grpo", "rloo"] = "grpo"
     """'grpo': r - mean(group) [/ std]; 'rloo': r - mean of the other G-1 completions."""
-    adv_std_norm: bool = True
-    """Divide advantages by the group's std (+eps); False is Dr. GRPO."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the std (+adv_eps) of the group's rewards, of the whole step's rewards (all
+    ranks; TRL's 'batch'), or not at all ('none': Dr. GRPO). See docs/STABILITY.md."""
     adv_eps: float = 1e-4
-    """Added to the group std before dividing."""
+    """Added to the std before dividing."""
     eps_low: float = 0.2
     """Lower clip: the ratio is clipped at 1 - eps_low."""
     eps_high: float = 0.2
     """Upper clip: the ratio is clipped at 1 + eps_high (0.28 is DAPO's clip-higher)."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence as the geometric mean over tokens (GSPO)."""
+    policy_loss: Literal["clip", "cispo"] = "clip"
+    """'clip': PPO's clipped surrogate; 'cispo' (MiniMax-M1): -sg(clip(ratio, 1-eps_low, 1+eps_high)) * adv *
+    logp, a clipped, detached importance weight, so that every token keeps a gradient."""
+    dual_clip: float = 0.0
+    """Dual-clip PPO (verl's clip_ratio_c): the loss of a negative-advantage token is at most -C * adv, so a
+    token whose ratio ran past C stops pushing; C > 1 (e.g. 3), 0 = off. With --grpo.policy-loss clip."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: loss -= coef * entropy, averaged over the step's tokens with the policy term's token
+    weights (--grpo.loss-agg); 0 = off (no extra work)."""
+    top_entropy_quantile: float = 1.0
+    """Only the step's top-q fraction of tokens by entropy (all ranks) get the policy gradient (0.2 in
+    "Beyond the 80/20 rule"); the KL and entropy terms keep every token. 1.0 = all. Costs a no-grad forward."""
     num_iterations: int = 1
     """mu: optimizer passes over the same samples; passes after the first are off-policy."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -243,6 +256,37 @@ def check_config(cfg: TrainConfig) -> None:
         )
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
+    _check_loss_variants(g)
+
+
+def _check_loss_variants(g: GRPOConfig) -> None:
+    """The policy-loss variants and entropy options: values that mean nothing, and combinations that clash."""
+    if g.dual_clip != 0 and not g.dual_clip > 1:
+        raise ValueError(
+            f"--grpo.dual-clip {g.dual_clip}: the bound -C * adv on a negative-advantage token's loss needs "
+            "C > 1 (3 is verl's clip_ratio_c); use 0 for no dual clip"
+        )
+    if g.dual_clip and g.policy_loss != "clip":
+        raise ValueError(
+            f"--grpo.dual-clip bounds the clipped surrogate, and --grpo.policy-loss {g.policy_loss} already "
+            "caps its importance weight at 1 + eps_high: drop --grpo.dual-clip, or use --grpo.policy-loss clip"
+        )
+    if not g.entropy_coef >= 0:
+        raise ValueError(
+            f"--grpo.entropy-coef {g.entropy_coef}: a negative bonus pushes the entropy down, toward collapse; "
+            "use a coefficient >= 0 (e.g. 0.001), or 0 for none"
+        )
+    if not 0 < g.top_entropy_quantile <= 1:
+        raise ValueError(
+            f"--grpo.top-entropy-quantile {g.top_entropy_quantile}: the fraction of tokens that keep the "
+            "policy gradient, in (0, 1]; 0.2 is the paper's, 1 keeps every token"
+        )
+    if g.top_entropy_quantile < 1 and g.ratio_level != "token":
+        raise ValueError(
+            f"--grpo.top-entropy-quantile {g.top_entropy_quantile} keeps the gradient of some tokens, but with "
+            "--grpo.ratio-level sequence every token's loss depends on the whole sequence's ratio, so the mask "
+            "only reweights sequences: use --grpo.ratio-level token, or --grpo.top-entropy-quantile 1"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------

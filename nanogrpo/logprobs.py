@@ -104,6 +104,7 @@ class LogprobHead(torch.nn.Module):
         prompt_len: int,
         temperature: float,
         group: torch.Tensor | None = None,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         Tp, Tc = prompt_len, targets.shape[1]
         first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
@@ -120,11 +121,14 @@ class LogprobHead(torch.nn.Module):
         weight = self.model.lm_head_weight  # (V, H)
         if h.dtype != weight.dtype:
             h = h.to(weight.dtype)
-        lp, ent = token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
+        lp, ent = token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,), (n_tok,)
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
         entropy = torch.zeros_like(logp)  # (N, Tc)
         logp = logp.masked_scatter(sel, lp.float())
-        entropy[sel] = ent.detach().float()
+        if entropy_grad:
+            entropy = entropy.masked_scatter(sel, ent.float())
+        else:
+            entropy[sel] = ent.detach().float()
         return logp, entropy
 
     def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
@@ -155,13 +159,18 @@ class LogprobHead(torch.nn.Module):
 
 
 def completion_logprobs(
-    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(y_t | y_<t, x) and the entropy of pi(. | y_<t, x) for every completion token.
 
     `model` is a Transformer or a LogprobHead (possibly inside DDP/FSDP). Returns logp (N, Tc) float32
-    (differentiable) and entropy (N, Tc) float32 (detached); both are 0 where mask is 0. Only masked-in
-    positions go through the LM head, so no [N, V] float32 logits tensor is ever built.
+    (differentiable) and entropy (N, Tc) float32 (detached, or differentiable with entropy_grad: an entropy
+    bonus in the loss); both are 0 where mask is 0. Only masked-in positions go through the LM head, so no
+    [N, V] float32 logits tensor is ever built.
     """
     if not isinstance(getattr(model, "module", model), LogprobHead):
         model = LogprobHead(model)
@@ -173,5 +182,5 @@ def completion_logprobs(
     with ctx:
         return model(
             batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
-            batch.group,
+            batch.group, entropy_grad,
         )  # fmt: skip

@@ -79,10 +79,18 @@ class Policy:
     def trainer_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """log pi of the completion tokens on the trainer's path, without grad (dropout off): the policy's
         side of a KL in the reward, computed as the reference's side is."""
+        return self._eval_forward(batch, temperature)[0]
+
+    @torch.no_grad()
+    def trainer_entropy(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """The entropy of pi at each completion token (N, Tc), as trainer_logprobs computes it."""
+        return self._eval_forward(batch, temperature)[1]
+
+    def _eval_forward(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         was_training = self.model.training
         self.model.eval()
         try:
-            return completion_logprobs(self.model, batch, temperature, self.autocast)[0]
+            return completion_logprobs(self.model, batch, temperature, self.autocast)
         finally:
             self.model.train(was_training)
 
@@ -211,10 +219,12 @@ def update(
     The loss is normalised by the step's counts summed over all ranks, so the sum over micro-batches and
     ranks is the full-batch loss. pi_old is the first pass's own log-probs (the weights the samples came
     from), not the sampler's: the sampler's go in as `sampler_logp`, to log the gap and, with
-    --grpo.is-correction, to correct it."""
+    --grpo.is-correction, to correct it. --grpo.entropy-coef makes the entropy differentiable;
+    --grpo.top-entropy-quantile picks the tokens that keep the policy gradient first (entropy_mask)."""
     g, temp = cfg.grpo, cfg.sampling.temperature
     slices = micro_slices(len(batch), cfg.micro_batch)
     counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+    keep = entropy_mask(policy, batch, cfg) if g.top_entropy_quantile < 1 else None  # (N, Tc)
     policy.model.train()
     old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
     stats: dict[str, float] | None = None
@@ -223,21 +233,35 @@ def update(
         for k, sl in enumerate(slices):
             mb = batch.rows(sl)
             with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
-                logp, ent = completion_logprobs(policy.model, mb, temp, policy.autocast)  # (n, Tc)
+                logp, ent = completion_logprobs(
+                    policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0
+                )  # (n, Tc), (n, Tc)
                 if it == 0:  # pi_old: the first pass runs the weights the samples came from
                     old_logp[sl] = logp.detach()
                 loss, mb_stats = grpo.grpo_loss(
                     logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
                     num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
-                    sampler_logp=sampler_logp[sl],
+                    sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
                 )  # fmt: skip
                 policy.backward(loss)
             if it == 0:  # metrics describe the on-policy pass
-                ent_sum += float((ent * mb.mask).sum())
+                ent_sum += float((ent.detach() * mb.mask).sum())
                 stats = grpo.accumulate_stats(stats, mb_stats)
                 loss_sum += float(loss.detach())
         grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
     return Update(counts["seqs"], counts["tokens"], stats, ent_sum, loss_sum, grad_norm)
+
+
+def entropy_mask(policy: Policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    """keep (N, Tc) bool: the tokens whose entropy under pi_old is at or above the (1 - q) quantile of the
+    step's tokens on ALL ranks, q = --grpo.top-entropy-quantile (Wang et al. 2025).
+
+    One no-grad forward (dropout off) in the step's micro-batches before the update; the mask then holds for
+    every --grpo.num-iterations pass (the paper recomputes it each update, from the live policy)."""
+    ent = in_slices(lambda b: policy.trainer_entropy(b, cfg.sampling.temperature), batch, cfg.micro_batch)
+    pool = torch.cat(dist.gather_objects(ent[batch.mask > 0].cpu()))  # (tokens of the step,) every rank's
+    threshold = grpo.entropy_threshold(pool, cfg.grpo.top_entropy_quantile)
+    return grpo.high_entropy_tokens(ent, batch.mask, threshold)  # (N, Tc)
 
 
 def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Update:

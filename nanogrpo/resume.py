@@ -91,7 +91,23 @@ def load_config(out_dir: str | Path) -> TrainConfig:
         saved = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e}); --resume needs the config the run saved") from e
-    return from_dict(TrainConfig, saved, str(path))
+    return from_dict(TrainConfig, renamed_options(saved, str(path)), str(path))
+
+
+def renamed_options(saved: dict, where: str) -> dict:
+    """A config.json of an earlier nanogrpo in this version's terms: options since renamed, mapped to the
+    setting that trains the same way (grpo.adv_std_norm true / false is grpo.scale_rewards 'group' / 'none')."""
+    grpo = saved.get("grpo")
+    if isinstance(grpo, dict) and "adv_std_norm" in grpo:
+        grpo = dict(grpo)
+        scale = "group" if grpo.pop("adv_std_norm") else "none"
+        if grpo.setdefault("scale_rewards", scale) != scale:
+            raise ValueError(
+                f"{where}: grpo.adv_std_norm (an earlier name) and grpo.scale_rewards "
+                f"{grpo['scale_rewards']!r} disagree; keep the one the run used"
+            )
+        saved = {**saved, "grpo": grpo}
+    return saved
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:

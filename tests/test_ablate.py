@@ -53,7 +53,7 @@ def test_unbiased_kl_runs_converge_to_the_analytic_optimum(one_thread):
     """k1 in the reward with an RLOO baseline is an unbiased gradient of E[r] - beta KL: it reaches pi*."""
     s = ToySettings(steps=200, lr=0.02)
     cfg = GRPOConfig(group_size=8, beta=0.2, kl_placement="reward", kl_estimator="k1", adv_estimator="rloo")
-    c = train_toy(replace(cfg, adv_std_norm=False), 0, s)
+    c = train_toy(replace(cfg, scale_rewards="none"), 0, s)
     assert c["dist"][-1] < 0.1 * c["dist"][0]
     assert c["kl"][-1] == pytest.approx(toy_optimum([0.2], s)["0.2"]["kl"], rel=0.3)
 
@@ -96,7 +96,7 @@ def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
     cmd = ablate_lm.lm_command(run, tmp_path / "r", lm)
     s = " ".join(cmd)
     for part in ("train.py tiny", "--seed 3", "--steps 7", "--grpo.kl-placement loss", "--grpo.kl-estimator k2",
-                 "--grpo.beta 0.02", "--grpo.num-iterations 2", "--grpo.no-adv-std-norm", "--grpo.kl-reward-to-go",
+                 "--grpo.beta 0.02", "--grpo.num-iterations 2", "--grpo.scale-rewards none", "--grpo.kl-reward-to-go",
                  "--grpo.no-kl-is-weight", "--lora.r 4"):  # fmt: skip
         assert part in s, part
     assert s.index("--lora.r 0") < s.index("--lora.r 4")  # flags after `--` come last: they win

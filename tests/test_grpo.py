@@ -92,8 +92,8 @@ def test_masked_tokens_get_no_gradient(agg, extra):
 
 def test_equal_rewards_in_a_group_give_zero_advantage_and_zero_gradient():
     rewards = torch.tensor([0.3, 0.3, 0.3, 0.3, 1.0, 0.0, 0.5, 0.5], dtype=torch.float64)
-    for est, norm in itertools.product(["grpo", "rloo"], [True, False]):
-        adv, zero = compute_advantages(rewards, cfg(group_size=4, adv_estimator=est, adv_std_norm=norm))
+    for est, scale in itertools.product(["grpo", "rloo"], ["group", "batch", "none"]):
+        adv, zero = compute_advantages(rewards, cfg(group_size=4, adv_estimator=est, scale_rewards=scale))
         assert zero.tolist() == [True, False]
         assert (adv[:4] == 0).all() and (adv[4:] != 0).any()
     adv, _ = compute_advantages(rewards, cfg(group_size=4))
@@ -117,13 +117,13 @@ def test_grpo_advantages_by_hand():
     want = [0.5 / (std1 + 1e-4), -0.5 / (std1 + 1e-4)] * 1
     want = [want[0], want[1], want[1], want[0]] + [d / (std2 + 1e-4) for d in (-3, -1, 1, 3)]
     torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64))
-    adv, _ = compute_advantages(r, cfg(group_size=4, adv_std_norm=False))
+    adv, _ = compute_advantages(r, cfg(group_size=4, scale_rewards="none"))
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5, -3, -1, 1, 3], dtype=torch.float64))
 
 
 def test_rloo_by_hand():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.2, 0.5, 0.9, 0.4], dtype=torch.float64)
-    adv, _ = compute_advantages(r, cfg(group_size=4, adv_estimator="rloo", adv_std_norm=False))
+    adv, _ = compute_advantages(r, cfg(group_size=4, adv_estimator="rloo", scale_rewards="none"))
     want = []
     for g in r.view(2, 4).tolist():
         want += [g[i] - sum(g[j] for j in range(4) if j != i) / 3 for i in range(4)]
@@ -138,8 +138,8 @@ def test_a_missing_reward_is_left_out_of_its_group():
     fourth member scored 0 (which made all three advantages positive)."""
     r = torch.tensor([0.8, 0.9, NAN, 0.85], dtype=torch.float64)
     for est in ("grpo", "rloo"):
-        for norm in (True, False):
-            c = cfg(group_size=4, adv_estimator=est, adv_std_norm=norm)
+        for scale in ("group", "batch", "none"):
+            c = cfg(group_size=4, adv_estimator=est, scale_rewards=scale)
             adv, zero = compute_advantages(r, c)
             want, _ = compute_advantages(r[[0, 1, 3]], replace(c, group_size=3))
             torch.testing.assert_close(adv[[0, 1, 3]], want, rtol=1e-12, atol=1e-14)

@@ -112,6 +112,72 @@ def test_triton_matches_float64(n, h, v, temperature):
     )
 
 
+def entropy_oracle(hidden, weight, targets, temperature, g_logp, g_ent):
+    """float64 grads of sum(g_logp * logp + g_ent * H), H = -sum q log q from an explicit log_softmax."""
+    h = hidden.detach().double().cpu().requires_grad_()
+    w = weight.detach().double().cpu().requires_grad_()
+    logsm = (h @ w.T / temperature).log_softmax(-1)  # (N, V)
+    logp = logsm.gather(1, targets.cpu()[:, None]).squeeze(1)
+    entropy = -(logsm.exp() * logsm).sum(-1)
+    loss = (logp * g_logp.double().cpu()).sum() + (entropy * g_ent.double().cpu()).sum()
+    return torch.autograd.grad(loss, (h, w))
+
+
+def entropy_grads(fn, hidden, weight, targets, temperature, g_logp, g_ent):
+    h = hidden.detach().clone().requires_grad_()
+    w = weight.detach().clone().requires_grad_()
+    logp, entropy = fn(h, w, targets, temperature)
+    assert entropy.requires_grad
+    ((logp * g_logp).sum() + (entropy * g_ent).sum()).backward()
+    return h.grad, w.grad
+
+
+@pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_gradient_matches_float64(path, temperature):
+    """entropy_grad=True: the gradient of H (-(1/T) q (log q + H) per logit) joins the log-prob's, on both
+    paths; some rows carry only an entropy gradient (the tokens a high-entropy mask leaves out)."""
+    n, h, v = 37, 48, 1000
+    hidden, weight, targets = make(n, h, v, device=DEV if path == "triton" else "cpu")
+    g_logp, g_ent = token_mean_grad(n), 0.3 * token_mean_grad(n + 1)[:n]
+    g_logp[::3] = 0.0
+    if path == "torch":
+        fn = lambda h_, w_, t_, temp: logprobs_torch(h_, w_, t_, temp, chunk_elems=7 * v, entropy_grad=True)
+    else:
+        fn = lambda h_, w_, t_, temp: LogprobsFunction.apply(h_, w_, t_, temp, 20 * v, True)
+    dev = hidden.device
+    got = entropy_grads(fn, hidden, weight, targets, temperature, g_logp.to(dev), g_ent.to(dev))
+    want = entropy_oracle(hidden, weight, targets, temperature, g_logp, g_ent)
+    for name, a, b in zip(("grad hidden", "grad weight"), got, want):
+        err = (a.double().cpu() - b).abs().max().item()
+        assert err <= 1e-5, f"{name}: max abs error {err:.2e}"
+    # the entropy's share is not negligible: without it the gradient is another one
+    no_ent = entropy_oracle(hidden, weight, targets, temperature, g_logp, torch.zeros(n))
+    assert (no_ent[0] - want[0]).abs().max() > 100 * 1e-5
+
+
+def test_entropy_gradient_gradcheck():
+    """The reference's analytic backward of (logp, entropy) in float64, against finite differences."""
+    hidden, weight, targets = make(5, 6, 40, dtype=torch.float64)
+    fn = lambda h_, w_: logprobs_torch(h_, w_, targets, 0.7, chunk_elems=2 * 40, entropy_grad=True)
+    assert torch.autograd.gradcheck(fn, (hidden.requires_grad_(), weight.requires_grad_()))
+
+
+@pytest.mark.parametrize("path", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_without_entropy_grad_nothing_changes(path):
+    """entropy_grad=False (the default) is the backward of before, bit for bit, whatever the entropy's use."""
+    hidden, weight, targets = make(37, 48, 1000, device=DEV if path == "triton" else "cpu")
+    g = token_mean_grad(37).to(hidden.device)
+    with backend(path):
+        a = run(lambda *x: token_logprobs(*x), hidden, weight, targets, 0.7, g)
+        b = run(lambda *x: token_logprobs(*x, entropy_grad=False), hidden, weight, targets, 0.7, g)
+        c = entropy_grads(lambda *x: token_logprobs(*x, entropy_grad=True), hidden, weight, targets, 0.7, g,
+                          torch.zeros_like(g))  # fmt: skip
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    torch.testing.assert_close(c[0], a[2], rtol=0, atol=1e-7)  # a zero entropy gradient adds nothing
+
+
 @needs_triton
 def test_triton_vocab_splits_agree():
     """The forward's vocabulary split (partial LSEs combined outside) gives the same result for any split."""

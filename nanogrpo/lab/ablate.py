@@ -70,7 +70,7 @@ class Run:
         return replace(
             base,
             beta=self.beta,
-            adv_std_norm=self.std_norm,
+            scale_rewards="group" if self.std_norm else "none",
             num_iterations=mu if self.off_policy else 1,
             **VARIANTS[self.variant],
         )

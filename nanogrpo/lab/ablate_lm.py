@@ -107,7 +107,7 @@ def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
     return [
         sys.executable, str(TRAIN_PY), s.preset, *start, *LM_FLAGS, "--out-dir", str(out_dir), "--seed", str(run.seed),
         "--steps", str(s.steps), "--grpo.kl-placement", placement, "--grpo.kl-estimator", g.kl_estimator,
-        "--grpo.beta", str(beta), "--grpo.num-iterations", str(g.num_iterations), flag("adv-std-norm", g.adv_std_norm),
+        "--grpo.beta", str(beta), "--grpo.num-iterations", str(g.num_iterations), "--grpo.scale-rewards", g.scale_rewards,
         flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *s.extra,
     ]  # fmt: skip
 

@@ -62,9 +62,9 @@ def variants(group: int) -> list[Variant]:
     rew = replace(base, kl_placement="reward", kl_estimator="k1", group_size=group)
     out += [
         Variant(
-            f"reward k1 sum, rloo G={group}", replace(rew, adv_estimator="rloo", adv_std_norm=False), "adv"
+            f"reward k1 sum, rloo G={group}", replace(rew, adv_estimator="rloo", scale_rewards="none"), "adv"
         ),
-        Variant(f"reward k1 sum, grpo G={group}", replace(rew, adv_std_norm=False), "adv"),
+        Variant(f"reward k1 sum, grpo G={group}", replace(rew, scale_rewards="none"), "adv"),
         Variant(f"reward k1 sum, grpo/std G={group}", rew, "adv"),
     ]
     return out

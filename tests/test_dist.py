@@ -85,6 +85,23 @@ def test_full_fine_tune_with_ddp_equals_one_process(tmp_path):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--grpo.scale-rewards", "batch"],
+        ["--grpo.top-entropy-quantile", "0.3", "--grpo.entropy-coef", "0.01"],
+    ],
+)
+def test_step_wide_statistics_span_the_ranks(tmp_path, flags):
+    """The batch std of --grpo.scale-rewards batch and the entropy quantile of --grpo.top-entropy-quantile are
+    taken over every rank's rows (summed moments, gathered entropies): 2 ranks train what one process does."""
+    common = ["--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2", "--optim.lr", "1e-4", *flags]
+    _run([*common, "--log-samples-every", "0", "--out-dir", str(tmp_path / "one")])
+    _run([*common, "--log-samples-every", "0", "--out-dir", str(tmp_path / "two")], nproc=2)
+    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
 def test_parallel_mode(monkeypatch):
     from dataclasses import replace
 

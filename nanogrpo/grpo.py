@@ -196,17 +196,11 @@ def grpo_loss(
     logp, old_logp, ref_logp, adv, mask = _masked_inputs(logp, old_logp, ref_logp, adv, mask, cfg)
     on = mask > 0
     ratio = _ratio(logp, old_logp, mask, cfg)  # (N, T)
-    pg, clip_stats = policy_terms(logp, ratio, adv, on, cfg)  # (N, T)
+    pg, extra = policy_terms(logp, ratio, adv, on, cfg)  # (N, T)
     gap: dict[str, torch.Tensor] = {}
     if sampler_logp is not None:
         is_w, gap = importance_weights(old_logp, sampler_logp, mask, cfg)  # (N, T), detached
         pg = pg * is_w
-    if cfg.top_entropy_quantile < 1:
-        if keep is None:
-            raise ValueError("top_entropy_quantile < 1 needs keep: the step's high_entropy_tokens")
-        keep = keep & on  # (N, T)
-        pg = torch.where(keep, pg, 0.0)  # (N, T)
-        clip_stats["entropy_kept"] = keep.sum().to(logp.dtype)
 
     kl = torch.zeros_like(pg)
     if cfg.kl_placement == "loss" and cfg.beta != 0.0:
@@ -217,30 +211,45 @@ def grpo_loss(
     w = _token_weights(
         mask, cfg.loss_agg, num_seqs=num_seqs, num_tokens=num_tokens, max_len=max_len
     )  # (N, T)
+    pg, bonus = _entropy_terms(pg, entropy, keep, on, w, cfg, extra)  # (N, T), scalar or None
     pg_loss = (pg * w).sum()
     kl_loss = cfg.beta * (kl * w).sum()
-    loss = pg_loss + kl_loss
-    if cfg.entropy_coef != 0:
-        if entropy is None:
-            raise ValueError("entropy_coef != 0 needs entropy: completion_logprobs(..., entropy_grad=True)")
-        bonus = cfg.entropy_coef * (torch.where(on, entropy.to(logp.dtype), 0.0) * w).sum()
-        loss = loss - bonus
-        clip_stats["entropy_bonus"] = bonus.detach()
+    loss = pg_loss + kl_loss if bonus is None else pg_loss + kl_loss - bonus
 
     with torch.no_grad():
         k3 = kl_estimate(logp - ref_logp, "k3") if ref_logp is not None else torch.zeros_like(logp)
         stats = {
             "tokens": mask.sum(),
-            "clip_low": clip_stats.pop("clip_low"),
-            "clip_high": clip_stats.pop("clip_high"),
+            "clip_low": extra.pop("clip_low"),
+            "clip_high": extra.pop("clip_high"),
             "ratio_max": torch.where(on, ratio, 0.0).max() if on.any() else ratio.new_zeros(()),
             "kl": (k3 * mask).sum(),
             "pg_loss": pg_loss.detach(),
             "kl_loss": kl_loss.detach(),
             **gap,
-            **clip_stats,
+            **extra,
         }
     return loss, stats
+
+
+def _entropy_terms(
+    pg, entropy, keep, on, w, cfg: GRPOConfig, stats: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The high-entropy mask on the policy terms pg (N, T), and the entropy bonus (None when off), with their
+    stats added to `stats`: the kept tokens, the bonus's value."""
+    if cfg.top_entropy_quantile < 1:
+        if keep is None:
+            raise ValueError("top_entropy_quantile < 1 needs keep: the step's high_entropy_tokens")
+        keep = keep & on  # (N, T)
+        pg = torch.where(keep, pg, 0.0)  # (N, T) the token weights stay the step's
+        stats["entropy_kept"] = keep.sum().to(pg.dtype)
+    if cfg.entropy_coef == 0:
+        return pg, None
+    if entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy: completion_logprobs(..., entropy_grad=True)")
+    bonus = cfg.entropy_coef * (torch.where(on, entropy.to(pg.dtype), 0.0) * w).sum()
+    stats["entropy_bonus"] = bonus.detach()
+    return pg, bonus
 
 
 def policy_terms(

@@ -143,3 +143,14 @@ def test_startup_refusals_exit_2(tmp_path, args, needle):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and lines[-1].startswith("error:") and needle in lines[-1], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "empty" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("old,scale", [(True, "group"), (False, "none")])
+def test_a_config_saved_with_adv_std_norm_loads_as_scale_rewards(tmp_path, old, scale):
+    """Runs saved before --grpo.scale-rewards replaced grpo.adv_std_norm resume with the same advantages."""
+    cfg = saved_run(tmp_path)
+    saved = asdict(cfg)
+    grpo = {k: v for k, v in saved["grpo"].items() if k != "scale_rewards"}
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "grpo": {**grpo, "adv_std_norm": old}}))
+    assert load_config(tmp_path) == replace(cfg, grpo=replace(cfg.grpo, scale_rewards=scale))
+    assert cli(["--out-dir", str(tmp_path), "--resume"]).grpo.scale_rewards == scale

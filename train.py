@@ -27,13 +27,14 @@ from nanogrpo import dist, grpo, judge_backend, lora
 from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
+from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.logprobs import make_batch, pad_left
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import Policy, in_slices, load_policy, prompt_budget, sft_update, update
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
-from nanogrpo.rollout import rollout
-from nanogrpo.summary import grpo_summary, sample_groups
+from nanogrpo.rollout import loss_rows, rollout
+from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 from rewards.registry import parse_spec
@@ -99,7 +100,7 @@ def main(cfg: TrainConfig) -> dict:
             else:  # the run died before its first checkpoint: its logged steps will be run again
                 print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
 
-    run = Run(cfg, policy, opt, sched, reward_fn, logger, device)
+    run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
     step_fn = grpo_step if cfg.algo == "grpo" else sft_step  # a training stage is a step function
     P_local = cfg.prompts_per_step // world
     bar = tqdm(
@@ -157,17 +158,19 @@ class Run:
     reward_fn: RewardFunction | None
     logger: Logger
     device: torch.device
+    order: PromptOrder  # the data order: --grpo.dynamic-sampling draws its extra rounds from it
+    data: list[dict]  # the training rows
 
 
 def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     """One GRPO step on this rank's prompts (`first`: the index of rows[0] in the step's global batch)."""
     cfg, policy, g = run.cfg, run.policy, run.cfg.grpo
-    roll = rollout(policy, rows, step, first, cfg, run.device)  # 1. sample G completions per prompt
-    t1 = time.perf_counter()
-    rewards, parts = run.reward_fn(roll.samples)  # 2. score: a score per completion, or None
-    n_valid = dist.sum_floats({"n": float(sum(r is not None for r in rewards))})["n"]
+    # 1-2. sample G completions per prompt and score them; --grpo.dynamic-sampling: rounds of fresh prompts
+    # until P groups have spread (nanogrpo/dynamic.py). roll: this rank's share of the groups that train
+    draw = draw_step(lambda r: sample_round(run, step, r, rows, first), cfg, policy.pad_id, run.device)
+    roll, reward, parts = draw.roll, draw.reward, draw.parts  # reward (N,): NaN where no grader applied
+    n_valid = dist.sum_floats({"n": float((~reward.isnan()).sum())})["n"]
     run.reward_fn.empty_steps.update(n_valid)  # --reward.max-empty-steps in a row without a reward: stop
-    reward = torch.tensor([float("nan") if r is None else r for r in rewards])  # (N,)
     t2 = time.perf_counter()
     temp, micro = cfg.sampling.temperature, cfg.micro_batch
     ref_logp = kl_pen = None  # 3. the reference, and the KL in the reward (both sides on the trainer's path)
@@ -180,14 +183,31 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
         score = reward - g.beta * kl_pen  # (N,)
     moments = dist.sum_floats(grpo.reward_moments(score)) if g.scale_rewards == "batch" else None  # all ranks
     adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)
-    upd = update(policy, run.opt, run.sched, roll.batch, adv.to(run.device), ref_logp, roll.sampler_logp, cfg)
+    # 5. the loss's rows: all, or --grpo.mask-truncated: not the truncated ones (their rewards counted above)
+    batch, adv_b, ref_b, sampler_b, masked = loss_rows(roll, adv.to(run.device), ref_logp, g.mask_truncated)
+    upd = update(policy, run.opt, run.sched, batch, adv_b, ref_b, sampler_b, cfg)
     m = {"step": step + 1, **grpo_summary(roll, reward, parts, zero_std, upd, kl_pen, ref_logp is not None)}
-    m.update(t_sample=roll.seconds, t_score=t2 - t1)
+    m.update(draw_summary(draw, masked if g.mask_truncated else None))  # groups drawn and kept, rounds
+    m.update(t_sample=draw.t_sample, t_score=draw.t_score)
     m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))  # judge tokens, seconds, retries, ...
     m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t2)
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
-        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, run.reward_fn.details()))
+        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, draw.details))
     return m
+
+
+def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> Scored:
+    """Round r of a step's sampling on this rank: round 0 samples the step's prompts; a later round
+    (--grpo.dynamic-sampling) draws P fresh prompts from the data order, the same list on every rank, and
+    samples this rank's slice of them (the order is checkpointed, so a resumed run draws the same)."""
+    if r > 0:
+        idx = run.order.take(run.cfg.prompts_per_step)[first : first + len(rows)]
+        rows = [run.data[i] for i in idx]
+    roll = rollout(run.policy, rows, step, first, run.cfg, run.device, resample=r)  # 1. G completions each
+    t1 = time.perf_counter()
+    rewards, parts = run.reward_fn(roll.samples)  # 2. score: a score per completion, or None
+    reward = torch.tensor([float("nan") if x is None else x for x in rewards])  # (N,)
+    return Scored(roll, reward, parts, run.reward_fn.details(), time.perf_counter() - t1)
 
 
 def sft_step(run: Run, step: int, rows: list[dict], first: int) -> dict:

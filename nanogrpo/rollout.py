@@ -3,12 +3,17 @@
     roll = rollout(policy, rows, step, first, cfg, device)
 
 Each prompt samples from its own generator, seeded by (seed, step, its index in the global batch), so a
-resumed run needs no generator state and a prompt samples the same on any rank and in any batch. The
-sampler's log-probs come along (`sampler_logp`): the trainer measures its own against them every step.
+resumed run needs no generator state and a prompt samples the same on any rank and in any batch (a
+resampling round of --grpo.dynamic-sampling adds its round to the seed). The sampler's log-probs come along
+(`sampler_logp`): the trainer measures its own against them every step.
+
+`assemble` lays sampled completions out as a Rollout (rollout() and dynamic.py's regrouping share it), and
+`loss_rows` is what the loss sees of it: everything, or without the truncated rows (--grpo.mask-truncated).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -36,17 +41,27 @@ class Rollout:
     seconds: float  # wall time of sampling and decoding
 
 
+def prompt_seed(seed: int, step: int, index: int, resample: int = 0) -> int:
+    """The seed of one prompt's generator, from (seed, step, its index in the global batch) and, for a
+    resampling round of --grpo.dynamic-sampling, the round (round 0 keeps the formula runs always had)."""
+    if resample == 0:
+        return (seed * 1_000_003 + step) * 4099 + index
+    key = f"{seed},{step},{resample},{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2**63
+
+
 def rollout(
-    policy, rows: list[dict], step: int, first: int, cfg: TrainConfig, device: torch.device
+    policy, rows: list[dict], step: int, first: int, cfg: TrainConfig, device: torch.device, resample: int = 0
 ) -> Rollout:
     """Sample `cfg.grpo.group_size` completions of each row's prompt (`row['_prompt_ids']`); `first` is the
-    index of rows[0] in the step's global batch (rank * prompts per rank)."""
+    index of rows[0] in the round's global batch (rank * prompts per rank); `resample`: the round of
+    --grpo.dynamic-sampling (0: the step's first draw)."""
     t0 = time.perf_counter()
     G, s, tok = cfg.grpo.group_size, cfg.sampling, policy.tokenizer
     prompts = [r["_prompt_ids"] for r in rows]  # (P,) token lists, rendered at start-up
     policy.model.eval()
     gens = [
-        torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 4099 + first + i)
+        torch.Generator(device=device).manual_seed(prompt_seed(cfg.seed, step, first + i, resample))
         for i in range(len(prompts))
     ]
     with policy.gathered(), torch.inference_mode():  # FSDP: full weights for the sampler
@@ -57,15 +72,51 @@ def rollout(
         )  # fmt: skip
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
     texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (sampling.finish_text)
+    roll = assemble(rows, texts, completion_ids, cmask, gen.logp, gen.truncated, policy.pad_id, device)
+    roll.seconds = time.perf_counter() - t0
+    return roll
+
+
+def assemble(
+    rows: list[dict],
+    texts: list[str],
+    completion_ids: torch.Tensor,
+    cmask: torch.Tensor,
+    logp: torch.Tensor,
+    truncated: torch.Tensor,
+    pad_id: int,
+    device: torch.device,
+) -> Rollout:
+    """A Rollout of G = len(texts) / len(rows) completions per row: completion ids, mask and sampler
+    log-probs (N, Tc), truncated (N,); the prompts come from each row's `_prompt_ids`."""
+    G, lengths = len(texts) // len(rows), cmask.sum(1)  # (N,) tokens sampled
+    n_tok = [int(n) for n in lengths.tolist()]  # what the overlong grader reads (Sample.tokens)
     samples = [
-        Sample(prompt=prompt_text(r["prompt"]), completion=texts[i * G + j], group=i, row=r)
+        Sample(prompt_text(r["prompt"]), texts[i * G + j], group=i, row=r, tokens=n_tok[i * G + j])
         for i, r in enumerate(rows)
         for j in range(G)
     ]
-    p_ids, p_mask = pad_left(prompts, policy.pad_id)
+    p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], pad_id)
     p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
     batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
-    sampler_logp = gen.logp.float().to(device) * batch.mask  # (N, Tc)
-    return Rollout(
-        rows, texts, samples, batch, sampler_logp, cmask.sum(1), gen.truncated, time.perf_counter() - t0
-    )
+    sampler_logp = logp.float().to(device) * batch.mask  # (N, Tc)
+    return Rollout(rows, texts, samples, batch, sampler_logp, lengths, truncated, 0.0)
+
+
+def loss_rows(
+    roll: Rollout, adv: torch.Tensor, ref_logp: torch.Tensor | None, mask_truncated: bool
+) -> tuple[Batch, torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
+    """What the loss sees of the step: (batch, adv, ref_logp, sampler_logp, rows left out).
+
+    With --grpo.mask-truncated the completions that hit max_new_tokens are taken out (after the
+    advantages, so their rewards still count in their group's baseline): they add no gradient and are out
+    of the loss's num_seqs and num_tokens, so the loss is that of the batch without them. A rank whose
+    every completion is truncated keeps them, with advantage 0: no policy gradient, but it still runs the
+    forward and backward the other ranks' collectives wait for (they count in the normalisation then)."""
+    if not mask_truncated or not bool(roll.truncated.any()):
+        return roll.batch, adv, ref_logp, roll.sampler_logp, 0
+    keep = (~roll.truncated).nonzero().squeeze(1).to(adv.device)  # (n,) rows that train
+    if len(keep) == 0:
+        return roll.batch, torch.zeros_like(adv), ref_logp, roll.sampler_logp, 0
+    ref = None if ref_logp is None else ref_logp[keep]  # (n, Tc)
+    return roll.batch.rows(keep), adv[keep], ref, roll.sampler_logp[keep], len(adv) - len(keep)

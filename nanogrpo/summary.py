@@ -48,6 +48,7 @@ def grpo_summary(
             "ent": upd.entropy,
             "len": float(roll.lengths.sum()),
             "trunc": float(roll.truncated.sum()),
+            "rows": float(len(roll.lengths)),  # completions (--grpo.mask-truncated: more than upd.seqs)
             "loss": upd.loss,
         },
         maxes={"len": float(roll.lengths.max())},
@@ -67,10 +68,10 @@ def grpo_summary(
         **{f"reward/{k}": (graders[k] / counts[k] if counts[k] else None) for k in parts},
         "frac_zero_std": s["zero"] / s["groups"],
         "entropy": s["ent"] / upd.tokens,
-        "len_mean": s["len"] / upd.seqs,
+        "len_mean": s["len"] / s["rows"],
         "len_max": t.maxes["len"],
-        "trunc_rate": s["trunc"] / upd.seqs,
-        "reward_none": upd.seqs - n_r,
+        "trunc_rate": s["trunc"] / s["rows"],
+        "reward_none": s["rows"] - n_r,
         "tokens": upd.tokens,
         "loss": s["loss"],
         **grpo.finalize_stats({**loss_stats.sums, **loss_stats.maxes}),
@@ -82,7 +83,25 @@ def grpo_summary(
     if not has_ref:
         m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
     if kl_pen is not None:
-        m["kl_reward"] = Totals({"k": float(kl_pen.sum())}).reduce().sums["k"] / upd.seqs
+        m["kl_reward"] = Totals({"k": float(kl_pen.sum())}).reduce().sums["k"] / s["rows"]
+    return m
+
+
+def draw_summary(draw, masked: int | None) -> dict:
+    """What choosing the trained groups cost (dynamic.Draw): groups drawn over all rounds, the informative
+    ones kept, extra rounds, the mean reward of everything drawn; and with --grpo.mask-truncated the
+    fraction of the step's completions taken out of the loss (`masked`: this rank's count; None: off)."""
+    r_sum, r_n = draw.drawn_reward
+    rows = float(len(draw.roll.texts))
+    s = Totals({"r": r_sum, "n": r_n, "masked": float(masked or 0), "rows": rows}).reduce().sums
+    m = {
+        "groups_drawn": draw.groups_drawn,
+        "groups_kept": draw.groups_kept,
+        "resample_rounds": draw.rounds,
+        "reward_drawn": s["r"] / s["n"] if s["n"] else None,  # reward, entropy, lengths: the trained groups'
+    }
+    if masked is not None:
+        m["frac_masked"] = s["masked"] / s["rows"]
     return m
 
 

@@ -63,6 +63,41 @@ def test_two_ranks_equal_one_process(tmp_path, agg, kl):
     assert any(float(a[k].abs().max()) > 0 for k in a if "lora_B" in k)  # it trained
 
 
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not k.startswith(("t_", "tok_per_s"))} for m in rows]
+
+
+def test_two_ranks_with_dynamic_sampling_equal_one_process(tmp_path):
+    """Every round's global batch is the same list on every rank; the informative groups are chosen in
+    global order and moved to the rank that trains them, so the ranks train, and log, what one process does.
+
+    lr 1e-5: Adam's first steps move a weight by ~lr * sign(g), so a weight whose gradient is at rounding
+    level (~1e-8, o_proj's here) moves by up to lr either way depending on the reduction order: 1.2e-6 after
+    3 steps at 1e-4, 1.3e-8 at 1e-5. A wrong group moves every weight by ~lr, far above the bound."""
+    common = ["--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2", "--optim.lr", "1e-5"]
+    common += ["--grpo.dynamic-sampling", "--grpo.zero-spread-tol", "0.3", "--log-samples-every", "1"]
+    _run([*common, "--out-dir", str(tmp_path / "one")])
+    _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
+    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert any(m["resample_rounds"] > 0 and m["groups_kept"] > 0 for m in one)  # groups moved between ranks
+    for x, y in zip(one, two, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], float) and isinstance(y[k], float):
+                assert abs(x[k] - y[k]) <= 1e-6 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+            else:
+                assert x[k] == y[k], (x["step"], k, x[k], y[k])
+    texts = lambda run: [  # noqa: E731
+        [[c["text"] for c in grp["completions"]] for grp in json.loads(line)["groups"]]
+        for line in (run / "samples.jsonl").read_text().splitlines()
+    ]
+    # rank 0 logs the groups it trained: the first half of the step's, as one process trains them
+    assert [step[:2] for step in texts(tmp_path / "one")] == texts(tmp_path / "two")
+
+
 def test_two_ranks_log_once_checkpoint_once_and_resume(tmp_path):
     run = tmp_path / "run"
     r = _run(["--steps", "2", "--out-dir", str(run)], nproc=2)

@@ -100,19 +100,9 @@ def split_groups(s: Scored) -> list[Group]:
         L = int(roll.lengths[sl].max())  # the group's longest completion: the rest is padding
         pieces = (roll.batch.targets, roll.batch.mask, roll.sampler_logp)
         ids, mask, logp = (t[sl, :L].cpu() for t in pieces)  # (G, L)
-        out.append(
-            Group(
-                row,
-                roll.texts[sl],
-                ids,
-                mask,
-                logp,
-                roll.truncated[sl].cpu(),
-                s.reward[sl],
-                {k: v[sl] for k, v in s.parts.items()},
-                {k: v[sl] for k, v in s.details.items()},
-            )  # fmt: skip
-        )
+        trunc, parts = roll.truncated[sl].cpu(), {k: v[sl] for k, v in s.parts.items()}
+        details = {k: v[sl] for k, v in s.details.items()}
+        out.append(Group(row, roll.texts[sl], ids, mask, logp, trunc, s.reward[sl], parts, details))
     return out
 
 
@@ -170,10 +160,11 @@ def draw_step(sample_round: Callable[[int], Scored], cfg: TrainConfig, pad_id: i
         trained = round0
     else:  # every rank takes part in the exchange, since every rank took this branch
         moved = exchange(own, chosen)
-        trained = join_groups(
-            [moved[c] for c in chosen[rank * P_local : (rank + 1) * P_local]], pad_id, device
-        )
+        mine = chosen[rank * P_local : (rank + 1) * P_local]  # this rank's share, in global order
+        trained = join_groups([moved[c] for c in mine], pad_id, device)
+    t_sample += time.perf_counter() - t0
     return Draw(
-        trained.roll, trained.reward, trained.parts, trained.details, t_sample + time.perf_counter() - t0,
-        t_score, P * len(flags), min(sum(map(sum, flags)), P), len(flags) - 1, (r_sum, r_n),
+        trained.roll, trained.reward, trained.parts, trained.details, t_sample, t_score,
+        groups_drawn=P * len(flags), groups_kept=min(sum(map(sum, flags)), P), rounds=len(flags) - 1,
+        drawn_reward=(r_sum, r_n),
     )  # fmt: skip

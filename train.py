@@ -37,6 +37,7 @@ from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
+from rewards.options import with_max_tokens
 from rewards.registry import parse_spec
 
 
@@ -51,7 +52,9 @@ def main(cfg: TrainConfig) -> dict:
     rows, source = load_task(cfg.data.train, "train")
     judge_backend.register()  # a local judge model runs on nanogrpo's model and sampler
     # a judge keeps its cache in the run folder, so a resumed run does not pay twice
-    reward_fn = build_reward(with_run_dir(cfg.reward, cfg.out_dir)) if cfg.algo == "grpo" else None
+    # the overlong grader's limit defaults to --sampling.max-new-tokens
+    reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.sampling.max_new_tokens)
+    reward_fn = build_reward(reward_cfg) if cfg.algo == "grpo" else None
     if reward_fn is not None:
         reward_fn.validate(rows, source)
     elif any(not r.get("reference") for r in rows):

@@ -258,7 +258,10 @@ def test_train_runs_with_the_new_flags(tmp_path):
     assert [m["step"] for m in ms] == [1, 2]
     for m in ms:
         assert m["gate/rouge_l<format/closed"] == 1.0  # a random tiny model writes no tags
-        assert "reward/format" in m and "reward/overlong" in m
+        assert "reward/format" in m
+        # the trainer fills in the limit (--sampling.max-new-tokens 12) and each completion's token count;
+        # the tiny model never stops, so every completion sits at the limit
+        assert m["reward/overlong"] == -1.0 and m["trunc_rate"] == 1.0
         for name in ("rouge_l", "overlong", "format", "reward"):
             assert f"hack/len_corr/{name}" in m and f"hack/best_is_longest/{name}" in m
     assert json.loads((run / "config.json").read_text())["reward"]["aggregate"] == "normalize-then-sum"

@@ -80,6 +80,7 @@ def write_prompts(path: Path, n: int, filler_words: int) -> None:
 
 def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     import train
+    from nanogrpo import rollout
     from nanogrpo.config import (
         DataConfig,
         GRPOConfig,
@@ -95,7 +96,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     mem = MemoryMonitor()
     prompt_lens: list[float] = []
     prompt_max: list[int] = []
-    generate = train.generate
+    generate = rollout.generate  # the sampler call of every step (nanogrpo/rollout.py)
 
     cpu0: list[float] = []
     cpu_step: list[float] = []
@@ -116,7 +117,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         cpu_step.append(time.process_time() - cpu0[-1])  # called once a step, after the optimizer step
         return console_line(m)
 
-    train.generate = fixed_length_generate
+    rollout.generate = fixed_length_generate
     train.console_line = console_line_mark
     cfg = TrainConfig(
         steps=a.warmup + a.steps,

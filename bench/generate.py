@@ -334,7 +334,9 @@ def main() -> None:
         rate = ceilings.get("matmul_GFLOPs")
         if ceilings:
             rates = ", ".join(
-                f"{k.removeprefix('matmul_GFLOPs_') or args.dtype} {v:.0f}" if v else f"{k} n/a"
+                f"{k.removeprefix('matmul_GFLOPs_') or args.dtype} {v:.0f}"
+                if v
+                else f"{k.removeprefix('matmul_GFLOPs_')} n/a"
                 for k, v in ceilings.items()
                 if k.startswith("matmul_GFLOPs") and k != "matmul_GFLOPs"
             )

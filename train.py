@@ -23,7 +23,7 @@ import tyro
 from tqdm import tqdm
 
 from nanogrpo import checkpoint as ckpt
-from nanogrpo import dist, grpo, judge_backend, lora
+from nanogrpo import dist, grpo, judge_backend
 from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
@@ -75,7 +75,7 @@ def main(cfg: TrainConfig) -> dict:
     if world > 1 and dist.is_main():
         how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
         print(f"torchrun: {world} ranks, the policy {how}")
-    opt = build_optimizer(lora.trainable_parameters(policy.model), cfg.optim)
+    opt = build_optimizer(policy.model, cfg.optim)
     sched = build_scheduler(opt, cfg.optim, cfg.steps * cfg.grpo.num_iterations)
     order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
     logger = Logger(

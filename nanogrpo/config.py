@@ -148,7 +148,8 @@ class OptimConfig:
     """Optimizer and schedule."""
 
     name: Literal["adamw", "muon"] = "adamw"
-    """'adamw', or 'muon' for 2-D weights with AdamW for the rest."""
+    """'adamw', or 'muon' for the hidden layers' 2-D matrices (LoRA A/B included) with AdamW for the embeddings,
+    the LM head, norms and biases; Muon's update is matched to AdamW's RMS, so --optim.lr carries over."""
     lr: float = 1e-4
     """Peak learning rate."""
     weight_decay: float = 0.0

@@ -1,7 +1,10 @@
 """Optimizers and the learning-rate schedule.
 
-AdamW by default. `muon` (seed 000's ablation) uses torch.optim.Muon for 2-D weight matrices (LoRA A and
-B included) and AdamW for everything else, stepped together as one optimizer object.
+AdamW by default. `muon` (seed 000's ablation) uses torch.optim.Muon as its authors do: for the 2-D weight
+matrices of the hidden layers (LoRA A and B included), with AdamW for the embeddings, the LM head, norms and
+biases, stepped together as one optimizer object. Muon's update is scaled to AdamW's RMS (Moonlight's
+learning-rate matching, `adjust_lr_fn="match_rms_adamw"`), so `--optim.name muon` keeps AdamW's
+learning rate.
 """
 
 from __future__ import annotations
@@ -38,23 +41,37 @@ class Combined(torch.optim.Optimizer):
             o.load_state_dict(s)
 
 
-def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
-    if not params:
+def muon_groups(named: list[tuple[str, torch.nn.Parameter]]) -> tuple[list, list]:
+    """(Muon's, AdamW's) parameters: the hidden layers' 2-D matrices go to Muon; embeddings and the LM head
+    (2-D, but a lookup table and a classifier rather than a linear map between hidden states), norms and
+    biases to AdamW. A tied LM head is the embedding table, named once."""
+    table = ("embed_tokens", "lm_head")
+    mats = [p for n, p in named if p.ndim == 2 and not any(t in n for t in table)]
+    mat_ids = {id(p) for p in mats}
+    return mats, [p for _, p in named if id(p) not in mat_ids]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer of `model`'s trainable parameters (the adapters under LoRA, every weight otherwise)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
         raise ValueError("no trainable parameters: set --lora.r > 0 or train the full model with --lora.r 0")
     adamw = dict(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=1e-8)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, **adamw)
+        return torch.optim.AdamW([p for _, p in named], **adamw)
     if cfg.name == "muon":
         if not hasattr(torch.optim, "Muon"):
             raise ValueError(
                 "--optim.name muon needs torch >= 2.9 (torch.optim.Muon); use --optim.name adamw"
             )
-        mats = [p for p in params if p.ndim == 2]
-        rest = [p for p in params if p.ndim != 2]
-        opts: list[torch.optim.Optimizer] = [
-            torch.optim.Muon(mats, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
-        ]
+        mats, rest = muon_groups(named)
+        opts: list[torch.optim.Optimizer] = []
+        if mats:
+            opts.append(
+                torch.optim.Muon(
+                    mats, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"
+                )
+            )
         if rest:
             opts.append(torch.optim.AdamW(rest, **adamw))
         return Combined(opts)

@@ -142,6 +142,8 @@ class RewardConfig:
     (DAPO's soft overlong punishment); 0 = a quarter of the limit."""
     overlong_max_tokens: int = 0
     """overlong: L, the length that scores -1; 0 = --sampling.max-new-tokens (the trainer fills it in)."""
+    random_seed: int = 0
+    """random: seed of the random-reward control's scores (uniform in [0, 1), no signal)."""
     max_empty_steps: int = 3
     """Stop the run (exit 2) after this many steps in a row in which no completion got a reward (every
     grader None: a judge server that stopped answering, say); 0 = never stop."""

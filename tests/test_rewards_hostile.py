@@ -18,6 +18,7 @@ from rewards import RewardConfig, Sample, known, make
 from rewards.text import MAX_DIGITS, canonical, figures, normalize
 
 LOCAL = ["exact", "contains", "label", "json", "format", "think", "rouge_l", "numbers", "consistency"]
+LOCAL += ["random"]
 LOCAL += ["concepts", "keywords", "style"]
 SERVICE = {"judge", "judge+similarity", "judge+numbers", "judge_entropy", "judge_entropy_expected"}
 SERVICE |= {"rubric", "semantic"}  # an LLM judge, a rubric judge or probe, an embedding model

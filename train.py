@@ -25,7 +25,7 @@ from tqdm import tqdm
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo, judge_backend
 from nanogrpo.config import PRESETS, TrainConfig, check_config
-from nanogrpo.data import PromptOrder, load_task, tokenize_prompts
+from nanogrpo.data import PromptOrder, check_sft_rows, load_task, sft_target, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.logprobs import make_batch, pad_left
@@ -57,8 +57,8 @@ def main(cfg: TrainConfig) -> dict:
     reward_fn = build_reward(reward_cfg) if cfg.algo == "grpo" else None
     if reward_fn is not None:
         reward_fn.validate(rows, source)
-    elif any(not r.get("reference") for r in rows):
-        raise ValueError(f"{source}: --algo sft trains on 'reference'; every row needs one")
+    else:
+        check_sft_rows(rows, cfg.data.template, source)  # the target: --data.template, or the reference
     tok, limit = prompt_budget(cfg)  # the prompts are tokenized once, here, and checked against the model
     if n_cut := tokenize_prompts(rows, tok, cfg.data.system_prompt, limit, cfg.data.long_prompts, source):
         if dist.is_main():
@@ -216,8 +216,13 @@ def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> S
 def sft_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     """One SFT step: the NLL of each row's reference given its prompt."""
     t1 = time.perf_counter()
-    policy, tok = run.policy, run.policy.tokenizer
-    comp = [tok(r["reference"], add_special_tokens=False)["input_ids"] + policy.eos_ids[:1] for r in rows]
+    policy, tok, d = run.policy, run.policy.tokenizer, run.cfg.data
+    comp = [
+        tok(sft_target(r, d.template), add_special_tokens=False)["input_ids"] + policy.eos_ids[:1]
+        for r in rows
+    ]
+    cut = sum(d.max_len > 0 and len(c) > d.max_len for c in comp)  # --data.max-len: targets cut to it
+    comp = [c[: d.max_len] if d.max_len else c for c in comp]
     Tc = max(len(c) for c in comp)
     completion_ids = torch.tensor([c + [policy.pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
     cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
@@ -226,6 +231,7 @@ def sft_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     upd = sft_update(policy, run.opt, run.sched, batch, run.cfg)
     m = {"step": step + 1, "loss": dist.sum_floats({"l": upd.loss})["l"], "t_sample": 0.0, "t_score": 0.0}
     m.update(tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
+    m["truncated"] = dist.sum_floats({"cut": float(cut)})["cut"] / run.cfg.prompts_per_step
     m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
     return m
 

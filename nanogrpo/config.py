@@ -184,6 +184,12 @@ class DataConfig:
     long_prompts: Literal["refuse", "truncate"] = "refuse"
     """A prompt over --data.max-prompt-tokens: 'refuse' stops at start-up naming the file and line;
     'truncate' keeps its last max-prompt-tokens tokens (the end holds the question and the turn marker)."""
+    template: str = ""
+    """--algo sft: the target rendered from each row's fields, e.g. '<risposta>{answer}</risposta>' (Python
+    str.format; write a literal brace as {{ or }}); '' = the row's 'reference'. The loss covers the target."""
+    max_len: int = 0
+    """--algo sft: most target tokens (EOS included); a longer target is cut and counted (logged as
+    'truncated', the fraction of the step's rows cut); 0 = no limit."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ model to answer tersely and correctly. Its held-out split asks about other facts
 from __future__ import annotations
 
 import random
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,43 @@ def require_fields(rows: list[dict], fields: set[str] | tuple[str, ...], source:
                 raise DataError(
                     f"{source}:{line}: field '{name}' is missing, and {who} needs it; "
                     f"add it to every row or choose another grader with --reward.spec"
+                )
+
+
+def template_fields(template: str) -> list[str]:
+    """The row fields a --data.template names ('<a>{answer}</a>' -> ['answer']); a malformed template
+    raises ValueError with the fix."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ValueError(f"--data.template {template!r}: {e}; write a literal brace as {{{{ or }}}}") from e
+    if any(not n or not n.isidentifier() for n in names):
+        raise ValueError(
+            f"--data.template {template!r}: each {{...}} must name a row field, e.g. {{answer}}; "
+            "write a literal brace as {{ or }}"
+        )
+    return names
+
+
+def sft_target(row: dict, template: str = "") -> str:
+    """What --algo sft trains on for a row: the template rendered from its fields, or its 'reference'."""
+    return template.format(**row) if template else row["reference"]
+
+
+def check_sft_rows(rows: list[dict], template: str, source: str) -> None:
+    """Refuse at start-up a row SFT cannot train on: a template field or the reference missing or empty."""
+    names = template_fields(template) if template else ["reference"]
+    for row in rows:
+        for name in names:
+            if row.get(name) in (None, ""):
+                line = row.get("_line", row.get("id"))
+                how = (
+                    f"--data.template {template!r} needs it"
+                    if template
+                    else "--algo sft trains on 'reference'"
+                )
+                raise DataError(
+                    f"{source}:{line}: field '{name}' is missing or empty, and {how}; add it to every row"
                 )
 
 

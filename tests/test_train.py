@@ -204,3 +204,40 @@ def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
         ids = batch.ids[:1]
         ours = fresh(ids)
         torch.testing.assert_close(peft_model(ids).logits, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_sft_template_renders_the_target_and_max_len_cuts_it(tmp_path):
+    """--data.template builds the target from row fields; --data.max-len cuts it, and the cut is counted."""
+    from nanogrpo.data import sft_target, template_fields
+    from train import main
+
+    template = "<spiegazione>{explanation}</spiegazione><risposta>{answer}</risposta>"
+    assert template_fields(template) == ["explanation", "answer"]
+    row = {"prompt": "2+2?", "explanation": "two and two", "answer": "4"}
+    assert sft_target(row, template) == "<spiegazione>two and two</spiegazione><risposta>4</risposta>"
+    assert sft_target({"reference": "r"}) == "r" and sft_target(row, "{{x}} {answer}") == "{x} 4"
+    for bad in ("{", "{0}", "{a.b}"):
+        with pytest.raises(ValueError, match="--data.template"):
+            template_fields(bad)
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"q{i}?", "explanation": f"because {i} is {i}", "answer": str(i)} for i in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tiny(tmp_path / "sft", algo="sft", steps=2, prompts_per_step=4)
+    main(replace(cfg, data=replace(cfg.data, train=str(data), template=template, max_len=5)))
+    ms = metrics(tmp_path / "sft")
+    assert [m["truncated"] for m in ms] == [1.0, 1.0]  # every target is longer than 5 tokens
+    assert [m["tokens"] for m in ms] == [20.0, 20.0]  # 4 rows x 5 tokens: the loss covers the cut target
+
+    no_answer = tmp_path / "bad.jsonl"
+    no_answer.write_text(json.dumps({"prompt": "q?", "explanation": "e"}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"bad.jsonl:1: field 'answer' is missing or empty, and --data.template"
+    ):
+        main(
+            replace(
+                cfg,
+                out_dir=str(tmp_path / "x"),
+                data=replace(cfg.data, train=str(no_answer), template=template),
+            )
+        )

@@ -23,7 +23,7 @@ import tyro
 from tqdm import tqdm
 
 from nanogrpo import checkpoint as ckpt
-from nanogrpo import dist, grpo, judge_backend
+from nanogrpo import dist, grpo, judge_backend, kl
 from nanogrpo.config import PRESETS, TrainConfig, check_config
 from nanogrpo.data import PromptOrder, check_sft_rows, load_task, sft_target, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
@@ -182,7 +182,7 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     score = reward  # (N,) NaN where no grader applied: such rows are left out of their group
     if g.kl_placement == "reward":
         pi_logp = in_slices(lambda b: policy.trainer_logprobs(b, temp), roll.batch, micro)  # (N, Tc)
-        kl_pen = grpo.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
+        kl_pen = kl.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
         score = reward - g.beta * kl_pen  # (N,)
     moments = dist.sum_floats(grpo.reward_moments(score)) if g.scale_rewards == "batch" else None  # all ranks
     adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)

@@ -35,7 +35,7 @@ import math
 import torch
 
 from nanogrpo.config import GRPOConfig
-from nanogrpo.kl import kl_estimate, kl_loss_terms, kl_penalty  # noqa: F401  (grpo.kl_penalty: the trainer's)
+from nanogrpo.kl import kl_estimate, kl_loss_terms
 
 # ----------------------------------------------------------------------------- advantages
 

@@ -13,9 +13,8 @@ from nanogrpo.grpo import (
     compute_advantages,
     finalize_stats,
     grpo_loss,
-    kl_estimate,
-    kl_penalty,
 )
+from nanogrpo.kl import kl_estimate, kl_penalty
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

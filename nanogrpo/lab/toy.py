@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from nanogrpo.config import GRPOConfig
-from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
+from nanogrpo.grpo import compute_advantages, grpo_loss
+from nanogrpo.kl import kl_penalty
 
 
 class TabularPolicy:

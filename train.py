@@ -1,4 +1,4 @@
-"""nanogrpo: train a language model with GRPO (or SFT) on the CPU, one GPU, or many with torchrun.
+"""nanogrpo: train a language model with GRPO (or SFT, CPT, DPO, PPO) on the CPU, one GPU, or many with torchrun.
 
     python train.py                       # the demo: SmolLM2-135M-Instruct + LoRA on the built-in task
     python train.py tiny                  # a random tiny model, seconds (what the tests run)
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -24,16 +24,16 @@ from tqdm import tqdm
 
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo, judge_backend, kl
-from nanogrpo.config import PRESETS, TrainConfig, check_config
-from nanogrpo.data import PromptOrder, check_sft_rows, load_task, sft_target, tokenize_prompts
+from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step, with_epochs
+from nanogrpo.data import PromptOrder, check_sft_rows, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
-from nanogrpo.logprobs import make_batch, pad_left
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.optim import build_optimizer, build_scheduler
-from nanogrpo.policy import Policy, in_slices, load_policy, prompt_budget, sft_update, update
+from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
 from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
 from nanogrpo.rollout import loss_rows, rollout
+from nanogrpo.stages import Run, cpt, dpo, ppo, sft
 from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
@@ -49,22 +49,8 @@ def main(cfg: TrainConfig) -> dict:
     rank, world = dist.rank(), dist.world()
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
-    rows, source = load_task(cfg.data.train, "train")
-    judge_backend.register()  # a local judge model runs on nanogrpo's model and sampler
-    # a judge keeps its cache in the run folder, so a resumed run does not pay twice
-    # the overlong grader's limit defaults to --sampling.max-new-tokens
-    reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.sampling.max_new_tokens)
-    reward_fn = build_reward(reward_cfg) if cfg.algo == "grpo" else None
-    if reward_fn is not None:
-        reward_fn.validate(rows, source)
-    else:
-        check_sft_rows(rows, cfg.data.template, source)  # the target: --data.template, or the reference
-    tok, limit = prompt_budget(cfg)  # the prompts are tokenized once, here, and checked against the model
-    if n_cut := tokenize_prompts(rows, tok, cfg.data.system_prompt, limit, cfg.data.long_prompts, source):
-        if dist.is_main():
-            print(
-                f"{n_cut} prompts of {source} cut to their last {limit} tokens (--data.long-prompts truncate)"
-            )
+    rows, tok, reward_fn = training_data(cfg)  # read, checked and tokenized before the model loads
+    cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     out = Path(cfg.out_dir)
     # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
     prepare_run_dir(cfg, write=dist.is_main())
@@ -76,7 +62,7 @@ def main(cfg: TrainConfig) -> dict:
         how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
         print(f"torchrun: {world} ranks, the policy {how}")
     opt = build_optimizer(policy.model, cfg.optim)
-    sched = build_scheduler(opt, cfg.optim, cfg.steps * cfg.grpo.num_iterations)
+    sched = build_scheduler(opt, cfg.optim, cfg.steps * updates_per_step(cfg))
     order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
     logger = Logger(
         out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
@@ -104,7 +90,7 @@ def main(cfg: TrainConfig) -> dict:
                 print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
 
     run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
-    step_fn = grpo_step if cfg.algo == "grpo" else sft_step  # a training stage is a step function
+    step_fn = STAGES[cfg.algo]  # a training stage is a step function (nanogrpo/stages/)
     P_local = cfg.prompts_per_step // world
     bar = tqdm(
         range(step0, cfg.steps),
@@ -150,19 +136,32 @@ def main(cfg: TrainConfig) -> dict:
     return summary
 
 
-@dataclass
-class Run:
-    """What every step of a run works with."""
-
-    cfg: TrainConfig
-    policy: Policy
-    opt: torch.optim.Optimizer
-    sched: torch.optim.lr_scheduler.LRScheduler
-    reward_fn: RewardFunction | None
-    logger: Logger
-    device: torch.device
-    order: PromptOrder  # the data order: --grpo.dynamic-sampling draws its extra rounds from it
-    data: list[dict]  # the training rows
+def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction | None]:
+    """The training rows (CPT: windows of the text), the tokenizer and, for GRPO and PPO, the reward; every
+    row checked, naming file and line, and every prompt tokenized, before any model loads."""
+    judge_backend.register()  # a local judge model runs on nanogrpo's model and sampler
+    if cfg.algo == "cpt":
+        tok = prompt_budget(cfg)[0]
+        return cpt.load_windows(cfg.data, tok), tok, None
+    rows, source = load_task(cfg.data.train, "train")
+    reward_fn = None
+    if cfg.algo in ("grpo", "ppo"):
+        # a judge keeps its cache in the run folder, so a resumed run does not pay twice
+        # the overlong grader's limit defaults to --sampling.max-new-tokens
+        reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.sampling.max_new_tokens)
+        reward_fn = build_reward(reward_cfg)
+        reward_fn.validate(rows, source)
+    elif cfg.algo == "dpo":
+        dpo.check_rows(rows, source)  # chosen/rejected, or options + answer
+    else:
+        check_sft_rows(rows, cfg.data.template, source)  # the target: --data.template, or the reference
+    tok, limit = prompt_budget(cfg)  # the prompts are tokenized once, here, and checked against the model
+    if n_cut := tokenize_prompts(rows, tok, cfg.data.system_prompt, limit, cfg.data.long_prompts, source):
+        if dist.is_main():
+            print(
+                f"{n_cut} prompts of {source} cut to their last {limit} tokens (--data.long-prompts truncate)"
+            )
+    return rows, tok, reward_fn
 
 
 def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
@@ -213,29 +212,6 @@ def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> S
     return Scored(roll, reward, parts, run.reward_fn.details(), time.perf_counter() - t1)
 
 
-def sft_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
-    """One SFT step: the NLL of each row's reference given its prompt."""
-    t1 = time.perf_counter()
-    policy, tok, d = run.policy, run.policy.tokenizer, run.cfg.data
-    comp = [
-        tok(sft_target(r, d.template), add_special_tokens=False)["input_ids"] + policy.eos_ids[:1]
-        for r in rows
-    ]
-    cut = sum(d.max_len > 0 and len(c) > d.max_len for c in comp)  # --data.max-len: targets cut to it
-    comp = [c[: d.max_len] if d.max_len else c for c in comp]
-    Tc = max(len(c) for c in comp)
-    completion_ids = torch.tensor([c + [policy.pad_id] * (Tc - len(c)) for c in comp])  # (P, Tc)
-    cmask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in comp])  # (P, Tc)
-    p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], policy.pad_id)
-    batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(run.device)
-    upd = sft_update(policy, run.opt, run.sched, batch, run.cfg)
-    m = {"step": step + 1, "loss": dist.sum_floats({"l": upd.loss})["l"], "t_sample": 0.0, "t_score": 0.0}
-    m.update(tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
-    m["truncated"] = dist.sum_floats({"cut": float(cut)})["cut"] / run.cfg.prompts_per_step
-    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
-    return m
-
-
 def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
@@ -265,6 +241,9 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
     print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
     print(format_paired_table(res["summary"]))
     return res["summary"]
+
+
+STAGES = {"grpo": grpo_step, "sft": sft.step, "cpt": cpt.step, "dpo": dpo.step, "ppo": ppo.step}
 
 
 def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:

@@ -6,7 +6,8 @@ frozen; derived values are properties. The resolved config is saved as config.js
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rewards.options import RewardConfig
@@ -190,18 +191,55 @@ class DataConfig:
     max_len: int = 0
     """--algo sft: most target tokens (EOS included); a longer target is cut and counted (logged as
     'truncated', the fraction of the step's rows cut); 0 = no limit."""
+    seq_len: int = 512
+    """--algo cpt: tokens per training window (the seed paper's CPT used 4,096); at most the model's positions."""
+    overlap: int = 0
+    """--algo cpt: tokens a window shares with the one before it; they are its context, not trained on
+    again, so every token of the text is trained on exactly once."""
+    dedup: bool = False
+    """--algo cpt: drop exact repeats of a paragraph (blank-line separated, compared after trimming
+    whitespace) across all documents before tokenising; the count dropped is printed."""
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """Direct preference optimisation (--algo dpo, nanogrpo/stages/dpo.py)."""
+
+    beta: float = 0.1
+    """beta of the DPO loss -log sigmoid(beta * (margin of the policy - margin of the reference))."""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO with a value head (--algo ppo, nanogrpo/stages/ppo.py)."""
+
+    gamma: float = 1.0
+    """Discount of GAE over completion tokens."""
+    lam: float = 0.95
+    """lambda of GAE."""
+    value_clip: float = 0.2
+    """Clip of the value loss: the new value stays within this of the old one (0 = no clipping)."""
+    vf_coef: float = 0.1
+    """Weight of the value loss in the total loss."""
+    kl_coef: float = 0.05
+    """Per-token KL penalty to the reference, subtracted from the reward (InstructGPT); 0 = none."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """nanogrpo: GRPO (or SFT) on one machine, or many with torchrun."""
+    """nanogrpo: GRPO (or SFT, CPT, DPO, PPO) on one machine, or many with torchrun."""
 
-    algo: Literal["grpo", "sft"] = "grpo"
-    """'grpo', or 'sft' on the references (same data, model, LoRA, logging and checkpoints)."""
+    algo: Literal["grpo", "sft", "cpt", "dpo", "ppo"] = "grpo"
+    """The training stage (same model, LoRA, logging, checkpoints and resume for each): 'grpo'; 'sft' on the
+    references; 'cpt', continued pre-training on raw text; 'dpo' on preference pairs; 'ppo' with a value head
+    (the baseline GRPO replaces). README "Pipelines" chains them."""
     steps: int = 20
     """Optimizer steps (GRPO: one batch of prompts per step)."""
+    epochs: float = 0.0
+    """Instead of --steps: passes over the training rows (CPT: windows), steps = ceil(epochs * rows /
+    prompts_per_step); 0 = use --steps."""
     prompts_per_step: int = 4
-    """P: prompts per step; a step sees P x G completions."""
+    """P: prompts per step (SFT, DPO: rows; CPT: windows); a GRPO step sees P x G completions."""
     micro_batch: int = 0
     """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
     seed: int = 0
@@ -227,6 +265,20 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+
+
+def with_epochs(cfg: TrainConfig, n_rows: int) -> TrainConfig:
+    """--epochs E: the config with steps = ceil(E * n_rows / prompts_per_step) (itself when E is 0)."""
+    if cfg.epochs <= 0:
+        return cfg
+    return replace(cfg, steps=max(1, math.ceil(cfg.epochs * n_rows / cfg.prompts_per_step)))
+
+
+def updates_per_step(cfg: TrainConfig) -> int:
+    """Optimizer steps a training step takes (what the learning-rate schedule counts)."""
+    return cfg.grpo.num_iterations if cfg.algo in ("grpo", "ppo") else 1
 
 
 def check_config(cfg: TrainConfig) -> None:

@@ -1,5 +1,6 @@
 """The policy: the trained model with its tokenizer, reference and wrapping, how it is loaded, and update():
-the num_iterations x micro-batch passes of one GRPO step, every optimizer step included.
+the num_iterations x micro-batch passes of one GRPO step, every optimizer step included (the other stages'
+updates live in nanogrpo/stages/).
 
 Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
 fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
@@ -264,22 +265,14 @@ def entropy_mask(policy: Policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor
     return grpo.high_entropy_tokens(ent, batch.mask, threshold)  # (N, Tc)
 
 
-def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Update:
-    """One SFT step: the NLL of the reference tokens given the prompt, per token of the step (all ranks),
-    micro-batch by micro-batch, then the optimizer step."""
-    n_tok = dist.sum_floats({"n": float(batch.mask.sum())})["n"]
-    policy.model.train()
-    loss_sum = 0.0
-    slices = micro_slices(len(batch), cfg.micro_batch)
-    for k, sl in enumerate(slices):
-        mb = batch.rows(sl)
-        with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
-            logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)
-            loss = -(logp * mb.mask).sum() / n_tok
-            policy.backward(loss)
-        loss_sum += loss.item()
-    grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    return Update(float(len(batch)), n_tok, {}, 0.0, loss_sum, grad_norm)
+def needs_reference(cfg: TrainConfig) -> bool:
+    """Whether a full fine-tune keeps a frozen copy of the model: for GRPO's KL, DPO's reference margins and
+    PPO's KL penalty (with LoRA the reference is the model with its adapters off, and costs nothing)."""
+    return (
+        (cfg.algo == "grpo" and cfg.grpo.kl_placement != "none")
+        or cfg.algo == "dpo"
+        or (cfg.algo == "ppo" and cfg.ppo.kl_coef > 0)
+    )
 
 
 def parallel_mode(cfg: TrainConfig) -> str:
@@ -343,7 +336,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
     else:
         for p in model.parameters():
             p.requires_grad_(True)
-        if cfg.algo == "grpo" and cfg.grpo.kl_placement != "none":
+        if needs_reference(cfg):
             # the reference runs the policy's path: float32 weights under the same autocast (a bf16 copy
             # would differ by rounding at step 0: |log pi - log ref| ~ 1e-2 a token). Under FSDP on a GPU
             # the policy computes with bf16 all-gathered weights, so a bf16 copy is the same path there.

@@ -1,0 +1,65 @@
+"""Supervised fine-tuning (--algo sft): the NLL of each row's target given its prompt.
+
+The target is the row's `reference`, or --data.template rendered from its fields (data.sft_target),
+cut to --data.max-len tokens; the loss covers the target tokens only, averaged over the step's tokens on
+all ranks. `sft_update` is the micro-batched NLL step that CPT (cpt.py) shares.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import dist
+from ..config import TrainConfig
+from ..data import sft_target
+from ..logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
+from ..policy import Policy, Update
+from . import Run
+
+
+def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
+    """One SFT step: the NLL of each row's target given its prompt."""
+    t1 = time.perf_counter()
+    policy, tok, d = run.policy, run.policy.tokenizer, run.cfg.data
+    comp = [
+        tok(sft_target(r, d.template), add_special_tokens=False)["input_ids"] + policy.eos_ids[:1]
+        for r in rows
+    ]
+    cut = sum(d.max_len > 0 and len(c) > d.max_len for c in comp)  # --data.max-len: targets cut to it
+    comp = [c[: d.max_len] if d.max_len else c for c in comp]
+    p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], policy.pad_id)
+    batch = make_batch(p_ids, p_mask, *pad_right(comp, policy.pad_id)).to(run.device)
+    upd = sft_update(policy, run.opt, run.sched, batch, run.cfg)
+    m = {"step": step + 1, "loss": dist.sum_floats({"l": upd.loss})["l"], "t_sample": 0.0, "t_score": 0.0}
+    m.update(tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
+    m["truncated"] = dist.sum_floats({"cut": float(cut)})["cut"] / run.cfg.prompts_per_step
+    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
+    return m
+
+
+def pad_right(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists into completion ids (N, Tc) and their float mask (N, Tc) (1 real, 0 pad)."""
+    Tc = max(len(c) for c in seqs)
+    ids = torch.tensor([c + [pad_id] * (Tc - len(c)) for c in seqs])  # (N, Tc)
+    mask = torch.tensor([[1.0] * len(c) + [0.0] * (Tc - len(c)) for c in seqs])  # (N, Tc)
+    return ids, mask
+
+
+def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Update:
+    """The NLL of the completion tokens given the prompt, per token of the step (all ranks), micro-batch by
+    micro-batch, then the optimizer step."""
+    n_tok = dist.sum_floats({"n": float(batch.mask.sum())})["n"]
+    policy.model.train()
+    loss_sum = 0.0
+    slices = micro_slices(len(batch), cfg.micro_batch)
+    for k, sl in enumerate(slices):
+        mb = batch.rows(sl)
+        with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
+            logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)  # (n, Tc)
+            loss = -(logp * mb.mask).sum() / n_tok
+            policy.backward(loss)
+        loss_sum += loss.item()
+    grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
+    return Update(float(len(batch)), n_tok, {}, 0.0, loss_sum, grad_norm)

@@ -17,6 +17,7 @@ from typing import Any
 # the console line: (metric key, label, format)
 _CONSOLE = [
     ("loss", "loss", "{:.4f}"),
+    ("ppl", "ppl", "{:.1f}"),  # CPT: the perplexity of the text
     ("len_mean", "len", "{:.0f}"),
     ("kl", "kl", "{:.4f}"),
     ("sampler_kl", "gap", "{:.0e}"),  # KL(sampler || trainer) per token: rounding is ~1e-13, a bug ~1e-3

@@ -30,6 +30,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "key_points": ((list,), "a list of lists of keywords"),
     "rubric": ((list,), 'a list of {"criterion": str, "weight": number}'),
     "human": ((int, float), "a number"),
+    "chosen": ((str,), "a string"),  # --algo dpo: the preferred answer
+    "rejected": ((str,), "a string"),  # --algo dpo: the dispreferred answer
+    "options": ((list, dict), 'a list of strings or an object {"A": str, ...}'),  # --algo dpo: an MCQ
 }
 
 

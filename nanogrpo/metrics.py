@@ -18,6 +18,8 @@ from typing import Any
 _CONSOLE = [
     ("loss", "loss", "{:.4f}"),
     ("ppl", "ppl", "{:.1f}"),  # CPT: the perplexity of the text
+    ("reward_acc", "acc", "{:.2f}"),  # DPO: the fraction of pairs whose chosen answer wins
+    ("reward_margin", "margin", "{:.3f}"),  # DPO: beta * (chosen - rejected log-ratio)
     ("len_mean", "len", "{:.0f}"),
     ("kl", "kl", "{:.4f}"),
     ("sampler_kl", "gap", "{:.0e}"),  # KL(sampler || trainer) per token: rounding is ~1e-13, a bug ~1e-3

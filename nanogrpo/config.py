@@ -211,7 +211,9 @@ class DPOConfig:
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO with a value head (--algo ppo, nanogrpo/stages/ppo.py)."""
+    """PPO with a value head (--algo ppo, nanogrpo/stages/ppo.py). The policy surrogate takes its clip and
+    loss options from --grpo.* (eps-low/eps-high, loss-agg, policy-loss, dual-clip, is-correction,
+    entropy-coef); --grpo.group-size is not used (see samples-per-prompt)."""
 
     gamma: float = 1.0
     """Discount of GAE over completion tokens."""
@@ -223,6 +225,11 @@ class PPOConfig:
     """Weight of the value loss in the total loss."""
     kl_coef: float = 0.05
     """Per-token KL penalty to the reference, subtracted from the reward (InstructGPT); 0 = none."""
+    samples_per_prompt: int = 1
+    """Completions sampled per prompt (classic PPO: 1); each is its own episode, with no group baseline."""
+    epochs: int = 4
+    """Optimizer passes over each step's samples (TRL's num_ppo_epochs); passes after the first are
+    off-policy, where the clips act."""
 
 
 @dataclass(frozen=True)
@@ -278,11 +285,16 @@ def with_epochs(cfg: TrainConfig, n_rows: int) -> TrainConfig:
 
 def updates_per_step(cfg: TrainConfig) -> int:
     """Optimizer steps a training step takes (what the learning-rate schedule counts)."""
-    return cfg.grpo.num_iterations if cfg.algo in ("grpo", "ppo") else 1
+    if cfg.algo == "ppo":
+        return cfg.ppo.epochs
+    return cfg.grpo.num_iterations if cfg.algo == "grpo" else 1
 
 
 def check_config(cfg: TrainConfig) -> None:
     """Refuse, before any model loads, settings the trainer would get wrong or silently ignore."""
+    if cfg.algo == "ppo":
+        _check_ppo(cfg)
+        return
     if cfg.algo != "grpo":
         return
     g, s = cfg.grpo, cfg.sampling
@@ -315,6 +327,60 @@ def check_config(cfg: TrainConfig) -> None:
         )
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
+    _check_loss_variants(g)
+
+
+def _check_ppo(cfg: TrainConfig) -> None:
+    """--algo ppo: the sampling its ratio and KL need, GAE's and the value loss's ranges, and the GRPO-only
+    options it would ignore."""
+    p, s, g = cfg.ppo, cfg.sampling, cfg.grpo
+    if not s.temperature > 0:
+        raise ValueError(
+            f"--sampling.temperature {s.temperature}: PPO's ratio and KL need the sampling distribution's "
+            "log-probs, and greedy decoding has none; use a temperature > 0, e.g. 1.0"
+        )
+    if s.top_k > 0 or s.top_p < 1.0:
+        raise ValueError(
+            f"--sampling.top-k {s.top_k} / --sampling.top-p {s.top_p}: completions would come from the "
+            "truncated distribution while the ratio and the per-token KL reward use the full one (a KL that "
+            "can go negative and pay the policy); use --sampling.top-k 0 --sampling.top-p 1, and a lower "
+            "--sampling.temperature to sample less widely"
+        )
+    for name, v in (("gamma", p.gamma), ("lam", p.lam)):
+        if not 0 <= v <= 1:
+            raise ValueError(f"--ppo.{name} {v}: GAE's {name} is in [0, 1] (1 and 0.95 are the usual)")
+    if not p.value_clip >= 0:
+        raise ValueError(f"--ppo.value-clip {p.value_clip}: a distance, >= 0 (0.2 is usual, 0 = no clip)")
+    if not p.vf_coef > 0:
+        raise ValueError(f"--ppo.vf-coef {p.vf_coef}: the value head learns only from it; use > 0, e.g. 0.1")
+    if not p.kl_coef >= 0:
+        raise ValueError(
+            f"--ppo.kl-coef {p.kl_coef}: a negative KL penalty pays for drift; use >= 0 (0 = none)"
+        )
+    if p.samples_per_prompt < 1 or p.epochs < 1:
+        raise ValueError(
+            f"--ppo.samples-per-prompt {p.samples_per_prompt} / --ppo.epochs {p.epochs}: both must be >= 1"
+        )
+    if g.num_iterations != 1:
+        raise ValueError(
+            f"--grpo.num-iterations {g.num_iterations} is GRPO's; PPO's passes are --ppo.epochs: use that"
+        )
+    if g.kl_placement != "none":
+        raise ValueError(
+            f"--grpo.kl-placement {g.kl_placement} is GRPO's; PPO's KL is a per-token reward, weighted by "
+            "--ppo.kl-coef: drop --grpo.kl-placement"
+        )
+    grpo_only = [
+        flag
+        for flag, on in (
+            ("--grpo.dynamic-sampling", g.dynamic_sampling),
+            ("--grpo.mask-truncated", g.mask_truncated),
+            ("--grpo.top-entropy-quantile", g.top_entropy_quantile < 1),
+        )
+        if on
+    ]
+    if grpo_only:
+        raise ValueError(f"{', '.join(grpo_only)}: GRPO only, --algo ppo would ignore it; drop it")
     _check_loss_variants(g)
 
 

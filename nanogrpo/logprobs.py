@@ -9,6 +9,10 @@ group (kvcache.PrefixKV) and runs only the completion tokens. The result is the 
 row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
 large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
 of a group then share one dropout mask over the prompt.)
+
+PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
+completion position, from the hidden state that predicts token t. Without a value head every call and
+output is what it always was.
 """
 
 from __future__ import annotations
@@ -83,16 +87,39 @@ def micro_slices(n: int, micro: int) -> list[slice]:
     return [slice(i, min(i + micro, n)) for i in range(0, n, micro)]
 
 
+class ValueHead(torch.nn.Module):
+    """PPO's critic on the policy's trunk: V(s) = w . h + b on the final-normed hidden state h (H,).
+
+    Zero-initialised, so every value starts at 0 (no random baseline in the first advantages); the trunk
+    gets the value loss's gradient through h once w has moved. Float32 whatever the trunk's dtype: it is a
+    regression onto returns, not a matmul worth rounding. `weight` is 1-D on purpose: --optim.name muon
+    gives 2-D matrices to Muon, which would orthogonalise a 1 x H regression row into a unit vector every
+    step; a vector stays on AdamW."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(hidden_size))  # (H,)
+        self.bias = torch.nn.Parameter(torch.zeros(1))  # (1,)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (n, H) -> values (n,) float32; autocast off, so a bf16 run still regresses in float32."""
+        with torch.autocast(h.device.type, enabled=False):
+            return h.float() @ self.weight + self.bias  # (n,)
+
+
 class LogprobHead(torch.nn.Module):
-    """The Transformer and the fused log-prob head in one forward.
+    """The Transformer and the fused log-prob head in one forward (and PPO's value head, when given).
 
     DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
-    not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too.
+    not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too; the
+    value head runs here for the same reason.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
         super().__init__()
         self.model = model
+        if value_head is not None:  # no value head: no submodule, the state dict stays the Transformer's
+            self.value_head = value_head
 
     def forward(
         self,
@@ -105,7 +132,8 @@ class LogprobHead(torch.nn.Module):
         temperature: float,
         group: torch.Tensor | None = None,
         entropy_grad: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        values: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         Tp, Tc = prompt_len, targets.shape[1]
         first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
         if group is not None and Tp > 0:
@@ -129,7 +157,12 @@ class LogprobHead(torch.nn.Module):
             entropy = entropy.masked_scatter(sel, ent.float())
         else:
             entropy[sel] = ent.detach().float()
-        return logp, entropy
+        if not values:
+            return logp, entropy
+        if getattr(self, "value_head", None) is None:
+            raise ValueError("values=True needs a value head: LogprobHead(model, ValueHead(H)) (--algo ppo)")
+        v = torch.zeros_like(logp).masked_scatter(sel, self.value_head(h))  # (N, Tc) V(s_t), 0 on padding
+        return logp, entropy, v
 
     def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
         """The hidden states that predict the completion tokens, each prompt run once for its group."""
@@ -164,13 +197,15 @@ def completion_logprobs(
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
     entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    values: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log pi(y_t | y_<t, x) and the entropy of pi(. | y_<t, x) for every completion token.
 
     `model` is a Transformer or a LogprobHead (possibly inside DDP/FSDP). Returns logp (N, Tc) float32
     (differentiable) and entropy (N, Tc) float32 (detached, or differentiable with entropy_grad: an entropy
     bonus in the loss); both are 0 where mask is 0. Only masked-in positions go through the LM head, so no
-    [N, V] float32 logits tensor is ever built.
+    [N, V] float32 logits tensor is ever built. With `values` (a LogprobHead with a value head: PPO) a
+    third tensor, the values V(s_t) (N, Tc) float32, differentiable, 0 where mask is 0.
     """
     if not isinstance(getattr(model, "module", model), LogprobHead):
         model = LogprobHead(model)
@@ -182,5 +217,5 @@ def completion_logprobs(
     with ctx:
         return model(
             batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
-            batch.group, entropy_grad,
+            batch.group, entropy_grad, values,
         )  # fmt: skip

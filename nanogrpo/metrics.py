@@ -26,6 +26,8 @@ _CONSOLE = [
     ("entropy", "ent", "{:.2f}"),
     ("frac_zero_std", "zero-std", "{:.2f}"),
     ("grad_norm", "gnorm", "{:.3f}"),
+    ("vf_loss", "vf", "{:.3f}"),  # PPO's value loss
+    ("explained_variance", "ev", "{:.2f}"),  # PPO's critic: 1 fits the returns, <= 0 does not
 ]
 
 

@@ -8,6 +8,10 @@ fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL refere
 `--lora.init-from ADAPTER` (GRPO after SFT) merges that adapter into the base weights and trains a fresh
 adapter on top, so the KL reference (adapters off) is the SFT model, as in the papers' pipelines; the
 final adapter is saved stacked with the SFT one (`stack_adapters`), so it loads on the original base.
+
+`--algo ppo` adds a value head (logprobs.ValueHead) to the LogprobHead: trained with the adapters (AdamW),
+saved as `value_head.safetensors` in every checkpoint and next to the final adapter or model, and restored
+on --resume. The other stages have none, and their files are what they always were.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import torch
 from . import dist, grpo, lora
 from .checkpoint import load_full_weights, save_full_weights, write_full_weights
 from .config import TrainConfig
-from .logprobs import Batch, LogprobHead, completion_logprobs, micro_slices
+from .logprobs import Batch, LogprobHead, ValueHead, completion_logprobs, micro_slices
 from .model import ModelArgs, Transformer
 from .model_zoo import resolve_model
+
+VALUE_HEAD = "value_head.safetensors"  # PPO's value head, next to the adapter or model weights
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -54,6 +60,12 @@ class Policy:
     @property
     def core(self) -> Transformer:
         return unwrap(self.model)
+
+    @property
+    def value_head(self) -> ValueHead | None:
+        """PPO's value head (inside the wrapped forward), or None."""
+        head = self.model.module if hasattr(self.model, "module") else self.model
+        return getattr(head, "value_head", None)
 
     def gathered(self) -> contextlib.AbstractContextManager:
         """Around calls of `core` outside the wrapped forward (the sampler, evaluation). With FSDP it
@@ -120,13 +132,39 @@ class Policy:
         return float(norm)
 
     def save_weights(self, folder: Path) -> None:
-        """The trainable weights (not for FSDP: see checkpoint_parts)."""
+        """The trainable weights (not for FSDP: see checkpoint_parts), and PPO's value head."""
         if self.use_lora:
             lora.save_adapter(self.core, folder, base_model_name_or_path=str(self.model_dir))
         else:
             save_full_weights(self.core, folder)
+        self._save_value_head(folder)
+
+    def _save_value_head(self, folder: Path) -> None:
+        if self.value_head is not None:
+            from safetensors.torch import save_file
+
+            tensors = {
+                n: p.detach().float().contiguous().cpu() for n, p in self.value_head.named_parameters()
+            }
+            save_file(tensors, str(folder / VALUE_HEAD), metadata={"format": "pt"})
+
+    def _load_value_head(self, folder: Path) -> None:
+        if self.value_head is None:
+            return
+        if not (folder / VALUE_HEAD).is_file():
+            raise ValueError(
+                f"{folder} has no {VALUE_HEAD}: it was not saved by an --algo ppo run, so its value head "
+                "cannot be restored; resume it with the --algo it was trained with, or start a new run"
+            )
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(folder / VALUE_HEAD))
+        with torch.no_grad():
+            for n, p in self.value_head.named_parameters():
+                p.copy_(tensors[n])
 
     def load_weights(self, folder: Path) -> None:
+        self._load_value_head(folder)
         if self.use_lora:
             lora.load_adapter(self.core, folder)
         elif self.fsdp:
@@ -160,7 +198,8 @@ class Policy:
 
     def save_final(self, folder: Path) -> None:
         """The adapter (PEFT layout), or the full model as an HF folder (weights, config.json,
-        generation_config.json), plus the tokenizer. Every rank calls it; rank 0 writes.
+        generation_config.json), plus the tokenizer, and PPO's value head (value_head.safetensors: w and b
+        of V(s) = w . h + b on the final-normed hidden state). Every rank calls it; rank 0 writes.
 
         With init_from the adapter is the SFT adapter stacked with the one trained here, so it loads on
         the original base model like any adapter (see stack_adapters)."""
@@ -181,6 +220,7 @@ class Policy:
                 write_full_weights(tensors, folder)
             else:
                 save_full_weights(self.core, folder)
+            self._save_value_head(folder)
             for name in ("config.json", "generation_config.json"):  # what from_pretrained reads
                 if (self.model_dir / name).is_file():
                     shutil.copyfile(self.model_dir / name, folder / name)
@@ -284,6 +324,11 @@ def parallel_mode(cfg: TrainConfig) -> str:
         mode = "ddp" if cfg.lora.r > 0 else "fsdp"
     if mode == "fsdp" and cfg.lora.r > 0:
         raise ValueError("--model.parallel fsdp shards full fine-tunes (--lora.r 0); LoRA runs with ddp")
+    if mode == "fsdp" and cfg.algo == "ppo":
+        raise ValueError(
+            "--algo ppo does not shard its value head with FSDP: use --model.parallel ddp (a full fine-tune "
+            "that fits on one device), or LoRA (--lora.r > 0)"
+        )
     if mode == "fsdp" and cfg.optim.name != "adamw":
         raise ValueError(
             f"--optim.name {cfg.optim.name} works on whole matrices, FSDP holds shards of them: "
@@ -349,7 +394,9 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
         )
     )
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
-    head = LogprobHead(model)
+    # PPO's critic shares the trunk and its adapters: one forward gives the log-probs and the values
+    value_head = ValueHead(model.config.hidden_size).to(device) if cfg.algo == "ppo" else None
+    head = LogprobHead(model, value_head)
     if parallel == "fsdp":
         from . import fsdp
 

@@ -1,4 +1,4 @@
-"""nanogrpo: train a language model with GRPO (or SFT, CPT, DPO, PPO) on the CPU, one GPU, or many with torchrun.
+"""nanogrpo: train a language model with GRPO on the CPU, one GPU, or many with torchrun.
 
     python train.py                       # the demo: SmolLM2-135M-Instruct + LoRA on the built-in task
     python train.py tiny                  # a random tiny model, seconds (what the tests run)
@@ -6,7 +6,8 @@
 
 One step: sample G completions for each of P prompts, score them, turn rewards into group advantages,
 then take `num_iterations` optimizer passes over the batch with the clipped surrogate (+ KL) loss. The
-loop reads top to bottom; the pieces live in nanogrpo/ (docs/ARCHITECTURE.md).
+loop reads top to bottom; the pieces live in nanogrpo/ (docs/ARCHITECTURE.md). The other training stages
+(--algo sft|cpt|dpo|ppo) are step functions in nanogrpo/stages/, run by the same loop (docs/STAGES.md).
 """
 
 from __future__ import annotations
@@ -264,7 +265,7 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     name = argv.pop(0) if argv and argv[0] in PRESETS else None
     presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
     description = (
-        f"nanogrpo: GRPO (or SFT) for language models. Presets (first argument): {presets}. Defaults below "
+        f"nanogrpo: GRPO (or SFT, CPT, DPO, PPO) for language models. Presets (first argument): {presets}. Defaults below "
         f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json."
     )
     cfg = tyro.cli(TrainConfig, default=PRESETS[name or "demo"][1], args=argv, description=description)

@@ -295,6 +295,8 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return
+    if cfg.algo == "dpo" and not cfg.dpo.beta > 0:
+        raise ValueError(f"--dpo.beta {cfg.dpo.beta}: the DPO loss needs beta > 0 (the paper's is 0.1)")
     if cfg.algo != "grpo":
         return
     g, s = cfg.grpo, cfg.sampling

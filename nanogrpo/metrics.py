@@ -204,6 +204,9 @@ PLOTS = {
     "clip": ["clip_low", "clip_high", "frac_zero_std"],
     "grad_norm": ["grad_norm"],
     "loss": ["loss"],
+    "dpo_rewards": ["reward_chosen", "reward_rejected", "reward_margin"],  # --algo dpo
+    "dpo_logp": ["logp_chosen", "logp_rejected"],
+    "value": ["vf_loss", "explained_variance"],  # --algo ppo
 }
 
 

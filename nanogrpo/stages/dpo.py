@@ -59,8 +59,6 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     """One DPO step on this rank's pairs: the reference's log-probs, then one micro-batched update."""
     t1 = time.perf_counter()
     cfg, policy = run.cfg, run.policy
-    if not cfg.dpo.beta > 0:
-        raise ValueError(f"--dpo.beta {cfg.dpo.beta}: the DPO loss needs beta > 0 (the paper's is 0.1)")
     batch = pair_batch(policy, rows, cfg.seed).to(run.device)
     micro = pair_micro(cfg.micro_batch)
     ref = in_slices(lambda b: policy.reference_logprobs(b, 1.0), batch, micro)  # (2P, Tc) no grad

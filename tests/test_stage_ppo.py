@@ -236,7 +236,7 @@ def test_study_commands_parse_and_its_summary_and_plot_work_on_fake_curves(tmp_p
     cells = study.grid([1e-4, 5e-4], [0.05, 0.1], [0, 1], grpo_kl=0.05)
     assert len(cells) == 12 and sum(c.algo == "ppo" for c in cells) == 8
     for cell in (cells[0], cells[-1]):  # the command lines are valid train.py flags that pass the checks
-        cfg = cli(study.command(cell, tmp_path / cell.name, steps=3, group=4)[2:])
+        cfg = cli(study.command(cell, tmp_path / cell.name, study.Shape(steps=3, group=4))[2:])
         check_config(cfg)
         assert cfg.algo == cell.algo and cfg.optim.lr == cell.lr and cfg.reward.spec == "contains:1"
         assert (cfg.ppo.samples_per_prompt if cell.algo == "ppo" else cfg.grpo.group_size) == 4

@@ -37,9 +37,8 @@ SEED_002_LOSS = 28.9  # seed 002's PPO loss "exceeded 28.9 by step 31"
 # Every cell: the demo preset (SmolLM2-135M-Instruct, LoRA r 16) with a binary reward, short answers, no
 # entropy bonus and the symmetric clip, so the two algorithms differ only in their baselines (and PPO's
 # value loss, epochs and per-token KL reward). log-samples 0: the samples are not what is compared.
-COMMON = ["--reward.spec", "contains:1", "--sampling.max-new-tokens", "8", "--prompts-per-step", "4",
-          "--grpo.entropy-coef", "0", "--grpo.eps-high", "0.2", "--eval-prompts", "0",
-          "--log-samples-every", "0"]  # fmt: skip
+COMMON = ["--reward.spec", "contains:1", "--grpo.entropy-coef", "0", "--grpo.eps-high", "0.2",
+          "--eval-prompts", "0", "--log-samples-every", "0"]  # fmt: skip
 CURVES = ("loss", "pg_loss", "vf_loss", "reward", "kl", "explained_variance", "grad_norm", "value_mean")
 
 
@@ -68,16 +67,29 @@ def grid(lrs: list[float], kls: list[float], seeds: list[int], grpo_kl: float) -
     return ppo + [Cell("grpo", lr, grpo_kl, s) for lr in lrs for s in seeds]
 
 
-def command(cell: Cell, out_dir: Path, steps: int, group: int) -> list[str]:
+@dataclass(frozen=True)
+class Shape:
+    """What every cell of a grid shares: the batch and the completion length."""
+
+    steps: int = 30
+    group: int = 4  # completions per prompt (GRPO's group; PPO's too unless ppo_samples is set)
+    prompts: int = 4  # --prompts-per-step
+    tokens: int = 8  # --sampling.max-new-tokens
+    ppo_samples: int = 0  # PPO's --ppo.samples-per-prompt (0 = group)
+
+
+def command(cell: Cell, out_dir: Path, shape: Shape) -> list[str]:
     """The train.py command line of one cell."""
+    n_ppo = shape.ppo_samples or shape.group
     algo = (
-        ["--algo", "ppo", "--ppo.kl-coef", str(cell.kl), "--ppo.samples-per-prompt", str(group)]
+        ["--algo", "ppo", "--ppo.kl-coef", str(cell.kl), "--ppo.samples-per-prompt", str(n_ppo)]
         if cell.algo == "ppo"
-        else ["--grpo.group-size", str(group), "--grpo.scale-rewards", "group"]
+        else ["--grpo.group-size", str(shape.group), "--grpo.scale-rewards", "group"]
         + (["--grpo.kl-placement", "loss", "--grpo.beta", str(cell.kl)] if cell.kl > 0 else [])
     )
-    return [sys.executable, str(TRAIN_PY), "demo", *COMMON, *algo, "--optim.lr", str(cell.lr),
-            "--seed", str(cell.seed), "--steps", str(steps), "--out-dir", str(out_dir)]  # fmt: skip
+    batch = ["--prompts-per-step", str(shape.prompts), "--sampling.max-new-tokens", str(shape.tokens)]
+    return [sys.executable, str(TRAIN_PY), "demo", *COMMON, *batch, *algo, "--optim.lr", str(cell.lr),
+            "--seed", str(cell.seed), "--steps", str(shape.steps), "--out-dir", str(out_dir)]  # fmt: skip
 
 
 def read_curves(run_dir: Path) -> dict[str, list[float]]:
@@ -87,7 +99,7 @@ def read_curves(run_dir: Path) -> dict[str, list[float]]:
     return {k: [get(r, k) for r in rows] for k in CURVES}
 
 
-def run_cells(cells: list[Cell], out: Path, steps: int, group: int, threads: int) -> list[dict]:
+def run_cells(cells: list[Cell], out: Path, shape: Shape, threads: int) -> list[dict]:
     """Each cell as a train.py subprocess, one after the other (a shared CPU)."""
     results = []
     for i, cell in enumerate(cells):
@@ -95,7 +107,7 @@ def run_cells(cells: list[Cell], out: Path, steps: int, group: int, threads: int
         if not (rd / "summary.json").exists():
             shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
             rd.mkdir(parents=True)
-            cmd = command(cell, rd, steps, group)
+            cmd = command(cell, rd, shape)
             print("$ " + " ".join(cmd[1:]), flush=True)
             t0 = time.perf_counter()
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -183,7 +195,7 @@ def markdown(rows: list[dict], tail: int = 5) -> str:
     return "\n".join(lines + ["| " + " | ".join(f(r, k) for k, _ in cols) + " |" for r in rows]) + "\n"
 
 
-def plot(results: list[dict], path: Path) -> Path:
+def plot(results: list[dict], path: Path, shape: Shape = Shape()) -> Path:
     """Three panels against the step: the loss of both, PPO's value loss, the reward (3-step trailing
     mean); one line per run, a colour per configuration, PPO warm colours and GRPO cool ones."""
     import matplotlib
@@ -216,7 +228,11 @@ def plot(results: list[dict], path: Path) -> Path:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("PPO (value head + GAE) vs GRPO (group baseline), SmolLM2-135M + LoRA, sparse 0/1 reward")
+    per_step = f"{shape.prompts} prompts x {shape.group} (PPO {shape.ppo_samples or shape.group}) completions"
+    fig.suptitle(
+        "PPO (value head + GAE) vs GRPO (group baseline), SmolLM2-135M + LoRA, sparse 0/1 reward; "
+        f"{per_step} of <= {shape.tokens} tokens a step"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -234,20 +250,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--group", type=int, default=4, help="completions per prompt, both algorithms")
+    ap.add_argument("--prompts", type=int, default=4, help="--prompts-per-step of every run")
+    ap.add_argument("--tokens", type=int, default=8, help="--sampling.max-new-tokens of every run")
+    ap.add_argument("--ppo-samples", type=int, default=0, help="PPO's completions per prompt (0 = --group)")
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each train.py")
     ap.add_argument("--out", type=Path, default=Path("runs/ppo_vs_grpo"))
     ap.add_argument("--plot", type=Path, default=Path("docs/img/ppo_vs_grpo.png"))
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     cells = grid(a.lrs, a.kls, a.seeds, a.grpo_kl)
-    results = run_cells(cells, a.out, a.steps, a.group, a.threads)
+    shape = Shape(a.steps, a.group, a.prompts, a.tokens, a.ppo_samples)
+    results = run_cells(cells, a.out, shape, a.threads)
     rows = summarise(results)
     table = markdown(rows)
-    meta = {"steps": a.steps, "group": a.group, "common_flags": COMMON, "wall_s": time.perf_counter() - t0}
+    meta = {**asdict(shape), "common_flags": COMMON, "wall_s": time.perf_counter() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "ppo_vs_grpo.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": results}))
     (a.out / "ppo_vs_grpo.md").write_text(table)
-    plot(results, a.plot)
+    plot(results, a.plot, shape)
     print(f"\n{len(cells)} runs, {a.steps} steps each, {meta['wall_s'] / 60:.1f} min; plot: {a.plot}\n")
     print(table)
     return rows

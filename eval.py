@@ -1,7 +1,8 @@
 """nanogrpo evaluation: `python eval.py {generate,score,grade,compare,elo,report} [--flags]`.
 
   generate  completions of a model (+ LoRA adapter) on a held-out JSONL -> completions JSONL
-  score     EM, token F1, SeqM, ROUGE-L and any graders per row, means with 95% bootstrap CIs
+  score     EM, token F1, SeqM, ROUGE-L and any graders per row, means with 95% bootstrap CIs;
+            with k samples per prompt also best@k and Self-BLEU
   grade     one grader (or a weighted mix) per row as JSON lines; agreement with a `human` column
   compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM
   elo       pairwise judging of two or more systems (both orders), Bradley-Terry Elo with CIs
@@ -43,7 +44,7 @@ class Generate:
     batch_size: int = 8
     """Prompts per generation batch."""
     num_samples: int = 1
-    """Completions per prompt (rows then carry `sample`; compare/elo want 1)."""
+    """Completions per prompt (rows then carry `sample`; score adds best@k and Self-BLEU; compare/elo want 1)."""
     max_new_tokens: int = 256
     """Most tokens per completion."""
     temperature: float = 0.0
@@ -69,7 +70,8 @@ class Generate:
 
 @dataclass(frozen=True)
 class Score:
-    """Score a completions JSONL: per-row metrics (JSONL), a summary table with 95% CIs, and JSON."""
+    """Score a completions JSONL: per-row metrics (JSONL), a summary table with 95% CIs, and JSON; with
+    several samples per prompt (generate --num-samples k) also best@k per metric and Self-BLEU-4."""
 
     file: Positional[str]
     """Completions JSONL (rows with `completion` and `reference`)."""
@@ -211,7 +213,12 @@ def run_score(args: Score) -> None:
     evaluate.write_jsonl(out, [{**r, "scores": s} for r, s in zip(rows, scores)])
     summary = evaluate.summarise(scores, args.resamples, args.seed)
     table = evaluate.format_summary_table(summary) + f"\n({len(rows)} rows; per-row scores in {out})"
-    _emit({"file": args.file, "n": len(rows), "metrics": summary}, args.json, table)
+    result = {"file": args.file, "n": len(rows), "metrics": summary}
+    samples = evaluate.samples_summary(rows, scores, args.resamples, args.seed)  # k samples per prompt
+    if samples is not None:
+        result["samples"] = samples
+        table += "\n\n" + evaluate.format_samples_table(samples)
+    _emit(result, args.json, table)
 
 
 def run_grade(args: GradeArgs) -> None:

@@ -251,6 +251,72 @@ def format_paired_table(summary: dict, names: tuple[str, str] = ("base", "traine
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- several samples per prompt
+
+
+def prompt_groups(rows: Sequence[dict]) -> list[list[int]]:
+    """Row indices of each prompt, in first-seen order: rows that share an id are samples of one prompt
+    (`eval.py generate --num-samples k` writes k rows per id, with `sample` 0..k-1)."""
+    groups: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.get("id", i), []).append(i)
+    return list(groups.values())
+
+
+def samples_summary(
+    rows: Sequence[dict], scores: Sequence[dict[str, float | None]], n_resamples: int = 10_000, seed: int = 0
+) -> dict | None:
+    """Diversity and best-of-k over a file with several samples per prompt; None when each prompt has one.
+
+    self_bleu: each prompt's Self-BLEU-4 over its samples (stats.self_bleu), averaged over prompts.
+    best_of_k: per metric, each prompt's highest score over its samples (those with a score), averaged
+    over prompts. Intervals are 95% bootstraps over prompts, since a prompt's samples are not independent.
+    """
+    groups = prompt_groups(rows)
+    if all(len(g) == 1 for g in groups):
+        return None
+    sizes = sorted({len(g) for g in groups})
+
+    def interval(vals: list[float]) -> dict:
+        if not vals:
+            return {"n": 0, "mean": None, "low": None, "high": None}
+        mean, lo, hi = stats.bootstrap_ci(vals, n_resamples, seed)
+        return {"n": len(vals), "mean": mean, "low": lo, "high": hi}
+
+    texts = [str(r.get("completion", "")) for r in rows]
+    sb = [v for g in groups if (v := stats.self_bleu([texts[i] for i in g])) is not None]
+    best = {}
+    for m in _metric_names(scores):
+        per_prompt = [[scores[i][m] for i in g if scores[i].get(m) is not None] for g in groups]
+        best[m] = interval([max(v) for v in per_prompt if v])
+    return {
+        "prompts": len(groups),
+        "k": sizes[0] if len(sizes) == 1 else sizes,
+        "self_bleu": {
+            **interval(sb),
+            "order": stats.BLEU_ORDER,
+            "smoothing": "Lin-Och add-one for n>=2 (nltk method2)",
+        },
+        "best_of_k": best,
+    }
+
+
+def format_samples_table(s: dict) -> str:
+    """best@k per metric and Self-BLEU, with 95% CIs over prompts."""
+    k = s["k"] if isinstance(s["k"], int) else f"{s['k'][0]}-{s['k'][-1]}"
+    lines = [
+        f"{s['prompts']} prompts, k = {k} samples each",
+        f"{'over prompts':<22}{'n':>6}{'mean':>9}  95% CI",
+    ]
+    rows = [(f"best@k {m}", v) for m, v in s["best_of_k"].items()] + [("self_bleu", s["self_bleu"])]
+    for name, v in rows:
+        lines.append(f"{name:<22}{v['n']:>6}{_f(v['mean']):>9}  [{_f(v['low'])}, {_f(v['high'])}]")
+    lines.append(
+        "(self_bleu: BLEU-4 of each sample against the prompt's other samples; higher = less diverse)"
+    )
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- train.py's final eval
 
 

@@ -13,6 +13,9 @@ Everything here is plain Python + numpy, deterministic given a seed, and tested 
   it on the Elo scale, 1500 + 400 log10(strength / geometric mean strength). Unlike sequential Elo
   updates this does not depend on the order of the games. A pseudo-count of ties between every pair
   (default one game) keeps ratings finite when a system wins or loses every comparison.
+- Self-BLEU (seed 003's diversity measure): BLEU-4 of each of a prompt's k samples against the other k - 1
+  as references, averaged; our own few lines (nltk is not a dependency), smoothed as nltk's method2 and
+  tested against it.
 """
 
 from __future__ import annotations
@@ -244,3 +247,65 @@ def elo_from_games(
     q = (1 - level) / 2
     lo, hi = np.quantile(boot, [q, 1 - q], axis=0)
     return {"elo": elo, "low": lo, "high": hi}
+
+
+# ----------------------------------------------------------------------------- Self-BLEU (seed 003)
+
+BLEU_ORDER = 4
+"""BLEU-4: n-gram precisions for n = 1..4 with uniform weights, as in most Self-BLEU reports."""
+
+_BLEU_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def bleu_tokens(text: str) -> list[str]:
+    """The tokens BLEU counts: lower-cased words and single punctuation marks."""
+    return _BLEU_TOKEN.findall(text.lower())
+
+
+def _ngrams(tokens: Sequence[str], n: int) -> Counter:
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+
+
+def sentence_bleu(
+    hypothesis: Sequence[str], references: Sequence[Sequence[str]], order: int = BLEU_ORDER
+) -> float:
+    """BLEU of one tokenised hypothesis against tokenised references, in [0, 1].
+
+    The geometric mean of the clipped n-gram precisions p_1..p_order (a hypothesis n-gram counts at most
+    as often as it occurs in any one reference) times the brevity penalty exp(1 - r/c), applied when the
+    hypothesis (c tokens) is shorter than the reference closest to it in length (r; the shorter on a tie).
+    Smoothing is Lin & Och's (2004; nltk's method2): p_n = (matches + 1) / (n-grams + 1) for n >= 2, so
+    two short texts that share words but no 4-gram still score; p_1 is not smoothed, so texts sharing no
+    word score 0. An empty hypothesis scores 0.
+    """
+    c = len(hypothesis)
+    if c == 0 or not references:
+        return 0.0
+    log_p = 0.0
+    for n in range(1, order + 1):
+        hyp = _ngrams(hypothesis, n)
+        most = Counter()  # each n-gram's largest count in any one reference
+        for ref in references:
+            most |= _ngrams(ref, n)
+        matches, total = sum((hyp & most).values()), sum(hyp.values())
+        if n == 1 and matches == 0:
+            return 0.0
+        p = matches / total if n == 1 else (matches + 1) / (total + 1)
+        log_p += math.log(p) / order
+    r = min((len(ref) for ref in references), key=lambda length: (abs(length - c), length))
+    brevity = 1.0 if c > r else math.exp(1 - r / c)
+    return brevity * math.exp(log_p)
+
+
+def self_bleu(texts: Sequence[str], order: int = BLEU_ORDER) -> float | None:
+    """Self-BLEU (Zhu et al. 2018): each text's BLEU against all the others as references, averaged.
+
+    High means the texts repeat each other (1 for identical texts), low means they differ (0 when no two
+    share a word). None for fewer than two texts, where there is nothing to compare.
+    """
+    tokens = [bleu_tokens(t) for t in texts]
+    if len(tokens) < 2:
+        return None
+    return float(
+        np.mean([sentence_bleu(h, tokens[:i] + tokens[i + 1 :], order) for i, h in enumerate(tokens)])
+    )

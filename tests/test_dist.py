@@ -137,6 +137,36 @@ def test_step_wide_statistics_span_the_ranks(tmp_path, flags):
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
 
 
+@pytest.mark.parametrize("algo", ["cpt", "ppo"])
+def test_two_ranks_train_each_stage_as_one_process(tmp_path, algo):
+    """CPT (windows split between the ranks, the NLL over every rank's tokens) and PPO (whitening over every
+    rank's tokens, the value head inside the DDP-wrapped forward): 2 ranks train and log what one process
+    does. (DPO's: tests/test_stage_dpo.py.)"""
+    common = ["--algo", algo, "--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2"]
+    common += ["--optim.lr", "1e-4", "--log-samples-every", "0"]
+    if algo == "cpt":
+        text = tmp_path / "book.txt"
+        text.write_text(" ".join(f"word{i % 37} of line {i}." for i in range(200)))
+        common += ["--data.train", str(text), "--data.seq-len", "16", "--data.overlap", "4"]
+    _run([*common, "--out-dir", str(tmp_path / "one")])
+    _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
+    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    assert any(float(a[k].abs().max()) > 0 for k in a if "lora_B" in k)  # it trained
+    if algo == "ppo":
+        va, vb = (load_file(str(tmp_path / r / "adapter" / "value_head.safetensors")) for r in ("one", "two"))
+        assert float(va["weight"].abs().max()) > 0 and torch_close(va, vb)
+    for x, y in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two"), strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], float) and isinstance(y[k], float):
+                assert abs(x[k] - y[k]) <= 1e-5 * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+
+
+def torch_close(a: dict, b: dict, atol: float = 1e-6) -> bool:
+    return a.keys() == b.keys() and all(float((a[k] - b[k]).abs().max()) < atol for k in a)
+
+
 def test_parallel_mode(monkeypatch):
     from dataclasses import replace
 

@@ -42,7 +42,7 @@ from rewards import mean_metrics
 from .. import dist, grpo
 from ..config import TrainConfig
 from ..logprobs import Batch, completion_logprobs, micro_slices
-from ..policy import Policy
+from ..policy import Policy, in_slices
 from ..rollout import rollout
 from ..summary import Totals, sample_groups
 from . import Run
@@ -64,12 +64,7 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     old_logp, old_values = old_logprobs_values(policy, batch, temp, cfg.micro_batch)  # (N, Tc), (N, Tc)
     ref_logp = None
     if p.kl_coef > 0:
-        ref_logp = torch.cat(
-            [
-                policy.reference_logprobs(batch.rows(sl), temp)
-                for sl in micro_slices(len(batch), cfg.micro_batch)
-            ]
-        )  # (N, Tc)
+        ref_logp = in_slices(lambda b: policy.reference_logprobs(b, temp), batch, cfg.micro_batch)  # (N, Tc)
     # 3-4. per-token rewards, GAE, whitening
     score = torch.nan_to_num(reward, nan=0.0).to(run.device)  # (N,) None scores 0
     tok_r = token_rewards(score, old_logp, ref_logp, mask, p.kl_coef)  # (N, Tc)

@@ -59,8 +59,9 @@ def lm_task(out: Path, n: int = LM_ROWS) -> Path:
     return path
 
 
-def _train(cmd: list[str], rd: Path, threads: int) -> float:
-    """Run train.py with its console in rd/train.log; returns the wall time in seconds.
+def train_logged(cmd: list[str], rd: Path, threads: int) -> float:
+    """Run train.py with its console in rd/train.log and its command and wall time in rd/ablate.json;
+    returns the wall time in seconds (the lab's studies run their cells through it).
 
     threads: torch's intra-op threads (OMP_NUM_THREADS). The tiny model gains nothing from more than one, and
     on a CPU that other jobs also use, two threads that wait for each other made a 60-step cell take 320 s
@@ -86,7 +87,7 @@ def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float, thre
         return model
     shutil.rmtree(out / "sft", ignore_errors=True)
     n = sum(1 for line in task.read_text().splitlines() if line.strip())
-    _train([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
+    train_logged([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
             "--prompts-per-step", str(n), "--steps", str(steps), "--optim.lr", str(lr), "--seed", "0",
             "--out-dir", str(out / "sft")], out / "sft", threads)  # fmt: skip
     base = resolve_model(PRESETS[preset][1].model.path)
@@ -135,7 +136,7 @@ def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
             shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
             cmd = lm_command(run, rd, s)
             print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
-            _train(cmd, rd, s.threads)
+            train_logged(cmd, rd, s.threads)
         done = rd / "ablate.json"  # absent when the folder came from elsewhere
         wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
         c = read_metrics(rd)

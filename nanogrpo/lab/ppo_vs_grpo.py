@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nanogrpo.lab.ablate_lm import train_logged
 from nanogrpo.metrics import read_jsonl
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -106,17 +105,13 @@ def run_cells(cells: list[Cell], out: Path, shape: Shape, threads: int) -> list[
         rd = out / "runs" / cell.name
         if not (rd / "summary.json").exists():
             shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
-            rd.mkdir(parents=True)
             cmd = command(cell, rd, shape)
             print("$ " + " ".join(cmd[1:]), flush=True)
-            t0 = time.perf_counter()
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-            with (rd / "train.log").open("w") as log:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-            if rc:
-                raise RuntimeError(f"train.py exited {rc}; its log: {rd / 'train.log'}")
-            (rd / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0}))
-        wall = json.loads((rd / "wall.json").read_text())["wall_s"] if (rd / "wall.json").exists() else None
+            train_logged(cmd, rd, threads)
+        record = (
+            rd / "ablate.json"
+        )  # the command and its wall time (absent when the folder came from elsewhere)
+        wall = json.loads(record.read_text())["wall_s"] if record.exists() else None
         c = read_curves(rd)
         results.append({"cell": asdict(cell), "curves": c, "wall_s": wall})
         print(f"[{i + 1}/{len(cells)}] {cell.name}: loss end {c['loss'][-1]:.3g} max {_nanmax(c['loss']):.3g}, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -115,16 +116,29 @@ class Compare:
 
 @dataclass(frozen=True)
 class Elo:
-    """Pairwise judging of two or more systems on the same ids, both orders; Bradley-Terry Elo per judge and pooled."""
+    """Pairwise judging of two or more systems on the same ids, both orders; Bradley-Terry Elo per judge and pooled,
+    each variant's mean over judges and runs with min-max bars, and accuracy against Elo."""
 
-    files: Positional[tuple[str, ...]]
-    """Completions JSONL of each system (two or more)."""
+    files: Positional[tuple[str, ...]] = ()
+    """Completions JSONL of each system (two or more; '.scored.jsonl' files also give the accuracy)."""
     judges: tuple[str, ...] = ("grader:rouge_l",)
     """Judges: 'openai:MODEL' (an LLM at --server.base-url), 'local:PATH', 'grader:NAME', 'em', 'f1', 'seqm'."""
     names: tuple[str, ...] = ()
-    """System names, one per file (default: the file names without .jsonl)."""
+    """System names, one per file (default: the file names without .jsonl). A name given more than once marks
+    runs of one variant: '--names grpo grpo base' rates grpo#1, grpo#2 and base, and grpo as their mean."""
+    verdicts: tuple[str, ...] = ()
+    """Instead of FILES: OUT_comparisons.jsonl files of earlier elo runs (other judges, or repeated judging
+    runs), fitted together without asking any judge again."""
+    accuracy: tuple[str, ...] = ()
+    """NAME=PATH per system or variant (repeat a variant for its runs): PATH is eval.py score's --json summary or
+    .scored.jsonl; draws OUT_accuracy.png (accuracy against Elo). Default: from FILES when they are scored."""
+    accuracy_metric: str = "em"
+    """The metric of the score files that is the accuracy."""
+    accuracy_baseline: str = ""
+    """Variant whose accuracy is drawn as a dashed line in OUT_accuracy.png."""
     out: str = "elo"
-    """Output prefix: OUT.json (ratings), OUT.png (bars), OUT_comparisons.jsonl (every verdict)."""
+    """Output prefix: OUT.json (ratings), OUT.png (bars), OUT_comparisons.jsonl (every verdict),
+    OUT_accuracy.png (with accuracies)."""
     resamples: int = 1000
     """Bootstrap resamples over items for the intervals."""
     prior: float = 1.0
@@ -273,24 +287,95 @@ def run_compare(args: Compare) -> None:
     )
 
 
+def _system_names(args: Elo) -> list[str]:
+    """One name per file; a name given more than once is a variant's runs: grpo, grpo -> grpo#1, grpo#2."""
+    if not args.names:
+        names = [Path(f).name.removesuffix(".jsonl") for f in args.files]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"files of the same name {names}: pass --names (repeat a name for runs of one variant)"
+            )
+        return names
+    if len(args.names) != len(args.files):
+        raise ValueError(f"{len(args.names)} --names for {len(args.files)} files: give one name per file")
+    count, seen = Counter(args.names), Counter()
+    out = []
+    for n in args.names:
+        seen[n] += 1
+        out.append(f"{n}#{seen[n]}" if count[n] > 1 else n)
+    return out
+
+
+def _accuracies(args: Elo, systems: dict[str, list[dict]], names: list[str]) -> dict[str, list[float]]:
+    """{system or variant: [accuracy of each run]} from --accuracy, else from scored FILES; {} when neither."""
+    if args.accuracy:
+        known = set(names) | {pairwise.variant_of(n) for n in names}
+        out: dict[str, list[float]] = {}
+        for item in args.accuracy:
+            name, sep, path = item.partition("=")
+            if name not in known and pairwise.variant_of(name) not in known:
+                raise ValueError(
+                    f"--accuracy {item!r}: {name!r} is not a system or variant of {sorted(known)}"
+                )
+            if not sep or not name or not path:
+                raise ValueError(
+                    f"--accuracy {item!r}: write NAME=PATH, e.g. grpo=runs/grpo/trained_summary.json"
+                )
+            out.setdefault(name, []).append(pairwise.read_accuracy(path, args.accuracy_metric))
+        return out
+    m = args.accuracy_metric
+    if systems and all(
+        isinstance(r.get("scores"), dict) and r["scores"].get(m) is not None
+        for rs in systems.values()
+        for r in rs
+    ):
+        ids = set(pairwise.align(systems))
+        return {
+            n: [sum(r["scores"][m] for r in rs if r["id"] in ids) / len(ids)] for n, rs in systems.items()
+        }
+    return {}
+
+
 def run_elo(args: Elo) -> None:
-    if len(args.files) < 2:
-        raise ValueError("elo needs two or more completions files")
-    names = list(args.names) or [Path(f).name.removesuffix(".jsonl") for f in args.files]
-    if len(names) != len(args.files) or len(set(names)) != len(names):
-        raise ValueError(f"need one distinct name per file, got {names}: pass --names")
-    systems = {n: list(_by_id(f).values()) for n, f in zip(names, args.files)}
-    if not pairwise.align(systems):
-        raise ValueError("the files share no ids: judge completions of the same held-out file")
-    pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
-    judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
-    records = pairwise.run_pairwise(systems, judges)
-    evaluate.write_jsonl(f"{args.out}_comparisons.jsonl", records)
+    systems: dict[str, list[dict]] = {}
+    comparisons = Path(f"{args.out}_comparisons.jsonl")
+    if args.verdicts:  # refit earlier verdicts: no judge is asked
+        if args.files or args.names:
+            raise ValueError(
+                "give completions FILES to judge, or --verdicts to refit earlier verdicts, not both"
+            )
+        if any(Path(v).resolve() == comparisons.resolve() for v in args.verdicts):
+            raise ValueError(
+                f"--out {args.out} would overwrite the verdicts file {comparisons}: pass another --out"
+            )
+        records = pairwise.load_verdicts(args.verdicts)
+        names = pairwise.systems_of(records)
+        acc = _accuracies(args, systems, names)
+    else:
+        if len(args.files) < 2:
+            raise ValueError(
+                "elo needs two or more completions files (or --verdicts files of earlier elo runs)"
+            )
+        names = _system_names(args)
+        systems = {n: list(_by_id(f).values()) for n, f in zip(names, args.files)}
+        if not pairwise.align(systems):
+            raise ValueError("the files share no ids: judge completions of the same held-out file")
+        acc = _accuracies(args, systems, names)  # a bad --accuracy stops before any judge is asked
+        pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
+        judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
+        records = pairwise.run_pairwise(systems, judges)
+    evaluate.write_jsonl(comparisons, records)
     rep = pairwise.elo_report(records, names, args.resamples, args.seed, args.prior)
+    wrote = [f"{args.out}.json", str(pairwise.plot_elo(rep, f"{args.out}.png")), str(comparisons)]
+    if acc:
+        rep["accuracy"] = pairwise.accuracy_report(acc, rep, args.accuracy_metric)
+        png = pairwise.plot_accuracy_vs_elo(
+            rep["accuracy"], f"{args.out}_accuracy.png", args.accuracy_baseline
+        )
+        wrote.append(str(png))
     Path(f"{args.out}.json").parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(rep, indent=2) + "\n")
-    png = pairwise.plot_elo(rep, f"{args.out}.png")
-    table = pairwise.format_elo_table(rep) + f"\nwrote {args.out}.json, {png}, {args.out}_comparisons.jsonl"
+    table = pairwise.format_elo_table(rep) + f"\nwrote {', '.join(wrote)}"
     _emit(rep, "-" if args.json == "-" else "", table)
 
 

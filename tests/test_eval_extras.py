@@ -108,3 +108,141 @@ def test_best_of_k_and_self_bleu_in_score(tmp_path):
 def test_one_sample_per_prompt_has_no_samples_summary():
     rows = [{"id": i, "reference": "x", "completion": "x"} for i in range(3)]
     assert evaluate.samples_summary(rows, evaluate.score_rows(rows, graders=""), 100) is None
+
+
+# ----------------------------------------------------------------------------- Elo over judges and runs
+
+from nanogrpo.eval import pairwise  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "reply, verdict",
+    [("Verdict: A", "A"), ("**Verdict:** tie.", "tie"), ("Verdict: **B**", "B"), ("Verdict: A/B", None),
+     ("Verdict: A or B", None), ("Verdict: Answer A", None), ("I prefer A", None), ("", None)],
+)  # fmt: skip
+def test_verdict_is_a_b_or_tie_and_nothing_else(reply, verdict):
+    assert pairwise.parse_verdict(reply) == verdict
+
+
+def test_a_verdict_outside_a_b_tie_is_counted_not_guessed():
+    """A judge answering 'both' or 'a' (lower case is still A): 'both' is dropped and reported per judge."""
+    systems = {
+        n: [{"id": i, "prompt": "q", "reference": "r", "completion": n} for i in range(4)] for n in "xy"
+    }
+    answers = iter(["a", "both", "B", "tie"] * 2)  # 4 ids x both orders
+    recs = pairwise.run_pairwise(systems, {"odd": lambda p, r, a, b: next(answers)}, progress=False)
+    assert [r["verdict"] for r in recs[:4]] == ["A", None, "B", "tie"]
+    assert recs[1]["raw_verdict"] == "both"
+    rep = pairwise.elo_report(recs, ["x", "y"], n_resamples=20)
+    assert rep["invalid"] == 2 and rep["games"] == 6
+    assert rep["invalid_verdicts"]["odd"] == {"count": 2, "asked": 8, "values": {"both": 2}}
+    table = pairwise.format_elo_table(rep)
+    assert "odd: 2 of 8 verdicts not A/B/tie, dropped (not guessed): 'both' x2" in table
+
+
+def _verdicts(judge, better, worse, ids, flip_every=0):
+    """Records where `better` wins both orders on every id (but every flip_every-th id goes to `worse`)."""
+    out = []
+    for i in ids:
+        win = worse if flip_every and i % flip_every == 0 else better
+        for first, second in ((better, worse), (worse, better)):
+            out.append({"id": i, "judge": judge, "first": first, "second": second,
+                        "verdict": "A" if first == win else "B"})  # fmt: skip
+    return out
+
+
+def test_variant_elo_is_mean_over_judges_and_runs_with_min_max(tmp_path):
+    """Two judges' verdict files on runs grpo#1, grpo#2 against base: the variant's Elo is the mean of its
+    four per-judge run ratings, the bars their min and max; the same judge in two files is two judges."""
+    ids = range(20)
+    recs1 = _verdicts("j", "grpo#1", "base", ids, 4) + _verdicts("j", "grpo#2", "base", ids, 3)
+    recs2 = _verdicts("j", "grpo#1", "base", ids, 3) + _verdicts("j", "grpo#2", "base", ids, 5)
+    recs2 += [{"id": 99, "judge": "j", "first": "base", "second": "grpo#1", "verdict": "Answer B"}]
+    f1, f2 = write_rows(tmp_path / "v1.jsonl", recs1), write_rows(tmp_path / "v2.jsonl", recs2)
+    res = run_eval("elo", "--verdicts", f1, f2, "--out", tmp_path / "elo", "--resamples", 50, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((tmp_path / "elo.json").read_text())
+    assert set(rep["judges"]) == {"j#1", "j#2"}
+    ratings = [rep["judges"][j][s]["elo"] for j in ("j#1", "j#2") for s in ("grpo#1", "grpo#2")]
+    v = rep["variants"]["grpo"]
+    assert v["runs"] == ["grpo#1", "grpo#2"] and v["ratings"] == 4
+    assert v["mean"] == pytest.approx(sum(ratings) / 4)
+    assert (v["min"], v["max"]) == (pytest.approx(min(ratings)), pytest.approx(max(ratings)))
+    assert rep["variants"]["base"]["max"] < v["min"]
+    assert rep["invalid_verdicts"]["j#2"]["values"] == {"Answer B": 1}
+    assert "(mean over judges and runs)" in res.stdout and "'Answer B' x1" in res.stdout
+    assert (tmp_path / "elo.png").read_bytes()[:4] == b"\x89PNG"
+    names, mid, lo, hi, what = pairwise._bars(rep)
+    assert names == ["base", "grpo"] and what == "min-max over 2 judges x 2 runs"
+    assert (mid[1], lo[1], hi[1]) == (v["mean"], v["min"], v["max"])
+    # refitting into the file it reads from would destroy it
+    res = run_eval(
+        "elo", "--verdicts", tmp_path / "elo_comparisons.jsonl", "--out", tmp_path / "elo", cwd=tmp_path
+    )
+    assert res.returncode != 0 and "pass another --out" in res.stderr
+
+
+def test_repeated_names_are_runs_not_judged_against_each_other(tmp_path):
+    rows = lambda text: [
+        {"id": i, "prompt": "q", "reference": "the answer", "completion": text} for i in range(5)
+    ]
+    files = [
+        write_rows(tmp_path / f"{k}.jsonl", rows(t))
+        for k, t in enumerate(["the answer", "the answer is", "no"])
+    ]
+    res = run_eval("elo", *files, "--names", "grpo", "grpo", "base", "--judges", "f1", "--out", tmp_path / "e",
+                   "--resamples", 20, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((tmp_path / "e.json").read_text())
+    assert rep["systems"] == ["grpo#1", "grpo#2", "base"]
+    recs = [json.loads(x) for x in (tmp_path / "e_comparisons.jsonl").read_text().splitlines()]
+    assert len(recs) == 5 * 2 * 2 and all("base" in (r["first"], r["second"]) for r in recs)
+    assert rep["variants"]["grpo"]["runs"] == ["grpo#1", "grpo#2"]
+
+
+def test_accuracy_against_elo(tmp_path):
+    """Accuracy from score summaries (two runs of grpo) and Elo from the fit: one point per variant."""
+    ids = range(20)
+    recs = _verdicts("j", "grpo#1", "base", ids, 4) + _verdicts("j", "grpo#2", "base", ids, 2)
+    v = write_rows(tmp_path / "v.jsonl", recs)
+    for name, em in (("g1", 0.6), ("g2", 0.5), ("b", 0.4)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"metrics": {"em": {"mean": em}}}))
+    scored = write_rows(
+        tmp_path / "b.scored.jsonl", [{"id": 0, "completion": "c", "scores": {"em": x}} for x in (0, 1)]
+    )
+    res = run_eval("elo", "--verdicts", v, "--out", tmp_path / "elo", "--resamples", 20, "--accuracy",
+                   f"grpo={tmp_path / 'g1.json'}", f"grpo#2={tmp_path / 'g2.json'}", f"base={scored}",
+                   "--accuracy-baseline", "base", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rep = json.loads((tmp_path / "elo.json").read_text())
+    acc = rep["accuracy"]["variants"]
+    assert acc["grpo"]["accuracy"] == pytest.approx(0.55) and (
+        acc["grpo"]["acc_min"],
+        acc["grpo"]["acc_max"],
+    ) == (0.5, 0.6)
+    assert acc["grpo"]["runs"] == 2 and acc["base"]["accuracy"] == 0.5
+    assert acc["grpo"]["elo"] == rep["variants"]["grpo"]["mean"]
+    assert (tmp_path / "elo_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    bad = run_eval(
+        "elo",
+        "--verdicts",
+        v,
+        "--out",
+        tmp_path / "e2",
+        "--accuracy",
+        f"sft={tmp_path / 'g1.json'}",
+        cwd=tmp_path,
+    )
+    assert bad.returncode != 0 and "not a system or variant" in bad.stderr
+
+
+def test_accuracy_from_scored_files(tmp_path):
+    rows = lambda text, em: [{"id": i, "prompt": "q", "reference": "a", "completion": text, "scores": {"em": em}}
+                             for i in range(4)]  # fmt: skip
+    a = write_rows(tmp_path / "a.scored.jsonl", rows("a", 1.0))
+    b = write_rows(tmp_path / "b.scored.jsonl", rows("x", 0.0))
+    res = run_eval("elo", a, b, "--judges", "f1", "--out", tmp_path / "e", "--resamples", 20, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    acc = json.loads((tmp_path / "e.json").read_text())["accuracy"]
+    assert acc["metric"] == "em" and acc["variants"]["a.scored"]["accuracy"] == 1.0
+    assert (tmp_path / "e_accuracy.png").exists()

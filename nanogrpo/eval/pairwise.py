@@ -6,7 +6,14 @@ favours the first position gives each system the same number of first positions 
 Each answer of a pair is one game; ratings are a Bradley-Terry fit on the Elo scale (nanogrpo.eval.stats)
 with item-bootstrap intervals, per judge and pooled over judges.
 
-Seed 000 reports the mean Elo over three judges with min-max bars across judges; `plot_elo` draws that.
+Seed 000 reports each variant's mean Elo over three judges and three runs, with min-max bars; `plot_elo`
+draws that. A system named 'VARIANT#RUN' is one run of VARIANT (eval.py elo --names grpo grpo base names
+them grpo#1, grpo#2, base): runs of one variant are not judged against each other, and the variant's
+rating is the mean of its runs' ratings over every judge, its bars the min and max of those. Its Fig. 3,
+accuracy against Elo, is `plot_accuracy_vs_elo`.
+
+Verdicts are 'A', 'B' or 'tie' and nothing else: a reply without a clean 'Verdict: ...' last line, or a
+judge's or a verdict file's value outside those three, is dropped and counted per judge, never guessed.
 Judges: `LLMJudge` (an OpenAI-compatible chat-completions server or a local model, through
 rewards.llm_client) and `MetricJudge` (higher EM / F1 / SeqM / grader score wins; deterministic, for
 tests and judge-free checks).
@@ -14,6 +21,7 @@ tests and judge-free checks).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from itertools import combinations
@@ -53,16 +61,28 @@ PAIRWISE_MAX_TOKENS = 256
 """Reply budget of a pairwise judgement (a sentence or two and the verdict line) when
 --server.max-tokens is 0: servers refuse max_tokens 0."""
 
-_VERDICT = re.compile(r"verdict\W*(a|b|tie)\b", re.IGNORECASE)
+# 'Verdict: A' ending its line (markdown and a full stop allowed around it): 'Verdict: A/B', 'Verdict: A or
+# B' or 'Verdict: Answer A' are no verdict, since reading one into them would be a guess.
+_VERDICT = re.compile(r"verdict\W*(a|b|tie)[\s*_.!\"'`)\]]*$", re.IGNORECASE | re.MULTILINE)
+VERDICTS = ("A", "B", "tie")
 
 
 def parse_verdict(reply: str) -> str | None:
     """'A', 'B' or 'tie' from the judge's last 'Verdict: ...' line; None when there is none."""
     found = _VERDICT.findall(reply or "")
-    if not found:
-        return None
-    v = found[-1].lower()
-    return "tie" if v == "tie" else v.upper()
+    return normalize_verdict(found[-1]) if found else None
+
+
+def normalize_verdict(value: Any) -> str | None:
+    """'A', 'B' or 'tie' (any case, surrounding spaces ignored); None for anything else."""
+    v = value.strip().lower() if isinstance(value, str) else None
+    return {"a": "A", "b": "B", "tie": "tie"}.get(v or "")
+
+
+def variant_of(system: str) -> str:
+    """'grpo#2' -> 'grpo': the variant a run belongs to; a name without '#RUN' is its own variant."""
+    head, sep, run = system.rpartition("#")
+    return head if sep and head and run else system
 
 
 class MetricJudge:
@@ -116,8 +136,8 @@ class LLMJudge:
         replies = self.client.chat(reqs)
         return [(parse_verdict(rep.text or ""), (rep.text or rep.error or "").strip()) for rep in replies]
 
-    def __call__(self, prompt: str, reference: str | None, answer_a: str, answer_b: str) -> str:
-        return self.ask_many([(prompt, reference, answer_a, answer_b)])[0][0] or "tie"
+    def __call__(self, prompt: str, reference: str | None, answer_a: str, answer_b: str) -> str | None:
+        return self.ask_many([(prompt, reference, answer_a, answer_b)])[0][0]  # None: no verdict, not a tie
 
 
 def make_judge(spec: str, server: Any = None, reward_cfg: Any = None) -> Judge:
@@ -169,10 +189,12 @@ def align(systems: dict[str, Sequence[dict]]) -> list[Any]:
 def run_pairwise(
     systems: dict[str, Sequence[dict]], judges: dict[str, Judge], progress: bool = True
 ) -> list[dict]:
-    """Ask every judge about every pair of systems on every shared id, in both orders.
+    """Ask every judge about every pair of systems on every shared id, in both orders; runs of one
+    variant ('grpo#1', 'grpo#2') are not asked about each other.
 
     Returns one record per question: id, judge, first, second (system names in the order shown),
-    verdict ('A' | 'B' | 'tie' | None when the reply had no verdict) and, for LLM judges, the reply.
+    verdict ('A' | 'B' | 'tie' | None when there was none) and, for LLM judges, the reply; a callable's
+    answer outside A/B/tie is kept as raw_verdict.
     """
     from tqdm import tqdm
 
@@ -180,8 +202,11 @@ def run_pairwise(
         raise ValueError("pairwise judging needs at least two systems")
     by_id = {name: {r["id"]: r for r in rows} for name, rows in systems.items()}
     pairs = []  # (id, first, second): both orders of every pair
+    matches = [(x, y) for x, y in combinations(systems, 2) if variant_of(x) != variant_of(y)]
+    if not matches:
+        raise ValueError(f"{list(systems)} are all runs of one variant: give two or more variants")
     for i in align(systems):
-        for x, y in combinations(systems, 2):
+        for x, y in matches:
             pairs += [(i, x, y), (i, y, x)]
     questions = []
     for i, first, second in pairs:
@@ -201,11 +226,53 @@ def run_pairwise(
             answers = judge.ask_many(questions)
         else:
             answers = [(judge(*q), None) for q in tqdm(questions, desc=jname, disable=not progress)]
-        for (i, first, second), (verdict, reply) in zip(pairs, answers):
-            assert verdict in ("A", "B", "tie", None), f"judge {jname} returned {verdict!r}"
+        for (i, first, second), (raw, reply) in zip(pairs, answers):
+            verdict = normalize_verdict(raw)
             rec = {"id": i, "judge": jname, "first": first, "second": second, "verdict": verdict}
+            if verdict is None and raw is not None:  # e.g. 'both', 'A/B': counted as invalid, not guessed
+                rec["raw_verdict"] = str(raw)
             records.append(rec if reply is None else {**rec, "reply": reply})
     return records
+
+
+def load_verdicts(paths: Sequence[str | Path]) -> list[dict]:
+    """The records of earlier `eval.py elo` runs (their OUT_comparisons.jsonl), to fit them together.
+
+    Each record needs id, judge, first and second; a verdict outside A/B/tie becomes None with the value
+    kept as raw_verdict. A judge found in more than one file is one judge per file, 'JUDGE#N' for the
+    N-th file, so repeated judging runs give their own ratings and widen the min-max bars.
+    """
+    from rewards.rows import DataError, read_rows
+
+    def check(row: dict, where: str) -> None:
+        for name in ("id", "judge", "first", "second"):
+            if row.get(name) is None:
+                raise DataError(
+                    f"{where}: missing field '{name}' (pass the OUT_comparisons.jsonl of eval.py elo)"
+                )
+
+    per_file = [read_rows(p, check) for p in paths]
+    seen: dict[str, set[int]] = {}
+    for n, rows in enumerate(per_file):
+        for r in rows:
+            seen.setdefault(r["judge"], set()).add(n)
+    out = []
+    for n, rows in enumerate(per_file):
+        for r in rows:
+            rec = {k: v for k, v in r.items() if not k.startswith("_")}
+            if len(seen[rec["judge"]]) > 1:
+                rec["judge"] = f"{rec['judge']}#{n + 1}"
+            verdict = normalize_verdict(rec.get("verdict"))
+            if verdict is None and rec.get("verdict") is not None:
+                rec["raw_verdict"] = str(rec["verdict"])
+            rec["verdict"] = verdict
+            out.append(rec)
+    return out
+
+
+def systems_of(records: Sequence[dict]) -> list[str]:
+    """The system names in verdict records, in first-seen order."""
+    return list(dict.fromkeys(n for r in records for n in (r["first"], r["second"])))
 
 
 def elo_report(
@@ -213,11 +280,22 @@ def elo_report(
 ) -> dict:
     """Elo per judge and pooled, with 95% item-bootstrap intervals and win/tie/loss counts.
 
-    Also "spread": per system the mean, min and max of the per-judge ratings (seed 000's bars).
+    Also "spread": per system the mean, min and max of the per-judge ratings; "variants": per variant
+    (see `variant_of`) the mean, min and max over its runs' per-judge ratings (seed 000's bars); and
+    "invalid_verdicts": per judge, how many verdicts were not A/B/tie and what they were.
     """
+    unknown = sorted({n for r in records for n in (r["first"], r["second"])} - set(names), key=str)
+    if unknown:
+        raise ValueError(f"verdicts name systems {unknown} that are not in {list(names)}")
     idx = {n: k for k, n in enumerate(names)}
     judges = list(dict.fromkeys(r["judge"] for r in records))
     invalid = sum(r["verdict"] is None for r in records)
+    bad: dict[str, dict[str, int]] = {}
+    for r in records:
+        if r["verdict"] is None:  # what the judge said instead, for the table and the JSON
+            what = str(r.get("raw_verdict", "(no verdict line)"))[:40]
+            bad.setdefault(r["judge"], {})
+            bad[r["judge"]][what] = bad[r["judge"]].get(what, 0) + 1
 
     def table(recs: list[dict]) -> dict:
         games = []
@@ -249,13 +327,24 @@ def elo_report(
     for n in names:
         e = [per_judge[j][n]["elo"] for j in judges]
         spread[n] = {"mean": float(np.mean(e)), "min": float(min(e)), "max": float(max(e))}
+    variants: dict[str, dict] = {}
+    for n in names:
+        variants.setdefault(variant_of(n), {"runs": []})["runs"].append(n)
+    for v in variants.values():
+        e = [per_judge[j][n]["elo"] for j in judges for n in v["runs"]]
+        v.update(mean=float(np.mean(e)), min=float(min(e)), max=float(max(e)), ratings=len(e))
     return {
         "systems": list(names),
         "judges": per_judge,
         "pooled": table(list(records)),
         "spread": spread,
+        "variants": variants,
         "games": len(records) - invalid,
         "invalid": invalid,
+        "invalid_verdicts": {
+            j: {"count": sum(c.values()), "asked": sum(r["judge"] == j for r in records), "values": c}
+            for j, c in bad.items()
+        },
         "resamples": n_resamples,
         "seed": seed,
     }
@@ -271,41 +360,157 @@ def format_elo_table(report: dict) -> str:
         wtl = f"{p['wins']}/{p['ties']}/{p['losses']}"
         row = f"{n[:20]:<20}{p['elo']:>7.1f}  [{p['low']:.0f}, {p['high']:.0f}]".ljust(43) + f"{wtl:>14}"
         lines.append(row + "".join(f"{report['judges'][j][n]['elo']:>16.1f}" for j in judges))
-    if report["invalid"]:
-        lines.append(f"({report['invalid']} replies without a verdict were dropped)")
+    variants = report.get("variants") or {}
+    if any(len(v["runs"]) > 1 for v in variants.values()):
+        lines += ["", f"{'variant':<20}{'Elo':>7}  {'min-max':<14}{'runs':>5}  (mean over judges and runs)"]
+        for name, v in sorted(variants.items(), key=lambda kv: -kv[1]["mean"]):
+            lines.append(
+                f"{name[:20]:<20}{v['mean']:>7.1f}  [{v['min']:.0f}, {v['max']:.0f}]".ljust(43)
+                + f"{len(v['runs']):>5}"
+            )
+    for j, bad in (report.get("invalid_verdicts") or {}).items():
+        said = ", ".join(f"{k!r} x{c}" for k, c in sorted(bad["values"].items(), key=lambda kv: -kv[1])[:4])
+        lines.append(
+            f"{j}: {bad['count']} of {bad['asked']} verdicts not A/B/tie, dropped (not guessed): {said}"
+        )
     return "\n".join(lines)
 
 
-def plot_elo(report: dict, path: str | Path) -> Path:
-    """Bar plot: mean Elo over judges, min-max bars across judges (one judge: its 95% bootstrap CI)."""
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    names = sorted(report["systems"], key=lambda n: report["spread"][n]["mean"])
-    one = len(report["judges"]) == 1
-    if one:
+    return plt
+
+
+def _bars(report: dict) -> tuple[list[str], list[float], list[float], list[float], str]:
+    """Per variant, by mean Elo: (names, mid, low, high, what the bars are). Seed 000's bars: the min and
+    max over judges and runs; with one judge and one run each, that judge's 95% bootstrap CI."""
+    variants = report.get("variants") or {n: {"runs": [n], **report["spread"][n]} for n in report["systems"]}
+    names = sorted(variants, key=lambda n: variants[n]["mean"])
+    runs = max(len(v["runs"]) for v in variants.values())
+    judges = len(report["judges"])
+    if judges == 1 and runs == 1:
         fit = next(iter(report["judges"].values()))
-        mid = [fit[n]["elo"] for n in names]
-        lo, hi = [fit[n]["low"] for n in names], [fit[n]["high"] for n in names]
-        what = "error bars: 95% bootstrap CI"
-    else:
-        mid = [report["spread"][n]["mean"] for n in names]
-        lo, hi = [report["spread"][n]["min"] for n in names], [report["spread"][n]["max"] for n in names]
-        what = f"error bars: min-max over {len(report['judges'])} judges"
+        sys_of = {n: variants[n]["runs"][0] for n in names}
+        mid = [fit[sys_of[n]]["elo"] for n in names]
+        return (
+            names,
+            mid,
+            [fit[sys_of[n]]["low"] for n in names],
+            [fit[sys_of[n]]["high"] for n in names],
+            "95% bootstrap CI",
+        )
+    what = f"min-max over {judges} judge{'s' * (judges > 1)}" + (f" x {runs} runs" if runs > 1 else "")
+    return (
+        names,
+        [variants[n]["mean"] for n in names],
+        [variants[n]["min"] for n in names],
+        [variants[n]["max"] for n in names],
+        what,
+    )
+
+
+def plot_elo(report: dict, path: str | Path) -> Path:
+    """Bar plot per variant: mean Elo over judges and runs, min-max bars (see `_bars`)."""
+    plt = _pyplot()
+    names, mid, lo, hi, what = _bars(report)
     yerr = np.array([np.subtract(mid, lo), np.subtract(hi, mid)])  # (2, k)
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 3, 4))
     base = min(lo) - 30
     ax.bar(names, np.subtract(mid, base), bottom=base, yerr=yerr, capsize=5, color="#4c78a8")
-    for x, m in enumerate(mid):
-        ax.text(
-            x, base + 4, f"{m:.1f}", ha="center", va="bottom", fontsize=9, color="white"
-        )  # clear of the bars
+    for x, m in enumerate(mid):  # the value inside the bar's foot, clear of the error bar
+        ax.text(x, base + 4, f"{m:.1f}", ha="center", va="bottom", fontsize=9, color="white")
     ax.axhline(1500, color="grey", lw=0.8, ls="--")
     ax.set_ylabel("Elo")
-    ax.set_title(f"Elo from pairwise preferences ({what})", fontsize=10)
+    ax.set_title(f"Elo from pairwise preferences\n(error bars: {what})", fontsize=10)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- accuracy against Elo
+
+
+def read_accuracy(path: str | Path, metric: str = "em") -> float:
+    """The mean of `metric` in a score summary (eval.py score --json) or over a scored JSONL's rows
+    (eval.py score's .scored.jsonl: each row's `scores`); ValueError saying which file to pass."""
+    path = Path(path)
+    if path.suffix == ".json":
+        m = json.loads(path.read_text()).get("metrics", {}).get(metric)
+        if not isinstance(m, dict) or m.get("mean") is None:
+            raise ValueError(
+                f"{path} has no metrics.{metric}.mean: pass eval.py score --json output, or set --accuracy-metric"
+            )
+        return float(m["mean"])
+    from nanogrpo.eval.evaluate import read_jsonl
+
+    vals = [
+        r["scores"][metric]
+        for r in read_jsonl(path, require=("scores",))
+        if r["scores"].get(metric) is not None
+    ]
+    if not vals:
+        raise ValueError(
+            f"{path}: no row has scores.{metric}; score it first (eval.py score) or set --accuracy-metric"
+        )
+    return float(np.mean(vals))
+
+
+def accuracy_report(accuracy: dict[str, Sequence[float]], report: dict, metric: str) -> dict:
+    """Per variant of the Elo report: accuracy mean, min and max over its runs' values (`accuracy` maps a
+    system or a variant name to its runs' accuracies) beside its Elo mean, min and max."""
+    variants = report["variants"]
+    acc: dict[str, list[float]] = {}
+    for name, vals in accuracy.items():
+        v = name if name in variants else variant_of(name)
+        if v not in variants:
+            raise ValueError(
+                f"--accuracy names {name!r}, which is not a system or variant of {list(variants)}"
+            )
+        acc.setdefault(v, []).extend(vals)
+    out = {}
+    for v, vals in acc.items():
+        e = variants[v]
+        out[v] = {"accuracy": float(np.mean(vals)), "acc_min": float(min(vals)), "acc_max": float(max(vals)),
+                  "runs": len(vals), "elo": e["mean"], "elo_min": e["min"], "elo_max": e["max"]}  # fmt: skip
+    return {"metric": metric, "variants": out}
+
+
+def plot_accuracy_vs_elo(acc: dict, path: str | Path, baseline: str = "") -> Path:
+    """Seed 000's Fig. 3 as a scatter: accuracy (x) against Elo (y) per variant, min-max bars over runs
+    (accuracy) and over judges and runs (Elo); a dashed line at the `baseline` variant's accuracy."""
+    plt = _pyplot()
+    vs = acc["variants"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for k, (name, v) in enumerate(vs.items()):
+        color = f"C{k % 10}"
+        ax.errorbar(
+            v["accuracy"], v["elo"],
+            xerr=[[v["accuracy"] - v["acc_min"]], [v["acc_max"] - v["accuracy"]]],
+            yerr=[[v["elo"] - v["elo_min"]], [v["elo_max"] - v["elo"]]],
+            fmt="o", color=color, capsize=4,
+        )  # fmt: skip
+        ax.annotate(
+            name,
+            (v["accuracy"], v["elo"]),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=9,
+            color=color,
+        )
+    if baseline in vs:
+        ax.axvline(vs[baseline]["accuracy"], color="grey", lw=0.8, ls="--")
+    ax.axhline(1500, color="grey", lw=0.6, ls=":")
+    ax.set_xlabel(f"accuracy ({acc['metric']})")
+    ax.set_ylabel("Elo (pairwise preferences)")
+    ax.set_title("Accuracy vs preference: up and right is better on both", fontsize=10)
+    ax.margins(0.15)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

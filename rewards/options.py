@@ -78,6 +78,11 @@ class RewardConfig:
 
     spec: str = "rouge_l:1"
     """Graders and weights, e.g. 'judge:0.6,concepts:0.3,consistency:0.1'; 'a:1,b:1' is an unweighted sum."""
+    tasks: str = ""
+    """Mixed tasks: each task's graders, ';' between tasks, e.g. 'math=exact:1;open=keywords:0.5,style:0.5'.
+    A row names its task in 'task' (rows without one use --reward.spec) and may carry its own spec in
+    'reward', which wins; each row is checked and scored by its own mix, and reward/task/<name> logs the
+    mean reward of that task's rows."""
     answer_tag: str = "answer"
     """Tag whose content is the extracted answer ('answer' reads <answer>...</answer>); '' uses the whole completion."""
     format_tags: tuple[str, ...] = ("think", "answer")

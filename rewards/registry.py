@@ -16,18 +16,25 @@ rouge_l 0 on the rows where format is below its threshold (a gate). `--reward.ag
 normalize-then-sum` z-scores each grader's scores within their group before the sum (GDPO, Liu et al.
 2026), which then goes through the trainer's usual group advantage where GDPO normalises the summed
 advantages over the batch. Both leave the components returned for logging raw.
+
+Mixed tasks (rewards/tasks.py): with `--reward.tasks 'math=exact:1;open=rouge_l:1'` a row's `task` picks
+its mix, and a row's own `reward` spec wins over that; rows without either use --reward.spec. Each row is
+validated against, and scored by, its own mix only, with the rules above (gates and normalize-then-sum
+apply within each mix). The components cover every mix's graders (None on the rows of other mixes), plus
+'task/<name>': the reward of that task's rows, None elsewhere, which the trainer logs as reward/task/<name>.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rewards.base import Grader, Sample
 from rewards.options import RewardConfig
+from rewards.tasks import parse_tasks, route, task_flag
 
 Factory = Callable[[RewardConfig], Grader]
 _REGISTRY: dict[str, Factory] = {}
@@ -51,10 +58,11 @@ def known() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make(name: str, cfg: RewardConfig) -> Grader:
-    """Build one grader by name; unknown names get a ValueError listing the known ones."""
+def make(name: str, cfg: RewardConfig, flag: str = "--reward.spec") -> Grader:
+    """Build one grader by name; unknown names get a ValueError listing the known ones (`flag`: where
+    the name was written)."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown grader '{name}' in --reward.spec; known graders: {', '.join(known())}")
+        raise ValueError(f"unknown grader '{name}' in {flag}; known graders: {', '.join(known())}")
     grader = _REGISTRY[name](cfg)
     grader.name = grader.name or name
     return grader
@@ -183,17 +191,33 @@ def apply_gates(
     return out, counts
 
 
-def _row_errors(graders: dict[str, Grader], rows: Sequence[dict], path: str) -> None:
-    for i, row in enumerate(rows):
+def _line(row: Any, i: int) -> Any:
+    """Row i's line in its file: the loader's `_line`, else its position + 1."""
+    return row.get("_line", i + 1) if isinstance(row, dict) else i + 1
+
+
+def _row_errors(rows: Sequence[dict], path: str, mixes: Sequence[tuple[Mapping[str, Grader], str]]) -> None:
+    """Refuse the first row a grader of its own mix cannot read: a ValueError naming file, line, field and
+    grader. mixes[i]: row i's graders, and the flag (or field) that chose them, for the fix."""
+    for i, (row, (graders, chosen_by)) in enumerate(zip(rows, mixes)):
         for name, g in graders.items():
             bad = g.check_row(row)
             if bad is not None:
                 field, problem = bad
-                line = row.get("_line", i + 1) if isinstance(row, dict) else i + 1
                 raise ValueError(
-                    f"{path}:{line}: field '{field}' {problem}, and grader '{name}' needs it; "
-                    f"fix the data or choose another grader with --reward.spec (known: {', '.join(known())})"
+                    f"{path}:{_line(row, i)}: field '{field}' {problem}, and grader '{name}' needs it; "
+                    f"fix the data or choose another grader with {chosen_by} (known: {', '.join(known())})"
                 )
+
+
+def _chosen_by(row: dict, task: str | None) -> str:
+    """What chose a row's mix, as the error messages name it."""
+    if row.get("reward") is not None:
+        return "the row's 'reward' spec"
+    return task_flag(task) if task is not None else "--reward.spec"
+
+
+TASK_PREFIX = "task/"  # the components holding each task's reward: 'task/math'
 
 
 class NoRewardError(ValueError):
@@ -236,7 +260,11 @@ def mean_metrics(summed: dict[str, float]) -> dict[str, float | None]:
 
 
 class RewardFunction:
-    """The reward of a training run: several graders, weighted (see the module docstring)."""
+    """The reward of a training run: several graders, weighted (see the module docstring).
+
+    With --reward.tasks, or rows that carry their own 'reward' spec, each row is weighted by its own mix:
+    `graders` then holds every mix's graders, each built once (`factory(name, flag)` builds those the
+    default mix lacks), and `weights` stays the default mix's."""
 
     def __init__(
         self,
@@ -245,16 +273,54 @@ class RewardFunction:
         max_empty_steps: int = 0,
         aggregate: str = "sum",
         gates: Sequence[Gate] = (),
+        tasks: Mapping[str, str] | None = None,
+        factory: Callable[[str, str], Grader] | None = None,
     ):
         assert graders.keys() == weights.keys(), "one weight per grader"
         assert aggregate in AGGREGATES, f"aggregate must be one of {AGGREGATES}, got {aggregate!r}"
-        self.graders = graders
+        self.graders = dict(graders)
         self.weights = weights
         self.aggregate, self.gates = aggregate, list(gates)
         self._gate_counts = [(0, 0)] * len(self.gates)  # the last call's (closed, scored) per gate
         self.empty_steps = EmptySteps(max_empty_steps)
         """The trainer calls `empty_steps.update(n_valid)` once a step (--reward.max-empty-steps)."""
         self._last_n = -1
+        self._last_idx: dict[str, list[int]] = {}  # the samples each grader scored in the last call
+        self.tasks = dict(tasks or {})
+        """Each task's spec as written in --reward.tasks; a row names its task in 'task'."""
+        self._factory = factory
+        self._mixes: dict[str | None, dict[str, float]] = {None: dict(weights)}
+        """Each mix's weights, keyed by its spec as written; None is the default mix."""
+        for task, spec in self.tasks.items():
+            self._mix(spec, task_flag(task))
+
+    def _mix(self, spec: str | None, flag: str) -> dict[str, float]:
+        """The weights of the mix `spec` (None: the default), parsed and its missing graders built the
+        first time it is seen. A gate's grader B joins, with weight 0, each mix that holds its A."""
+        if spec in self._mixes:
+            return self._mixes[spec]
+        weights = dict(parse_spec(spec, flag))
+        targets = set(weights)
+        for g in self.gates:
+            if g.target in targets:
+                weights.setdefault(g.gate, 0.0)
+        for name in weights:
+            if name in self.graders:
+                continue  # a grader several mixes use is built once
+            if self._factory is None:
+                raise ValueError(
+                    f"{flag}: grader '{name}' is not one of this reward's ({', '.join(self.graders)}); "
+                    "build the reward with build_reward to use any registered grader"
+                )
+            self.graders[name] = self._factory(name, flag)
+        self._mixes[spec] = weights
+        return weights
+
+    def _route(self, row: dict) -> tuple[str | None, str | None]:
+        """(the row's task, the key of its mix), the mix built if it is new (a row's own 'reward' spec)."""
+        task, spec = route(row, self.tasks)
+        self._mix(spec, "field 'reward'")
+        return task, spec
 
     @property
     def requires(self) -> tuple[str, ...]:
@@ -262,13 +328,25 @@ class RewardFunction:
         return tuple(sorted({f for g in self.graders.values() for f in g.requires}))
 
     def validate(self, rows: Sequence[dict[str, Any]], path: str = "data") -> None:
-        """Refuse data a grader cannot read (ValueError naming file, line and field), check the services
-        the graders call (`check`), then let the graders see the rows once (`Grader.prepare`). A row's
-        line is its `_line` key, else its position + 1."""
-        _row_errors(self.graders, rows, path)
+        """Refuse data a grader cannot read, each row against the graders of its own mix (ValueError naming
+        file, line, field and grader; a task not in --reward.tasks, or a row's 'reward' spec that does not
+        parse, is refused with file and line too), check the services the graders call (`check`), then let
+        each grader see once the rows it will grade (`Grader.prepare`). A row's line is its `_line` key,
+        else its position + 1. Every mix the rows use is built here, so the components' names are fixed
+        from now on (the same on every rank)."""
+        routes = []
+        for i, row in enumerate(rows):
+            try:
+                routes.append(self._route(row))
+            except ValueError as e:
+                raise ValueError(f"{path}:{_line(row, i)}: {e}") from None
+        graders = {key: {n: self.graders[n] for n in w} for key, w in self._mixes.items()}
+        _row_errors(
+            rows, path, [(graders[key], _chosen_by(row, task)) for row, (task, key) in zip(rows, routes)]
+        )
         self.check()
-        for g in self.graders.values():
-            g.prepare(list(rows))
+        for name, g in self.graders.items():
+            g.prepare([row for row, (_, key) in zip(rows, routes) if name in self._mixes[key]])
 
     def check(self) -> None:
         """ValueError with the fix when a grader's service does not answer: one cheap request to each
@@ -278,19 +356,53 @@ class RewardFunction:
 
     def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
         self._last_n = len(batch)
-        components = {name: g(batch) for name, g in self.graders.items()}
-        scores = components  # what goes into the sum; the components stay raw for logging
-        if self.gates:
-            scores, self._gate_counts = apply_gates(components, self.gates)
-        if self.aggregate == "normalize-then-sum":
-            groups = [s.group for s in batch]
-            scores = {
-                n: normalize_in_groups(v, groups) if self.weights[n] > 0 else v for n, v in scores.items()
-            }
-        names = list(self.graders)
-        weights = [self.weights[n] for n in names]
-        rewards = [combine([scores[n][i] for n in names], weights) for i in range(len(batch))]
+        routes = [self._route(s.row) for s in batch]  # (task, mix) per sample
+        by_mix: dict[str | None, list[int]] = {}
+        for i, (_, key) in enumerate(routes):
+            by_mix.setdefault(key, []).append(i)
+        # each grader scores only the samples whose mix holds it: a group is one row, so it stays whole
+        components = {}
+        for name, g in self.graders.items():
+            idx = [i for i, (_, key) in enumerate(routes) if name in self._mixes[key]]
+            components[name] = self._score(name, g, batch, idx)
+        rewards: list[float | None] = [None] * len(batch)
+        self._gate_counts = [(0, 0)] * len(self.gates)
+        for key, idx in by_mix.items():
+            for i, r in zip(idx, self._blend(self._mixes[key], components, batch, idx)):
+                rewards[i] = r
+        for task in self.tasks:  # each task's reward, for the trainer's per-task means
+            components[TASK_PREFIX + task] = [r if t == task else None for r, (t, _) in zip(rewards, routes)]
         return rewards, components
+
+    def _score(self, name: str, g: Grader, batch: list[Sample], idx: list[int]) -> list[float | None]:
+        """Grader g's scores of the samples idx, None on the others (g is not called when idx is empty)."""
+        self._last_idx[name] = idx
+        if len(idx) == len(batch):
+            return g(batch)
+        out: list[float | None] = [None] * len(batch)
+        if idx:
+            for i, s in zip(idx, g([batch[i] for i in idx])):
+                out[i] = s
+        return out
+
+    def _blend(
+        self, weights: dict[str, float], components: dict[str, list], batch: list[Sample], idx: list[int]
+    ) -> list[float | None]:
+        """The rewards of the samples idx, all of one mix: its gates, normalize-then-sum, weighted sum."""
+        names = [n for n in self.graders if n in weights]  # the graders' order: the default sums as before
+        comps = {n: [components[n][i] for i in idx] for n in names}
+        scores = comps  # what goes into the sum; the components stay raw for logging
+        gates = [(j, g) for j, g in enumerate(self.gates) if g.target in weights]
+        if gates:
+            scores, counts = apply_gates(comps, [g for _, g in gates])
+            for (j, _), (closed, scored) in zip(gates, counts):
+                c0, s0 = self._gate_counts[j]
+                self._gate_counts[j] = (c0 + closed, s0 + scored)
+        if self.aggregate == "normalize-then-sum":
+            groups = [batch[i].group for i in idx]
+            scores = {n: normalize_in_groups(v, groups) if weights[n] > 0 else v for n, v in scores.items()}
+        w = [weights[n] for n in names]
+        return [combine([scores[n][k] for n in names], w) for k in range(len(idx))]
 
     def metrics(self) -> dict[str, float]:
         """Every grader's extra numbers, keyed 'grader/metric': counts and sums, the same keys at every
@@ -303,21 +415,27 @@ class RewardFunction:
 
     def details(self) -> dict[str, list]:
         """Per-completion details of the last call, from graders that keep `last_details` (the judge's
-        marks and reason, a rubric's verdicts): {'judge': [...], 'rubric': [...]}, one entry per sample."""
+        marks and reason, a rubric's verdicts): {'judge': [...], 'rubric': [...]}, one entry per sample
+        (None on the samples a grader did not score: rows of another mix)."""
         out: dict[str, list] = {}
         for name, g in self.graders.items():
-            d = getattr(g, "last_details", None)
-            if isinstance(d, list) and len(d) == self._last_n:
-                out.setdefault("judge" if name.startswith("judge") else name, d)
+            d, idx = getattr(g, "last_details", None), self._last_idx.get(name)
+            if isinstance(d, list) and idx and len(d) == len(idx):
+                full: list = [None] * self._last_n
+                for i, x in zip(idx, d):
+                    full[i] = x
+                out.setdefault("judge" if name.startswith("judge") else name, full)
         return out
 
     def __repr__(self) -> str:
-        return "RewardFunction(" + ", ".join(f"{n}:{w:g}" for n, w in self.weights.items()) + ")"
+        tasks = "".join(f"; {t}={spec}" for t, spec in self.tasks.items())
+        return "RewardFunction(" + ", ".join(f"{n}:{w:g}" for n, w in self.weights.items()) + tasks + ")"
 
 
 def build_reward(cfg: RewardConfig) -> RewardFunction:
-    """The reward named by `cfg.spec`, each grader built from `cfg`, with `cfg.gate` and `cfg.aggregate`;
-    a gate's B that is not in the spec is added with weight 0 (computed and logged, not rewarded)."""
+    """The reward named by `cfg.spec`, each grader built from `cfg`, with `cfg.gate`, `cfg.aggregate` and
+    `cfg.tasks`' mixes; a gate's B that is not in a mix holding its A is added to it with weight 0 (computed
+    and logged, not rewarded)."""
     if not cfg.spec.strip():
         raise ValueError(
             f"--reward.spec is empty; name graders with weights, e.g. 'rouge_l:1' (known: {', '.join(known())})"
@@ -330,17 +448,25 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
         )
     if cfg.aggregate not in AGGREGATES:
         raise ValueError(f"--reward.aggregate {cfg.aggregate!r}: use 'sum' or 'normalize-then-sum'")
+    tasks = parse_tasks(cfg.tasks)
+    in_tasks = {n for t, s in tasks.items() for n, _ in parse_spec(s, task_flag(t))}
     weights, gates = dict(spec), parse_gates(cfg.gate)
     for g in gates:
-        if g.target not in dict(spec):
-            raise ValueError(f"--reward.gate '{g.key}': '{g.target}' is not in --reward.spec {cfg.spec!r}")
+        if g.target not in dict(spec) and g.target not in in_tasks:
+            where = f"--reward.spec {cfg.spec!r}" + (" nor in any mix of --reward.tasks" if tasks else "")
+            raise ValueError(
+                f"--reward.gate '{g.key}': '{g.target}' is not in {where}; add it or drop the gate"
+            )
         if g.gate not in _REGISTRY:
             raise ValueError(
                 f"unknown grader '{g.gate}' in --reward.gate '{g.key}'; known graders: {', '.join(known())}"
             )
-        weights.setdefault(g.gate, 0.0)
+        if g.target in dict(spec):
+            weights.setdefault(g.gate, 0.0)
     graders = {n: make(n, cfg) for n in weights}
-    return RewardFunction(graders, weights, cfg.max_empty_steps, cfg.aggregate, gates)
+    return RewardFunction(
+        graders, weights, cfg.max_empty_steps, cfg.aggregate, gates, tasks, lambda n, flag: make(n, cfg, flag)
+    )
 
 
 class Mix(Grader):

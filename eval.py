@@ -1,4 +1,4 @@
-"""nanogrpo evaluation: `python eval.py {generate,score,grade,compare,elo,report} [--flags]`.
+"""nanogrpo evaluation: `python eval.py {generate,score,grade,compare,elo,report,seeds,seeds-table} [--flags]`.
 
   generate  completions of a model (+ LoRA adapter) on a held-out JSONL -> completions JSONL
   score     EM, token F1, SeqM, ROUGE-L and any graders per row, means with 95% bootstrap CIs;
@@ -7,6 +7,8 @@
   compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM
   elo       pairwise judging of two or more systems (both orders), Bradley-Terry Elo with CIs
   report    (re)write a run folder's index.html
+  seeds     train.py over seeds (42 123 456), then seeds-table on the runs
+  seeds-table  mean ± std over seeds per metric; vs a baseline run set: paired bootstrap CI, McNemar
 
 Each subcommand's flags are listed by `python eval.py SUBCOMMAND --help`.
 """
@@ -22,7 +24,7 @@ from typing import Literal
 
 import tyro
 
-from nanogrpo.eval import evaluate, pairwise, report
+from nanogrpo.eval import evaluate, pairwise, report, seeds
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
@@ -390,6 +392,8 @@ COMMANDS = {
     "compare": Compare,
     "elo": Elo,
     "report": Report,
+    "seeds": seeds.SeedsArgs,
+    "seeds-table": seeds.TableArgs,
 }
 RUNNERS = {
     Generate: run_generate,
@@ -398,6 +402,8 @@ RUNNERS = {
     Compare: run_compare,
     Elo: run_elo,
     Report: run_report,
+    seeds.SeedsArgs: seeds.run_seeds_cli,
+    seeds.TableArgs: seeds.run_table_cli,
 }
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""Command line of the reward-data builds: `python -m nanogrpo.build SUBCOMMAND [--flags]`.
+
+Each subcommand's flags are listed by `python -m nanogrpo.build SUBCOMMAND --help`; the subcommands
+are described in nanogrpo/build/__init__.py and docs/BUILD.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import tyro
+
+from nanogrpo import judge_backend
+from nanogrpo.build import keypoints
+
+COMMANDS = {
+    "keypoints": (keypoints.KeypointsArgs, keypoints.run),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the subcommand and its flags, run it; a bad flag or bad data exits 2 with one line."""
+    import nanogrpo.build as pkg
+
+    args = tyro.extras.subcommand_cli_from_dict(
+        {name: cls for name, (cls, _) in COMMANDS.items()},
+        args=argv,
+        description=pkg.__doc__.split("\n\n")[0],
+    )
+    judge_backend.register()  # a --llm.backend local model runs on nanogrpo's model and sampler
+    runner = next(run for cls, run in COMMANDS.values() if isinstance(args, cls))
+    try:
+        runner(args)
+    except ValueError as e:  # bad data or flags (and a judge server that refuses): one clear line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -217,7 +217,31 @@ def run_generate(args: Generate) -> None:
         for k, c in enumerate(cs)
     ]
     evaluate.write_jsonl(args.out, recs)
-    print(f"wrote {len(recs)} completions to {args.out}")
+    # how the file was made, and the training run it comes from (for the same-judge warning)
+    meta = evaluate.write_meta(
+        args.out,
+        data=args.data,
+        model=args.model,
+        adapter=args.adapter,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    print(f"wrote {len(recs)} completions to {args.out} (settings in {meta})")
+
+
+def _warn_same_judge(paths: list[str], graders: list[str], judge_models: list[str]) -> None:
+    """One warning line on stderr per training run that is judged by a grader or judge model it trained on."""
+    warned = set()
+    for path in paths:
+        run = evaluate.run_of(path)
+        msg = evaluate.same_judge_warning(path, graders, judge_models) if run not in warned else None
+        if msg:
+            print(msg, file=sys.stderr)
+            warned.add(run)
 
 
 def run_score(args: Score) -> None:
@@ -235,6 +259,8 @@ def run_score(args: Score) -> None:
         result["samples"] = samples
         table += "\n\n" + evaluate.format_samples_table(samples)
     _emit(result, args.json, table)
+    graders = evaluate.grader_names(args.graders)
+    _warn_same_judge([args.file], graders, evaluate.eval_judges(graders, args.reward))
 
 
 def run_grade(args: GradeArgs) -> None:
@@ -287,6 +313,8 @@ def run_compare(args: Compare) -> None:
         args.json,
         table,
     )
+    graders = [m for m in summary if m not in evaluate.ANSWER_METRICS]  # the graders behind the scores
+    _warn_same_judge([args.a, args.b], graders, evaluate.eval_judges(graders, args.reward))
 
 
 def _system_names(args: Elo) -> list[str]:
@@ -363,6 +391,9 @@ def run_elo(args: Elo) -> None:
         if not pairwise.align(systems):
             raise ValueError("the files share no ids: judge completions of the same held-out file")
         acc = _accuracies(args, systems, names)  # a bad --accuracy stops before any judge is asked
+        graders = [j.partition(":")[2] for j in args.judges if j.startswith("grader:")]
+        models = [j.partition(":")[2] for j in args.judges if j.startswith(("openai:", "local:"))]
+        _warn_same_judge(list(args.files), graders, models + evaluate.eval_judges(graders, args.reward))
         pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
         judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
         records = pairwise.run_pairwise(systems, judges)

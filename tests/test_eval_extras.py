@@ -246,3 +246,131 @@ def test_accuracy_from_scored_files(tmp_path):
     acc = json.loads((tmp_path / "e.json").read_text())["accuracy"]
     assert acc["metric"] == "em" and acc["variants"]["a.scored"]["accuracy"] == 1.0
     assert (tmp_path / "e_accuracy.png").exists()
+
+
+# ----------------------------------------------------------------------------- judged by its own grader
+
+
+def _run_folder(path, spec="rouge_l:1", judge_model="", readout="generative"):
+    path.mkdir(parents=True, exist_ok=True)
+    reward = {"spec": spec, "judge": {"model": judge_model}, "rubric": {"readout": readout, "probe": ""}}
+    (path / "config.json").write_text(json.dumps({"algo": "grpo", "reward": reward}))
+    (path / "adapter").mkdir(exist_ok=True)
+    return path
+
+
+ROWS = [
+    {"id": i, "prompt": "q", "reference": "the cat sat", "completion": c}
+    for i, c in enumerate(["the cat", "a dog"])
+]
+
+
+def test_score_warns_when_the_training_grader_judges(tmp_path):
+    run = _run_folder(tmp_path / "run")
+    f = write_rows(run / "trained.jsonl", ROWS)
+    res = run_eval("score", f, "--resamples", 50, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "grader rouge_l, which also trained it" in warn[0]
+    assert "inflated" in warn[0] and "not trained on" in warn[0] and str(run / "config.json") in warn[0]
+    res = run_eval("score", f, "--graders", "", "--resamples", 50, cwd=tmp_path)  # EM/F1/SeqM only
+    assert res.returncode == 0 and "warning:" not in res.stderr
+
+
+def test_the_run_is_found_through_generate_meta(tmp_path):
+    """Completions written elsewhere name their adapter's run in FILE.meta.json; the base model's none."""
+    run = _run_folder(tmp_path / "runs" / "a", spec="judge:1", judge_model="Qwen/Qwen2.5-7B-Instruct")
+    (run / "ckpt" / "step_000080").mkdir(parents=True)
+    out = tmp_path / "evals" / "trained.jsonl"
+    for adapter in (run / "adapter", run / "ckpt" / "step_000080"):
+        evaluate.write_meta(out, model="smollm2", adapter=str(adapter))
+        assert evaluate.run_of(out) == run.resolve()
+        assert evaluate.run_of(tmp_path / "evals" / "trained.scored.jsonl") == run.resolve()
+    msg = evaluate.same_judge_warning(out, judge_models=["qwen2.5-7b-instruct"])  # served under another name
+    assert msg and "judge model Qwen/Qwen2.5-7B-Instruct" in msg
+    assert evaluate.same_judge_warning(out, graders=["rouge_l"], judge_models=["other-judge"]) is None
+    base = run / "base.jsonl"  # in the run folder, but written by the base model
+    evaluate.write_meta(base, model="smollm2", adapter="")
+    assert (
+        evaluate.run_of(base) is None
+        and evaluate.same_judge_warning(base, ["judge"], ["Qwen2.5-7B-Instruct"]) is None
+    )
+
+
+def test_rubric_with_the_training_judge_model_warns():
+    """Trained with the judge grader, evaluated with rubric on the same model: same blind spots."""
+    from rewards.options import JudgeConfig, RewardConfig
+
+    cfg = RewardConfig(judge=JudgeConfig(model="org/judge-8b"))
+    assert evaluate.eval_judges(["rubric"], cfg) == ["org/judge-8b"]
+    assert evaluate.eval_judges(["rouge_l"], cfg) == []
+    graders, models = evaluate.trained_with(
+        {"spec": "judge+similarity:1,rouge_l:0", "judge": {"model": "org/judge-8b"}}
+    )
+    assert graders == {"judge+similarity"} and models == {
+        "judge-8b": "org/judge-8b"
+    }  # weight 0 is not trained on
+
+
+def test_compare_and_elo_warn_once_per_run(tmp_path):
+    run = _run_folder(tmp_path / "run")
+    base = write_rows(tmp_path / "base.jsonl", [{**r, "completion": "no"} for r in ROWS])
+    trained = write_rows(run / "trained.jsonl", ROWS)
+    res = run_eval("compare", base, trained, "--resamples", 50, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("warning:") == 1 and f"{trained} is judged by grader rouge_l" in res.stderr
+    res = run_eval("elo", base, trained, "--judges", "grader:rouge_l", "f1", "--out", tmp_path / "e",
+                   "--resamples", 20, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("warning:") == 1 and "grader rouge_l" in res.stderr
+    res = run_eval(
+        "elo", base, trained, "--judges", "f1", "--out", tmp_path / "e", "--resamples", 20, cwd=tmp_path
+    )
+    assert res.returncode == 0 and "warning:" not in res.stderr
+
+
+def test_train_eval_files_say_which_model_wrote_them(tmp_path):
+    run = _run_folder(tmp_path / "run")
+    res = {"base": ["x"], "trained": ["y"], "base_scores": [{}], "trained_scores": [{}], "summary": {}}
+    evaluate.save_eval(run, [{"id": 0, "prompt": "q"}], res)
+    assert evaluate.run_of(run / "eval_base.jsonl") is None
+    assert evaluate.run_of(run / "eval_trained.jsonl") == run.resolve()
+
+
+@pytest.mark.slow
+def test_generate_records_the_adapters_run(tmp_path):
+    import torch
+
+    from nanogrpo import lora
+    from nanogrpo.model import Transformer
+    from nanogrpo.model_zoo import resolve_model
+
+    run = _run_folder(tmp_path / "run")
+    model = Transformer.from_pretrained(resolve_model("tiny"), dtype=torch.float32, device="cpu")
+    lora.inject_lora(model, r=2, alpha=4.0, targets=("q_proj",))
+    lora.save_adapter(model, run / "adapter")
+    data = write_rows(tmp_path / "held.jsonl", [{"id": "a", "prompt": "Hi?", "reference": "the cat sat"}])
+    out = tmp_path / "gen" / "trained.jsonl"
+    args = ["generate", "--model", "tiny", "--adapter", run / "adapter", "--data", data, "--out", out,
+            "--max-new-tokens", 3, "--dtype", "float32", "--device", "cpu", "--num-samples", 2, "--temperature", 1]  # fmt: skip
+    res = run_eval(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((tmp_path / "gen" / "trained.meta.json").read_text())
+    assert meta["run"] == "../run" and meta["num_samples"] == 2 and meta["adapter"] == str(run / "adapter")
+    res = run_eval("score", out, "--resamples", 20, cwd=tmp_path)
+    assert res.returncode == 0 and "best@k rouge_l" in res.stdout
+    assert "warning: " + str(out) + " is judged by grader rouge_l" in res.stderr
+
+
+def test_run_page_says_when_its_eval_used_the_training_graders(tmp_path):
+    run = _run_folder(tmp_path / "run")
+    s = evaluate.paired_summary(
+        [{"em": 0.0, "rouge_l": 0.1}] * 4, [{"em": 1.0, "rouge_l": 0.9}] * 4, n_resamples=50
+    )
+    (run / "eval.json").write_text(json.dumps({"n": 4, "metrics": s}))
+    from nanogrpo.eval import report
+
+    page = report.write_report(run).read_text()
+    assert "Scored with the graders the run trained on (rouge_l)" in page
+    (run / "config.json").write_text(json.dumps({"reward": {"spec": "exact:1"}}))
+    assert "Scored with the graders" not in report.write_report(run).read_text()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.metrics import read_jsonl, replace_atomically
+from rewards.registry import parse_spec
 from rewards.rows import prompt_text
 
 # Curves drawn first, in this order; every other numeric key of metrics.jsonl gets its own panel after.
@@ -303,9 +304,22 @@ def config_html(cfg: dict | None) -> str:
     return f'<table class="config">{rows}</table>'
 
 
-def eval_html(ev: dict | None) -> str:
+def eval_html(ev: dict | None, cfg: dict | None = None) -> str:
+    """The base-vs-trained table of eval.json, with a note when its graders are the ones trained on."""
     if not ev or not ev.get("metrics"):
         return ""
+    try:
+        trained = {n for n, w in parse_spec(((cfg or {}).get("reward") or {}).get("spec") or "") if w > 0}
+    except ValueError:  # no reward spec (an SFT or DPO run): nothing was trained on a grader
+        trained = set()
+    trained &= set(ev["metrics"])
+    note = (
+        f"<p class='muted'>Scored with the graders the run trained on ({html.escape(', '.join(sorted(trained)))}):"
+        " a check that training moved them, not a judgement of quality, since the policy learned their blind"
+        " spots. Judge held-out completions with a grader or judge model it did not train on (docs/EVAL.md).</p>"
+        if trained
+        else ""
+    )
     rows = []
     for m, s in ev["metrics"].items():
         sig = s["low"] > 0 or s["high"] < 0
@@ -319,7 +333,7 @@ def eval_html(ev: dict | None) -> str:
         "<section id='eval'><h2>Held-out evaluation: base vs trained</h2><table><tr><th>metric</th><th>n</th>"
         "<th>base</th><th>trained</th><th>diff</th><th>paired bootstrap 95% CI</th><th>McNemar p</th></tr>"
         + "".join(rows)
-        + "</table><p class='muted'>Bold: the interval excludes 0.</p></section>"
+        + f"</table><p class='muted'>Bold: the interval excludes 0.</p>{note}</section>"
     )
 
 
@@ -347,7 +361,7 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(run_dir.name)}</title>"
         f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
-        f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev)}"
+        f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev, cfg)}"
         f"<section id='curves'><h2>Curves</h2>{curves_html(metrics, length_scatter_html(samples, max_sample_steps))}</section>"
         f"<section id='samples'><h2>Samples</h2>{samples_html(samples, max_sample_steps)}</section>"
         f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"

@@ -374,3 +374,81 @@ def test_run_page_says_when_its_eval_used_the_training_graders(tmp_path):
     assert "Scored with the graders the run trained on (rouge_l)" in page
     (run / "config.json").write_text(json.dumps({"reward": {"spec": "exact:1"}}))
     assert "Scored with the graders" not in report.write_report(run).read_text()
+
+
+# ----------------------------------------------------------------------------- rubric verdicts on the run page
+
+from nanogrpo.eval import report  # noqa: E402
+
+RUBRIC = [("Names the drug class", 2.0), ("Gives the dose", 1.0), ("Invents a citation", -1.0)]
+
+
+def _rubric_run(root, verdicts_per_step):
+    """A run folder whose samples.jsonl carries rubric details as train.py logs them (one group of two
+    completions per step; verdicts_per_step[step] = [[v per criterion] per completion])."""
+    run = root / "rubric-run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"reward": {"spec": "rubric:1"}}))
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "reward": 0.5, "reward/rubric": 0.5}) + "\n" for s in verdicts_per_step
+        )
+    )
+    lines = []
+    for step, per_comp in verdicts_per_step.items():
+        comps = []
+        for k, vs in enumerate(per_comp):
+            crit = [{"criterion": c, "weight": w, "verdict": v} for (c, w), v in zip(RUBRIC, vs)]
+            comps.append({"text": f"answer {k}", "reward": 0.5, "scores": {"rubric": 0.5}, "advantage": 0.0,
+                          "length": 3, "rubric": {"criteria": crit, "score": 0.5}})  # fmt: skip
+        lines.append(
+            json.dumps(
+                {"step": step, "groups": [{"id": "q1", "prompt": "Which drug?", "completions": comps}]}
+            )
+        )
+    (run / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_rubric_pass_rates_over_steps(tmp_path):
+    run = _rubric_run(tmp_path, {1: [[0, 0, 1], [1, None, 1]], 5: [[1, 1, 0], [1, 0, 0]]})
+    steps, rates = report.rubric_rates(report.read_jsonl(run / "samples.jsonl"))
+    assert steps == [1.0, 5.0]
+    assert rates["Names the drug class"]["rates"] == [0.5, 1.0] and rates["Names the drug class"]["n"] == 4
+    assert (
+        rates["Gives the dose"]["rates"] == [0.0, 0.5] and rates["Gives the dose"]["n"] == 3
+    )  # None is no verdict
+    assert (
+        rates["Invents a citation"]["rates"] == [1.0, 0.0] and rates["Invents a citation"]["weight"] == -1.0
+    )
+    assert rates["criteria met"]["rates"] == [pytest.approx(1 / 3), pytest.approx(3 / 4)]
+    assert rates["pitfalls committed"]["rates"] == [1.0, 0.0]
+
+
+def test_rubric_section_on_the_run_page(tmp_path):
+    run = _rubric_run(tmp_path, {1: [[0, 0, 1], [1, None, 1]], 5: [[1, 1, 0], [1, 0, 0]]})
+    page = report.write_report(run).read_text()
+    assert "<section id='rubric'>" in page and "Latest verdicts (step 5)" in page
+    assert page.count("class='criterion'") == 3  # the latest step's one group: a row per criterion
+    rubric = page[page.index("<section id='rubric'>") : page.index("<section id='samples'>")]
+    assert 'data-title="rubric: share met per criterion"' in rubric
+    assert rubric.count('class="rate"') == 2 + 3  # met and pitfalls, then each criterion
+    assert 'class="series"' not in rubric  # the page's series paths stay one per metrics.jsonl curve
+    # the latest table: 'Invents a citation' not committed is good news (green), a missed dose bad (red)
+    latest = rubric[rubric.index("Latest verdicts") :]
+    row = latest[latest.index("Invents a citation</td>") :].split("</tr>")[0]
+    assert row.count('class="met">no<') == 2
+    row = latest[latest.index("Gives the dose</td>") :].split("</tr>")[0]
+    assert '<td class="met">yes</td><td class="unmet">no</td>' in row
+    samples = page[page.index("<section id='samples'>") :]
+    assert "<th>rubric verdicts</th>" in samples and 'class="pitfall">yes: Invents a citation' in samples
+
+
+def test_no_rubric_section_without_rubric_details(tmp_path):
+    run = tmp_path / "plain"
+    run.mkdir()
+    (run / "samples.jsonl").write_text(
+        json.dumps({"step": 1, "groups": [{"id": 1, "completions": [{"text": "x"}]}]}) + "\n"
+    )
+    page = report.write_report(run).read_text()
+    assert "id='rubric'" not in page and "rubric verdicts" not in page

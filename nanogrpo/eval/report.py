@@ -5,8 +5,10 @@ has a final base-vs-trained evaluation) and writes index.html with everything in
 of JS, the curves as SVG drawn here (no plotting library, no CDN), and every logged group: prompt,
 reference, each completion with its reward, every grader's score, the judge's marks and reason, and
 the advantage, and a scatter of every logged completion's reward against its length, coloured by step
-(with the hack/* curves: does the reward pay for length?). It tolerates a run in progress: the logs are read as the trainer reads them on resume
-(metrics.read_jsonl), so a half-written last line is skipped and a damaged line before it is an error.
+(with the hack/* curves: does the reward pay for length?); for a run graded by the rubric grader,
+each criterion's pass rate over the logged steps and the latest verdicts. It tolerates a run in
+progress: the logs are read as the trainer reads them on resume (metrics.read_jsonl), so a
+half-written last line is skipped and a damaged line before it is an error.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ header,section{max-width:1280px;margin:0 auto;padding:10px 20px}
 h1{font-size:22px;margin:12px 0 4px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .grid{display:flex;flex-wrap:wrap;gap:12px}.curve{background:#fff;border:1px solid #e3e3e3;border-radius:6px}
 .curve text{font-size:11px;fill:#555}.curve .title{font-size:13px;fill:#222;font-weight:600}
-.series{fill:none;stroke-width:1.6}.axis{fill:none;stroke:#999;stroke-width:1}.gridline{stroke:#eee}
+.series,.rate{fill:none;stroke-width:1.6}.axis{fill:none;stroke:#999;stroke-width:1}.gridline{stroke:#eee}
 details.step{background:#fff;border:1px solid #e3e3e3;border-radius:6px;margin:8px 0;padding:4px 10px}
 details.step>summary{cursor:pointer;font-weight:600;padding:4px 0}
 .group{border-top:1px solid #eee;padding:8px 0}.label{font-weight:600;color:#555;font-size:12px}
@@ -60,6 +62,8 @@ table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #e3e3e3;pad
 th{background:#f3f3f3;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.text{min-width:420px;max-width:760px}.reason{color:#555;font-style:italic}
 .muted{color:#888}.controls button{margin-right:6px}.sig{font-weight:700}
+td.met{background:hsl(120,70%,88%);text-align:center}td.unmet{background:hsl(0,70%,90%);text-align:center}
+td.verdict{text-align:center}.pitfall{color:#c62828}
 """
 
 JS = """
@@ -114,8 +118,13 @@ def _frame(cls: str, title: str, xr: tuple[float, float], yr: tuple[float, float
     return out, px, py
 
 
-def svg_chart(title: str, steps: list[float], series: dict[str, list[float | None]]) -> str:
-    """A line chart as an <svg class="curve">; each series is one <path class="series">, gaps where None."""
+def svg_chart(
+    title: str, steps: list[float], series: dict[str, list[float | None]], line_class: str = "series"
+) -> str:
+    """A line chart as an <svg class="curve">; each series is one <path class="series">, gaps where None.
+
+    Lines that are not metrics.jsonl curves (the rubric's pass rates) take another `line_class` and keep
+    their tooltip on a <g> around the path, so a page's series paths stay one per logged metric."""
     x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
     yr = _span([v for ys in series.values() for v in ys if v is not None])
     out, px, py = _frame("curve", title, (x0, x1 if x1 > x0 else x0 + 1), yr)
@@ -132,10 +141,9 @@ def svg_chart(title: str, steps: list[float], series: dict[str, list[float | Non
         if len(d) == 1:  # a lone point is invisible as a path: make it a short tick
             d.append("h0.01")
         last = next((y for y in reversed(ys) if y is not None), None)
-        out.append(
-            f'<path class="series" stroke="{color}" d="{" ".join(d)}"><title>{html.escape(name)}: last '
-            f"{_fmt(last)}</title></path>"
-        )
+        tip = f"<title>{html.escape(name)}: last {_fmt(last)}</title>"
+        path = f'<path class="{line_class}" stroke="{color}" d="{" ".join(d)}">'
+        out.append(f"{path}{tip}</path>" if line_class == "series" else f"<g>{tip}{path}</path></g>")
         if len(series) > 1:
             out.append(
                 f'<text x="{lx}" y="{H - 4}" fill="{color}" style="fill:{color}">{html.escape(name)}</text>'
@@ -223,14 +231,34 @@ def _judge_cell(j: Any) -> str:
     return f'<td class="judge">{marks}{reason}</td>'
 
 
+def _mark(v: Any) -> str:
+    """A verdict as text: yes (1), no (0), '-' (none); a soft verdict (P(met)) as its number."""
+    x = _num(v)
+    return "-" if x is None else "yes" if x == 1 else "no" if x == 0 else _fmt(x, 2)
+
+
+def _rubric_cell(r: Any) -> str:
+    """One completion's rubric verdicts: a line per criterion, pitfalls (weight < 0) in red."""
+    if not isinstance(r, dict) or not r.get("criteria"):
+        return '<td class="judge muted">-</td>'
+    lines = []
+    for c in r["criteria"]:
+        cls = ' class="pitfall"' if (_num(c.get("weight")) or 0) < 0 else ""
+        text = html.escape(str(c.get("criterion", ""))[:60])
+        lines.append(f"<span{cls}>{_mark(c.get('verdict'))}: {text}</span>")
+    return f'<td class="judge">{"<br>".join(lines)}</td>'
+
+
 def group_html(g: dict) -> str:
     comps = g.get("completions") or []
     graders = list(dict.fromkeys(k for c in comps for k in (c.get("scores") or {})))
     has_judge = any(c.get("judge") for c in comps)
+    has_rubric = any(isinstance(c.get("rubric"), dict) for c in comps)
     head = (
         "<tr><th>#</th><th>reward</th><th>advantage</th><th>length</th>"
         + "".join(f"<th>{html.escape(k)}</th>" for k in graders)
         + ("<th>judge</th>" if has_judge else "")
+        + ("<th>rubric verdicts</th>" if has_rubric else "")
         + "<th>completion</th></tr>"
     )
     rows = []
@@ -246,6 +274,7 @@ def group_html(g: dict) -> str:
             f'<td class="num adv"{adv_style}>{_fmt(adv)}</td><td class="num">{_fmt(c.get("length"), 0)}</td>'
             + "".join(_score_cell((c.get("scores") or {}).get(k)) for k in graders)
             + (_judge_cell(c.get("judge")) if has_judge else "")
+            + (_rubric_cell(c.get("rubric")) if has_rubric else "")
             + f'<td class="text"><pre>{html.escape(str(c.get("text", "")))}</pre></td></tr>'
         )
     ref = g.get("reference")
@@ -287,6 +316,131 @@ def samples_html(samples: list[dict], max_steps: int) -> str:
             + "</details>"
         )
     return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- rubric verdicts (seed 004)
+
+RUBRIC_LINES = 8
+"""Most criteria drawn one by one (the most often judged); the table lists the same ones."""
+
+
+def _rubric_verdicts(step: dict) -> list[tuple[dict, list[dict]]]:
+    """(group, [each completion's rubric details]) for the groups of a logged step graded by the rubric."""
+    out = []
+    for g in step.get("groups") or []:
+        details = [c["rubric"] for c in g.get("completions") or [] if isinstance(c.get("rubric"), dict)]
+        if any(d.get("criteria") for d in details):
+            out.append((g, details))
+    return out
+
+
+def rubric_rates(samples: list[dict]) -> tuple[list[float], dict[str, dict]]:
+    """Per logged step with rubric verdicts, the share of answers that meet each criterion (the mean verdict:
+    a pass rate, or the mean P(met) with soft verdicts). Criteria are keyed by their text, so a criterion
+    shared by several prompts pools over them. Returns (steps, {criterion: {"weight", "n": verdicts over
+    the run, "rates": [share or None per step]}}), plus two summary rows: "criteria met" (weight > 0) and
+    "pitfalls committed" (weight < 0) over every criterion of that sign."""
+    steps, per_step = [], []
+    for s in samples:
+        tally: dict[str, list[float]] = {}
+        weights: dict[str, float] = {}
+        for _, details in _rubric_verdicts(s):
+            for d in details:
+                for c in d.get("criteria") or []:
+                    v, w = _num(c.get("verdict")), _num(c.get("weight")) or 0.0
+                    if v is None or w == 0:
+                        continue
+                    name = str(c.get("criterion", ""))
+                    weights.setdefault(name, w)
+                    tally.setdefault(name, []).append(v)
+                    tally.setdefault("criteria met" if w > 0 else "pitfalls committed", []).append(v)
+        if tally:
+            steps.append(float(s.get("step", len(steps))))
+            per_step.append((tally, weights))
+    out: dict[str, dict] = {}
+    for k, (tally, weights) in enumerate(per_step):
+        for name, vals in tally.items():
+            row = out.setdefault(name, {"weight": weights.get(name), "n": 0, "rates": [None] * len(steps)})
+            row["rates"][k] = sum(vals) / len(vals)
+            row["n"] += len(vals)
+    return steps, out
+
+
+def _verdict_cell(v: Any, weight: Any) -> str:
+    """A verdict, green when it is good news (a criterion met, a pitfall avoided), red when not."""
+    x, w = _num(v), _num(weight) or 0.0
+    if x is None:
+        return '<td class="verdict muted">-</td>'
+    good = x >= 0.5 if w >= 0 else x < 0.5
+    return f'<td class="{"met" if good else "unmet"}">{_mark(x)}</td>'
+
+
+def latest_verdicts_html(samples: list[dict]) -> str:
+    """The latest logged step's verdicts: per group, a criterion-by-completion table."""
+    last = next((s for s in reversed(samples) if _rubric_verdicts(s)), None)
+    if last is None:
+        return ""
+    parts = [f"<h3>Latest verdicts (step {html.escape(str(last.get('step')))})</h3>"]
+    for g, details in _rubric_verdicts(last):
+        crit = next(d["criteria"] for d in details if d.get("criteria"))
+        head = "<tr><th>criterion</th><th>weight</th>" + "".join(
+            f"<th>#{k}</th>" for k in range(len(details))
+        )
+        rows = []
+        for i, c in enumerate(crit):
+            cells = "".join(
+                _verdict_cell(
+                    ((d.get("criteria") or [])[i : i + 1] or [{}])[0].get("verdict"), c.get("weight")
+                )
+                for d in details
+            )
+            rows.append(
+                f"<tr class='criterion'><td>{html.escape(str(c.get('criterion', '')))}</td>"
+                f"<td class='num'>{_fmt(c.get('weight'), 2)}</td>{cells}</tr>"
+            )
+        score = "".join(_score_cell(d.get("score")) for d in details)
+        parts.append(
+            f"<div class='group rubric' data-id='{html.escape(str(g.get('id', '')))}'>"
+            f"<div class='label'>prompt · id {html.escape(str(g.get('id', '')))}</div>"
+            f"<pre class='prompt'>{html.escape(prompt_text(g.get('prompt', ''))[:600])}</pre>"
+            f"<table class='verdicts'>{head}</tr>{''.join(rows)}<tr><th>score</th><td></td>{score}</tr></table></div>"
+        )
+    return "".join(parts)
+
+
+def rubric_html(samples: list[dict]) -> str:
+    """The rubric section: pass rates over the logged steps (all criteria of each sign, then the most
+    judged criteria one by one), a key to those, and the latest verdicts. '' for a run without a rubric."""
+    steps, rates = rubric_rates(samples)
+    if not rates:
+        return ""
+    summary = [k for k in ("criteria met", "pitfalls committed") if k in rates]
+    crits = sorted((k for k in rates if k not in summary), key=lambda k: -rates[k]["n"])[:RUBRIC_LINES]
+    keys = {k: f"c{i + 1}" for i, k in enumerate(crits)}
+    charts = [
+        svg_chart("rubric: share of verdicts met", steps, {k: rates[k]["rates"] for k in summary}, "rate"),
+        svg_chart(
+            "rubric: share met per criterion", steps, {keys[k]: rates[k]["rates"] for k in crits}, "rate"
+        ),
+    ]
+    rows = "".join(
+        f"<tr><th>{keys[k]}</th><td>{html.escape(k)}</td><td class='num'>{_fmt(rates[k]['weight'], 2)}</td>"
+        f"<td class='num'>{rates[k]['n']}</td>"
+        f"<td class='num'>{_fmt(next((r for r in rates[k]['rates'] if r is not None), None))}</td>"
+        f"<td class='num'>{_fmt(next((r for r in reversed(rates[k]['rates']) if r is not None), None))}</td></tr>"
+        for k in crits
+    )
+    more = len(rates) - len(summary) - len(crits)
+    return (
+        "<section id='rubric'><h2>Rubric criteria</h2>"
+        f"<div class='grid'>{''.join(charts)}</div>"
+        "<p class='muted'>Share met: the mean verdict over the logged answers judged on a criterion (1 = met). "
+        "For a pitfall (weight &lt; 0) met means committed, so lower is better; in the tables green is good "
+        f"news.{f' {more} more criteria are not drawn.' if more > 0 else ''}</p>"
+        "<table class='criteria'><tr><th></th><th>criterion</th><th>weight</th><th>verdicts</th>"
+        f"<th>first logged</th><th>latest</th></tr>{rows}</table>"
+        f"{latest_verdicts_html(samples)}</section>"
+    )
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -363,6 +517,7 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
         f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
         f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev, cfg)}"
         f"<section id='curves'><h2>Curves</h2>{curves_html(metrics, length_scatter_html(samples, max_sample_steps))}</section>"
+        f"{rubric_html(samples)}"
         f"<section id='samples'><h2>Samples</h2>{samples_html(samples, max_sample_steps)}</section>"
         f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"
         f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"

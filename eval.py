@@ -338,8 +338,12 @@ def _system_names(args: Elo) -> list[str]:
 
 def _accuracies(args: Elo, systems: dict[str, list[dict]], names: list[str]) -> dict[str, list[float]]:
     """{system or variant: [accuracy of each run]} from --accuracy, else from scored FILES; {} when neither."""
+    known = set(names) | {pairwise.variant_of(n) for n in names}
+    if args.accuracy_baseline and args.accuracy_baseline not in known:
+        raise ValueError(
+            f"--accuracy-baseline {args.accuracy_baseline!r} is not a variant of {sorted(known)}"
+        )
     if args.accuracy:
-        known = set(names) | {pairwise.variant_of(n) for n in names}
         out: dict[str, list[float]] = {}
         for item in args.accuracy:
             name, sep, path = item.partition("=")

@@ -234,6 +234,10 @@ def test_accuracy_against_elo(tmp_path):
         cwd=tmp_path,
     )
     assert bad.returncode != 0 and "not a system or variant" in bad.stderr
+    bad = run_eval(
+        "elo", "--verdicts", v, "--out", tmp_path / "e3", "--accuracy-baseline", "sft", cwd=tmp_path
+    )
+    assert bad.returncode != 0 and "--accuracy-baseline 'sft' is not a variant" in bad.stderr
 
 
 def test_accuracy_from_scored_files(tmp_path):

@@ -19,12 +19,26 @@ you add your own:
 The score is the weighted mean of the checks (--reward.style-weights 'length:2,lists:1,...'; a user
 check's weight is keyed by its function name); a check that returns None drops out. None when the
 row has no reference. The text checked is the completion without its think block.
+
+A row may carry its own checks as data, `style_spec` (what `python -m nanogrpo.build style` drafts
+from the reference, with an LLM's weights); for that row they replace the built-in checks, and the user
+checks still run with their --reward.style-weights weights:
+
+    "style_spec": [{"check": "length", "min_words": 80, "max_words": 200, "weight": 2},
+                   {"check": "lists", "present": true, "weight": 1},
+                   {"check": "includes", "phrases": ["in summary"], "weight": 0.5}]
+
+- length: 1 for min_words <= n <= max_words; above, max_words / n; below, n / min_words.
+- headings, lists, emphasis, code, tables: 1 when the answer's use of the element is `present`.
+- includes: the share of `phrases` found in the answer (case-folded word sequences, as keywords match).
+A row's spec is checked at start-up with the other fields; a row with a spec needs no reference.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +61,9 @@ _PATTERNS = {
 }
 # Every pattern is linear in the text: no two quantifiers in a row take the same characters, and each
 # emphasis run stops at the next marker or newline, so the runs tried from different starts do not overlap.
-BUILTIN = ("length", *_PATTERNS)
+ELEMENTS = tuple(_PATTERNS)
+"""The markdown elements the checks look for."""
+BUILTIN = ("length", *ELEMENTS)
 UserCheck = Callable[[str, str, dict], Any]
 
 
@@ -82,6 +98,78 @@ def text_style(text: str, checks: tuple[str, ...] = BUILTIN) -> tuple[int, froze
 
 
 _reference_style = functools.lru_cache(maxsize=256)(text_style)  # the G answers share a reference
+
+
+SPEC_CHECKS = (*BUILTIN, "includes")
+_SPEC_FIELDS = {
+    "length": {"min_words", "max_words"},
+    "includes": {"phrases"},
+    **{name: {"present"} for name in ELEMENTS},
+}
+SPEC_EXAMPLE = '[{"check": "length", "min_words": 80, "max_words": 200, "weight": 2}, {"check": "lists", "present": true}]'
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def parse_style_spec(value: Any) -> list[tuple[dict[str, Any], float]]:
+    """`style_spec` -> [(check, weight)]; ValueError saying what is wrong (see the module docstring)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be a non-empty list of checks, e.g. {SPEC_EXAMPLE}")
+    out, seen = [], set()
+    for k, item in enumerate(value):
+        name = item.get("check") if isinstance(item, dict) else None
+        if name not in SPEC_CHECKS:
+            raise ValueError(f'item {k} needs "check": one of {", ".join(SPEC_CHECKS)}, got {name!r}')
+        if name in seen:
+            raise ValueError(f"item {k}: check '{name}' appears twice; give it once")
+        seen.add(name)
+        w = item.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w >= 0):
+            raise ValueError(f"item {k} ('{name}'): \"weight\" must be a number >= 0, got {w!r}")
+        missing = _SPEC_FIELDS[name] - set(item)
+        if missing:
+            raise ValueError(f"item {k} ('{name}') needs {', '.join(sorted(missing))}")
+        if name == "length":
+            lo, hi = item["min_words"], item["max_words"]
+            if not (_count(lo) and _count(hi) and lo <= hi):
+                raise ValueError(
+                    f"item {k} ('length'): min_words and max_words must be integers, 0 <= min <= max; got {lo!r}, {hi!r}"
+                )
+        elif name == "includes":
+            ph = item["phrases"]
+            if not (isinstance(ph, list) and ph and all(isinstance(p, str) and words(p) for p in ph)):
+                raise ValueError(f"item {k} ('includes'): \"phrases\" must be a non-empty list of phrases")
+        elif not isinstance(item["present"], bool):
+            raise ValueError(f"item {k} ('{name}'): \"present\" must be true or false")
+        out.append((item, float(w)))
+    if not any(w > 0 for _, w in out):
+        raise ValueError("has only zero weights; give the checks that count a weight > 0")
+    return out
+
+
+def spec_score(check: dict[str, Any], n_words: int, has: frozenset[str], spaced: str) -> float:
+    """One `style_spec` check on an answer of `n_words` words, using the elements `has`; `spaced` is
+    the answer's words joined by spaces with a space at each end (for `includes`)."""
+    name = check["check"]
+    if name == "length":
+        lo, hi = check["min_words"], check["max_words"]
+        if n_words > hi:
+            return hi / n_words
+        return n_words / lo if n_words < lo else 1.0
+    if name == "includes":
+        phrases = check["phrases"]
+        return sum(f" {' '.join(words(p))} " in spaced for p in phrases) / len(phrases)
+    return float((name in has) == check["present"])
+
+
+def spec_scores(spec: list[tuple[dict[str, Any], float]], answer: str) -> list[float]:
+    """Each check's score on the answer (the text as the grader sees it)."""
+    toks = words(answer)
+    _, has = text_style(answer, ELEMENTS)
+    spaced = f" {' '.join(toks)} "
+    return [spec_score(c, len(toks), has, spaced) for c, _ in spec]
 
 
 def load_check(path: str) -> UserCheck:
@@ -133,6 +221,12 @@ class Style(Grader):
         self.user_errors = 0
 
     def check_row(self, row):
+        if row.get("style_spec") is not None:
+            try:
+                parse_style_spec(row["style_spec"])
+            except ValueError as e:
+                return "style_spec", str(e)
+            return None
         return check_text_field(row, "reference")
 
     def _user(self, name: str, answer: str, ref: str, row: dict) -> float | None:
@@ -148,6 +242,9 @@ class Style(Grader):
         out: list[float | None] = []
         for s in batch:
             ref = s.row.get("reference")
+            if s.row.get("style_spec") is not None:
+                out.append(self._row_spec(s, ref if isinstance(ref, str) else ""))
+                continue
             if not isinstance(ref, str):
                 out.append(None)
                 continue
@@ -166,6 +263,21 @@ class Style(Grader):
                     vals.append(self._user(n, answer, ref, s.row))
             out.append(combine(vals, self.weights, total=1.0))
         return out
+
+    def _row_spec(self, s: Sample, ref: str) -> float | None:
+        """The row's own checks (`style_spec`) and the user checks, weighted together."""
+        try:
+            spec = parse_style_spec(s.row["style_spec"])
+        except ValueError:
+            return None  # refused at start-up; a bad row met later is simply not graded
+        answer = reply_text(s.completion, self.cfg.text_tag, self.cfg.think_tag)
+        vals: list[float | None] = list(spec_scores(spec, answer))
+        weights = [w for _, w in spec]
+        for n, w in zip(self.checks, self.weights):
+            if n in self.user:
+                vals.append(self._user(n, answer, ref, s.row))
+                weights.append(w)
+        return combine(vals, weights, total=1.0)
 
     def metrics(self) -> dict[str, float]:
         return {"user_check_errors": float(self.user_errors)} if self.user else {}

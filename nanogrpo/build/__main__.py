@@ -12,10 +12,16 @@ from collections.abc import Sequence
 import tyro
 
 from nanogrpo import judge_backend
-from nanogrpo.build import keypoints
+from nanogrpo.build import baselines, keypoints, rubric, style
+from nanogrpo.build import filter as row_filter  # not `filter`: the builtin
 
 COMMANDS = {
     "keypoints": (keypoints.KeypointsArgs, keypoints.run),
+    "style": (style.StyleArgs, style.run),
+    "rubric": (rubric.RubricArgs, rubric.run_rubric),
+    "label": (rubric.LabelArgs, rubric.run_label),
+    "filter": (row_filter.FilterArgs, row_filter.run),
+    "baseline": (baselines.BaselineArgs, baselines.run),
 }
 
 
@@ -25,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = tyro.extras.subcommand_cli_from_dict(
         {name: cls for name, (cls, _) in COMMANDS.items()},
+        prog="python -m nanogrpo.build",
         args=argv,
         description=pkg.__doc__.split("\n\n")[0],
     )

@@ -213,9 +213,15 @@ def demo_rows(split: str = "train", seed: int = 1234) -> list[dict]:
 
 
 def load_task(name_or_path: str, split: str = "train") -> tuple[list[dict], str]:
-    """Rows of a built-in task or a JSONL file, and the source name used in error messages."""
+    """Rows of a built-in task ('demo', or 'recipe:NAME': a seed paper's embedded data, nanogrpo/recipes/)
+    or a JSONL file, and the source name used in error messages."""
     if name_or_path == "demo":
         return demo_rows(split), f"demo:{split}"
+    if name_or_path.startswith("recipe:"):
+        from nanogrpo.recipes import recipe_path
+
+        path = recipe_path(name_or_path.removeprefix("recipe:"), split)  # the eval split: NAME.eval.jsonl
+        return load_rows(path), str(path)
     return load_rows(name_or_path), str(name_or_path)
 
 

@@ -132,7 +132,11 @@ class Rubric(Grader):
         return None
 
     def check(self) -> None:
-        if self.readout != "probe" and self._client is None:  # the probe readout runs in-process
+        """At start-up: the judge server answers, or (probe readout, in-process) the probe loads, so a
+        missing or stale probe stops the run before the model loads, not at the first scoring."""
+        if self.readout == "probe":
+            _ = self.probe  # Probe.load: ValueError with the command that trains one
+        elif self._client is None:
             check_endpoint(self.cfg.judge)
 
     @property

@@ -160,6 +160,13 @@ def test_probe_readout_matches_the_probe(tiny_model_dir, tmp_path):
     assert json.dumps(reward.graders["rubric"].last_details)  # serialisable for samples.jsonl
 
 
+def test_a_missing_probe_is_refused_at_start_up(tmp_path):
+    cfg = RewardConfig(spec="rubric:1", rubric=RubricConfig(readout="probe", probe=str(tmp_path / "none")))
+    reward = build_reward(cfg)
+    with pytest.raises(ValueError, match="holds no probe .*python -m rewards.probe train"):
+        reward.validate([{"prompt": "q", "rubric": RUBRIC}], "rows.jsonl")
+
+
 def test_cache_spares_repeated_criteria(server, tmp_path):
     srv = server(lambda p, n: (200, {}, chat_body("Yes" if fake_verdict(p) else "No"), 0))
     cfg = RewardConfig(judge=JudgeConfig(**{**judge_cfg(srv).__dict__, "cache": str(tmp_path / "c.jsonl")}))

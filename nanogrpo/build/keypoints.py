@@ -68,27 +68,40 @@ Copy from the reference the keywords a good answer must contain: words or short 
 
 Reply with only a JSON object: {{"keywords": ["<keyword>", ...]}}"""
 
-POINTS_SCHEMA = {
-    "type": "object",
-    "properties": {"key_points": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
-    "required": ["key_points"],
-}
-_KW_LIST = {"type": "array", "items": {"type": "string"}, "minItems": 1}
-KEYWORDS_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "key_points": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"point": {"type": "integer"}, "keywords": _KW_LIST},
-                "required": ["point", "keywords"],
-            },
-        }
-    },
-    "required": ["key_points"],
-}
-DIRECT_SCHEMA = {"type": "object", "properties": {"keywords": _KW_LIST}, "required": ["keywords"]}
+
+# Schemas with bounds: a small model held to one (--llm.json-mode schema / object-schema) then cannot
+# write strings or lists until it runs out of tokens (servers with strict schemas get them without bounds)
+def points_schema(max_points: int) -> dict[str, Any]:
+    point = {"type": "string", "maxLength": 200}
+    pts = {"type": "array", "items": point, "minItems": 1, "maxItems": max_points}
+    return {"type": "object", "properties": {"key_points": pts}, "required": ["key_points"]}
+
+
+def keyword_list(max_items: int) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "items": {"type": "string", "maxLength": 60},
+        "minItems": 1,
+        "maxItems": max_items,
+    }
+
+
+def keywords_schema(max_points: int) -> dict[str, Any]:
+    item = {
+        "type": "object",
+        "properties": {"point": {"type": "integer"}, "keywords": keyword_list(12)},
+        "required": ["point", "keywords"],
+    }
+    kps = {"type": "array", "items": item, "minItems": 1, "maxItems": max_points}
+    return {"type": "object", "properties": {"key_points": kps}, "required": ["key_points"]}
+
+
+def direct_schema(max_keywords: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"keywords": keyword_list(max_keywords)},
+        "required": ["keywords"],
+    }
 
 
 @dataclass(frozen=True)
@@ -245,10 +258,16 @@ def draft_rows(part: list[dict], args: KeypointsArgs, d: Drafter, rejects: io.Re
             )
             for (m, desc), (_, refs) in zip(mats, todo)
         ]
-        got = d.draft(convs, [read_direct(refs, args) for _, refs in todo], 1024, DIRECT_SCHEMA)
+        most = max((target_words(refs, args.share) for _, refs in todo), default=1)
+        schema = direct_schema(
+            2 * most + 4
+        )  # room around the target: the check is the reference, not the count
+        got = d.draft(convs, [read_direct(refs, args) for _, refs in todo], 1024, schema)
     else:
         convs = [messages(SYSTEM, POINTS.format(material=m, ref_desc=desc, **fmt)) for m, desc in mats]
-        points = d.draft(convs, [read_points(args.max_points)] * len(todo), 1024, POINTS_SCHEMA)
+        points = d.draft(
+            convs, [read_points(args.max_points)] * len(todo), 1024, points_schema(args.max_points)
+        )
         second, readers, idx = [], [], []
         for k, ((pts, _), (m, desc), (_, refs)) in enumerate(zip(points, mats, todo)):
             if pts is None:
@@ -261,7 +280,7 @@ def draft_rows(part: list[dict], args: KeypointsArgs, d: Drafter, rejects: io.Re
             readers.append(read_keywords(pts, refs, args))
             idx.append(k)
         got = [(None, f"key points: {p}") for _, p in points]
-        for k, (v, p) in zip(idx, d.draft(second, readers, 2048, KEYWORDS_SCHEMA)):
+        for k, (v, p) in zip(idx, d.draft(second, readers, 2048, keywords_schema(args.max_points))):
             got[k] = (v, f"keywords: {p}" if p else "")
     for (row, _), (value, problem) in zip(todo, got):
         if value is None:

@@ -117,6 +117,12 @@ class Drafter:
     def request(self, msgs: Messages, max_tokens: int, schema: dict[str, Any] | None = None) -> ChatRequest:
         return ChatRequest(msgs, self.cfg.max_tokens or max_tokens, json_mode=True, json_schema=schema)
 
+    def _read(self, r: Reply, read: Reader, max_tokens: int) -> tuple[Any, str]:
+        value, problem = read(r.text or "")
+        if problem and r.completion_tokens >= max_tokens:  # the usual cause of broken JSON: a cut reply
+            problem += f" (the reply stopped at the {max_tokens}-token limit; raise --llm.max-tokens)"
+        return value, problem
+
     def draft(
         self,
         convs: Sequence[Messages],
@@ -125,9 +131,11 @@ class Drafter:
         schema: dict[str, Any] | None = None,
     ) -> list[tuple[Any, str]]:
         """(value, '') per conversation, or (None, problem) when its reply is still bad after one repair."""
-        replies = self.ask([self.request(m, max_tokens, schema) for m in convs])
+        reqs = [self.request(m, max_tokens, schema) for m in convs]
+        limit = reqs[0].max_tokens if reqs else max_tokens
+        replies = self.ask(reqs)
         got = [
-            read(r.text) if r.text is not None else (None, f"no reply from the LLM ({r.error})")
+            self._read(r, read, limit) if r.text is not None else (None, f"no reply from the LLM ({r.error})")
             for r, read in zip(replies, readers)
         ]
         fix = [k for k, (_, problem) in enumerate(got) if problem and replies[k].text is not None]
@@ -148,7 +156,7 @@ class Drafter:
             if r.text is None:
                 got[k] = (None, f"no reply to the repair request ({r.error})")
                 continue
-            value, problem = readers[k](r.text)
+            value, problem = self._read(r, readers[k], limit)
             got[k] = (value, f"still wrong after one repair: {problem}" if problem else "")
         return got
 

@@ -11,7 +11,8 @@ reads criterion and weight; kind is kept for you).
 label: for each response of a row (`response`, `completion` as eval.py generate writes, or a list
 `responses`), a judge marks every criterion of the row's rubric met or not, in one request per
 response. Output: one line per (response, criterion), {"prompt", "response", "criterion", "label",
-"id"} with id 'row:response:criterion': the input of `python -m rewards.probe train` (seed 004 labels with a large judge once,
+"id"} with id 'input line:response:criterion' (unique also for eval.py generate's several samples of
+a prompt, one a line): the input of `python -m rewards.probe train` (seed 004 labels with a large judge once,
 then trains a small probe on the labels). Criteria the judge leaves unmarked after the repair are
 reported and left out; the response's other labels are kept (each label stands on its own).
 """
@@ -272,7 +273,7 @@ def run_label(args: LabelArgs, client: Any = None) -> dict[str, Any]:
             for k, ((criterion, _), met) in enumerate(zip(rubric, verdicts or [])):
                 if met is not None:
                     labels.append({"prompt": prompt, "response": resp, "criterion": criterion,
-                                   "label": int(met), "id": f"{row.get('id')}:{j}:{k}"})  # fmt: skip
+                                   "label": int(met), "id": f"{row.get('_line')}:{j}:{k}"})  # fmt: skip
     io.write_jsonl(args.out, labels)
     rejects.report(rejected_path)
     met = sum(r["label"] for r in labels)

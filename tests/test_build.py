@@ -21,6 +21,7 @@ from test_judge_llama import llama_server  # noqa: F401 (the real server, starte
 
 from nanogrpo.build import keypoints
 from nanogrpo.build.__main__ import main
+from nanogrpo.data import load_rows
 from rewards import RewardConfig, Sample, build_reward
 from rewards.keywords import key_point_lists
 
@@ -116,6 +117,7 @@ def test_keypoints_two_level(server, tmp_path, capsys):
     # 4 requests x (100 prompt, 20 completion) tokens at $1 / $2 per 1M
     assert "400 prompt + 80 completion" in said and "$0.0006 this run" in said, said
     assert not (tmp_path / "out.rejected.jsonl").exists()
+    assert len(load_rows(tmp_path / "out.jsonl")) == 2, "train.py's reader takes the file as is"
     # the keywords grader reads them: the reference scores 1 on its own key points
     reward = build_reward(RewardConfig(spec="keywords:1"))
     reward.validate(out)
@@ -203,6 +205,10 @@ def test_keypoints_refusals(server, tmp_path, capsys):
     assert "no OpenAI-compatible server answered at http://127.0.0.1:9/v1" in capsys.readouterr().err
 
 
+def test_keywords_are_distinct_as_the_grader_sees_them():
+    assert keypoints.distinct(["Vitamin  K", "vitamin k", " ", "INR", "inr."]) == ["Vitamin K", "INR"]
+
+
 def test_keyword_problems():
     refs = ["Stop warfarin, give vitamin K.", "Check the INR daily."]
     assert keypoints.keyword_problems([["warfarin", "vitamin k"], ["INR", "daily"]], refs, 3, True) == []
@@ -253,6 +259,7 @@ def test_style_spec_is_drafted_checked_and_scored(server, tmp_path):
     said = user_of(srv.requests[0]["payload"])
     assert "words; uses" in said, "the prompt tells the LLM what was measured on the reference"
     # the style grader scores the row's own spec: the reference 1, plain prose without the phrase lower
+    assert len(load_rows(tmp_path / "out.jsonl")) == 2
     reward = build_reward(RewardConfig(spec="style:1"))
     reward.validate(out)
     row = out[1]
@@ -403,6 +410,7 @@ def test_rubric_drafts_hard_and_soft_criteria_with_a_repair(server, tmp_path, ca
     from rewards.rubric import parse_rubric
 
     assert [w for _, w in parse_rubric(out["rubric"])] == [5, 2, 4, 3, 1, 2], "the rubric grader reads it"
+    assert load_rows(tmp_path / "out.jsonl")[0]["rubric"] == CRITERIA
     repairs = [r["payload"]["messages"][-1]["content"] for r in srv.requests if is_repair(r["payload"])]
     assert any("criterion 6 needs a weight in (0, 5]" in r for r in repairs)
     err = capsys.readouterr().err

@@ -171,6 +171,17 @@ def _strings(v: Any) -> list[str] | None:
     return v if isinstance(v, list) and all(isinstance(x, str) for x in v) else None
 
 
+def distinct(kws: list[str]) -> list[str]:
+    """The keywords, spaces collapsed, without blanks and without repeats as the grader sees them
+    ('Vitamin K' and 'vitamin k' are one keyword: the first spelling is kept)."""
+    seen: dict[tuple[str, ...], str] = {}
+    for kw in kws:
+        kw = " ".join(kw.split())
+        if kw:
+            seen.setdefault(tuple(words(kw)) or (kw,), kw)
+    return list(seen.values())
+
+
 def read_points(max_points: int):
     def read(text: str) -> tuple[list[str] | None, str]:
         obj, problem = read_json_object(text)
@@ -205,14 +216,15 @@ def read_keywords(points: list[str], refs: list[str], args: KeypointsArgs):
             if isinstance(item, dict):
                 k, got = item.get("point", pos + 1), item.get("keywords")
             if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n and _strings(got) is not None:
-                kws[k - 1] = list(dict.fromkeys(" ".join(w.split()) for w in got if w.strip()))
+                kws[k - 1] = distinct(got)
         missing = [str(k) for k, v in enumerate(kws, 1) if v is None]
         if missing:
             return None, f"no keywords list for key point(s) {', '.join(missing)} (there are {n})"
-        problems = keyword_problems(kws, refs, args.max_words, args.order)  # type: ignore[arg-type]
+        done = [k or [] for k in kws]  # none is None past the check above
+        problems = keyword_problems(done, refs, args.max_words, args.order)
         if problems:
             return None, "; ".join(problems)
-        return [{"point": p, "keywords": k} for p, k in zip(points, kws)], ""
+        return [{"point": p, "keywords": k} for p, k in zip(points, done)], ""
 
     return read
 
@@ -225,7 +237,7 @@ def read_direct(refs: list[str], args: KeypointsArgs):
         got = _strings(obj.get("keywords"))
         if got is None:
             return None, 'there is no "keywords" list of strings'
-        kws = list(dict.fromkeys(" ".join(w.split()) for w in got if w.strip()))
+        kws = distinct(got)
         if not kws:
             return None, "the keywords list is empty"
         problems = keyword_problems([kws], refs, args.max_words, args.order)
@@ -258,11 +270,9 @@ def draft_rows(part: list[dict], args: KeypointsArgs, d: Drafter, rejects: io.Re
             )
             for (m, desc), (_, refs) in zip(mats, todo)
         ]
-        most = max((target_words(refs, args.share) for _, refs in todo), default=1)
-        schema = direct_schema(
-            2 * most + 4
-        )  # room around the target: the check is the reference, not the count
-        got = d.draft(convs, [read_direct(refs, args) for _, refs in todo], 1024, schema)
+        # room around the target in the schema: what is checked is the reference, not the count
+        schemas = [direct_schema(2 * target_words(refs, args.share) + 4) for _, refs in todo]
+        got = d.draft(convs, [read_direct(refs, args) for _, refs in todo], 1024, schemas)
     else:
         convs = [messages(SYSTEM, POINTS.format(material=m, ref_desc=desc, **fmt)) for m, desc in mats]
         points = d.draft(

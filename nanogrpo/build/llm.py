@@ -21,6 +21,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import tyro
@@ -72,13 +73,21 @@ class Drafter:
 
     @property
     def client(self) -> Any:
-        if self._client is None:  # built on first use: a run served entirely from the cache needs no server
+        if self._client is None:  # built on first use: a local model loads only if the cache lacks a reply
             self._client = make_client(self.cfg)
         return self._client
 
     def key(self, req: ChatRequest) -> str:
         c = self.cfg
-        settings = [c.backend, c.model, c.temperature, c.extra_body, c.json_mode, req.max_tokens]
+        settings = [
+            c.backend,
+            c.model,
+            c.temperature,
+            c.extra_body,
+            c.json_mode,
+            req.max_tokens,
+            req.json_schema,
+        ]
         return hashlib.sha256(json.dumps(["build", settings, req.messages]).encode()).hexdigest()
 
     def ask(self, reqs: Sequence[ChatRequest]) -> list[Reply]:
@@ -128,10 +137,12 @@ class Drafter:
         convs: Sequence[Messages],
         readers: Sequence[Reader],
         max_tokens: int,
-        schema: dict[str, Any] | None = None,
+        schema: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
     ) -> list[tuple[Any, str]]:
-        """(value, '') per conversation, or (None, problem) when its reply is still bad after one repair."""
-        reqs = [self.request(m, max_tokens, schema) for m in convs]
+        """(value, '') per conversation, or (None, problem) when its reply is still bad after one repair.
+        `schema`: the replies' JSON schema, one for all or one per conversation."""
+        schemas = list(schema) if isinstance(schema, (list, tuple)) else [schema] * len(convs)
+        reqs = [self.request(m, max_tokens, sc) for m, sc in zip(convs, schemas)]
         limit = reqs[0].max_tokens if reqs else max_tokens
         replies = self.ask(reqs)
         got = [
@@ -147,7 +158,7 @@ class Drafter:
                     {"role": "user", "content": REPAIR.format(problem=got[k][1])},
                 ],
                 max_tokens,
-                schema,
+                schemas[k],
             )
             for k in fix
         ]
@@ -188,7 +199,8 @@ class DraftArgs:
     """Output JSONL: the rows that were made good, with the new field; train.py reads it as is."""
     llm: JudgeConfig = field(default_factory=JudgeConfig)
     """The drafting LLM (--llm.base-url, --llm.model, --llm.concurrency, --llm.max-retries, ...); --llm.cache
-    is the reply cache (default: OUT with the suffix .cache.jsonl; a rerun asks only what is not in it)."""
+    is the reply cache (default: OUT with the suffix .cache.jsonl; a rerun asks only what is not in it);
+    --llm.max-tokens 0 leaves each request its subcommand's default (1024 or 2048)."""
     price_in: float = 0.0
     """Dollars per 1M prompt tokens, for the cost estimate."""
     price_out: float = 0.0
@@ -199,7 +211,7 @@ class DraftArgs:
     """Rows whose requests go out together (0 = 4 x --llm.concurrency); the progress bar moves by chunks."""
 
 
-def drafter_for(args: DraftArgs, client: Any = None) -> tuple[Drafter, io.Rejects, Any]:
+def drafter_for(args: DraftArgs, client: Any = None) -> tuple[Drafter, io.Rejects, Path]:
     """The run's Drafter (its cache next to --out unless --llm.cache names one), its rejects and their file.
 
     The LLM server is checked first (one GET of /models) unless a client is handed in, so a server that

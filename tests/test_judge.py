@@ -582,7 +582,8 @@ def test_local_judges_and_the_probe_readout_need_no_server(monkeypatch):
     probe = RewardConfig(spec="rubric:1", judge=JudgeConfig(base_url=closed_url()))
     probe = dataclasses.replace(probe, rubric=dataclasses.replace(probe.rubric, readout="probe", probe="p"))
     rows = [{**ROWS[0], "rubric": [{"criterion": "is right", "weight": 1}]}]
-    build_reward(probe).validate(rows)
+    with pytest.raises(ValueError, match="holds no probe"):  # its probe is checked; the closed server is not
+        build_reward(probe).validate(rows)
 
 
 def test_train_stops_before_the_model_loads_when_no_judge_server_answers(tmp_path):

@@ -263,6 +263,20 @@ def test_train_logs_each_tasks_reward(tmp_path):
     assert by_task == {("exact", "task/math"), ("rouge_l", "task/open")}
 
 
+def test_the_held_out_eval_grades_each_row_with_its_tasks_graders():
+    """train.py's final eval (evaluate.grade) names the --reward.spec graders; with tasks every row is graded
+    by its own mix, so a math row gets its 'exact' score and each task its total."""
+    from nanogrpo.eval.evaluate import grade
+    from rewards.options import RewardConfig
+
+    rows = [dict(r, _line=i + 1) for i, r in enumerate(MIXED)]
+    cfg = RewardConfig(spec="rouge_l:1", tasks="math=exact:1;open=rouge_l:1")
+    scores = grade(rows, ["4", "a small cat sat"], "rouge_l", cfg)
+    assert scores["exact"] == [1.0, None] and scores["task/math"] == [1.0, None]
+    assert scores["rouge_l"][0] is None and scores["rouge_l"][1] == pytest.approx(scores["task/open"][1])
+    assert 0 < scores["rouge_l"][1] < 1
+
+
 def test_train_refuses_a_bad_row_before_the_model_loads(tmp_path, monkeypatch):
     def no_model(*a, **k):
         raise AssertionError("the model loaded before the data was checked")

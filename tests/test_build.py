@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import write_rows
 from test_judge import FakeServer, chat_body
 from test_judge_llama import llama_server  # noqa: F401 (the real server, started as its tests start it)
 
@@ -33,24 +34,6 @@ ROWS = [
     {"prompt": "The INR is 9 and the patient bleeds. What now?", "reference": REF_A, "source": "x"},
     {"prompt": "How do I roast squash?", "reference": REF_B},
 ]
-
-
-@pytest.fixture
-def server():
-    made: list[FakeServer] = []
-
-    def start(script, **kw):
-        made.append(FakeServer(script, **kw))
-        return made[-1]
-
-    yield start
-    for s in made:
-        s.close()
-
-
-def write_rows(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def read_out(path: Path | str) -> list[dict]:
@@ -93,7 +76,7 @@ def good_llm(payload: dict, n: int) -> tuple:
 
 
 def kp_args(tmp_path: Path, srv: FakeServer, *extra: str, rows: list[dict] = ROWS) -> list[str]:
-    src = write_rows(tmp_path / "in.jsonl", rows)
+    src = str(write_rows(tmp_path / "in.jsonl", rows))
     return ["keypoints", src, "--out", str(tmp_path / "out.jsonl"), "--llm.base-url", srv.url,
             "--llm.model", "fake-judge", "--llm.backoff-s", "0.01", "--llm.api-key-env", "NANOGRPO_TEST_KEY",
             *extra]  # fmt: skip
@@ -470,7 +453,7 @@ def test_filter_counts_and_reasons(tmp_path, capsys):
         dict(good, key_points=[["aspirin"]], style_spec=[{"check": "lists", "present": True}]),  # both 0
         {"prompt": "q", "reference": REF_A},  # no key points: keywords cannot read it
     ]
-    src = write_rows(tmp_path / "in.jsonl", rows)
+    src = str(write_rows(tmp_path / "in.jsonl", rows))
     main(["filter", src, "--out", str(tmp_path / "kept.jsonl")])
     kept = read_out(tmp_path / "kept.jsonl")
     assert len(kept) == 2, "all-below: a row goes when both graders are below"
@@ -502,7 +485,7 @@ def test_baselines_share(tmp_path, method, share):
     from rewards.text import words
 
     refs = [REF_A, REF_B, "The oven is hot. The squash is sweet, and the oven roasts the squash well, " * 3]
-    src = write_rows(tmp_path / "in.jsonl", [{"prompt": "q", "reference": r} for r in refs])
+    src = str(write_rows(tmp_path / "in.jsonl", [{"prompt": "q", "reference": r} for r in refs]))
     main(["baseline", src, "--out", str(tmp_path / "out.jsonl"), "--method", method, "--share", str(share)])
     out = read_out(tmp_path / "out.jsonl")
     for row, ref in zip(out, refs):
@@ -527,7 +510,7 @@ PROTOCOL_ROWS = [
 def keypoints_protocol(tmp_path: Path, url: str, model: str, *extra: str) -> tuple[list[dict], list[dict]]:
     """Run keypoints on PROTOCOL_ROWS against a server; check that every row is written with valid key
     points or reported with why, whatever the model wrote. Returns (written, rejected)."""
-    src = write_rows(tmp_path / "proto.jsonl", PROTOCOL_ROWS)
+    src = str(write_rows(tmp_path / "proto.jsonl", PROTOCOL_ROWS))
     out_path = tmp_path / "proto.out.jsonl"
     main(["keypoints", src, "--out", str(out_path), "--llm.base-url", url, "--llm.model", model, *extra])
     out = read_out(out_path)

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import write_rows
 
 from nanogrpo import convert
 from nanogrpo.data import DataError, load_rows
@@ -34,11 +35,6 @@ MEDQA = [
         "answer_idx": "B",
     },
 ]
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def read(path: Path) -> list[dict]:

@@ -2,8 +2,6 @@
 judging protocol in process (position bias cancels, an OpenAI-compatible judge over real HTTP)."""
 
 import json
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -11,25 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import run_eval, write_rows
 
 from nanogrpo.eval import evaluate, pairwise, stats
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_eval(*args, cwd):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def write_rows(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_score_cli(tmp_path):

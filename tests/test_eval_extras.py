@@ -4,30 +4,14 @@ grader (seed 001), and rubric verdicts on the run page (seed 004)."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_eval, write_rows
 
 from nanogrpo.eval import evaluate, stats
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_eval(*args, cwd):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def write_rows(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 # ----------------------------------------------------------------------------- Self-BLEU and best@k

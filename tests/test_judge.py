@@ -124,19 +124,6 @@ class FakeServer:
         self.httpd.server_close()
 
 
-@pytest.fixture
-def server():
-    servers = []
-
-    def start(script, **kw):
-        servers.append(FakeServer(script, **kw))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
-
-
 def cfg_for(srv: FakeServer, **kw) -> JudgeConfig:
     base = dict(base_url=srv.url, model="fake-judge", api_key_env="NANOGRPO_TEST_JUDGE_KEY", timeout_s=5.0)
     base.update(backoff_s=0.01, max_retries=2)

@@ -15,7 +15,6 @@ import pytest
 from test_judge import (
     GROUPS,
     KEY,
-    FakeServer,
     batch_of,
     cfg_for,
     chat_body,
@@ -34,19 +33,6 @@ from rewards.rubric import Rubric
 
 NAN, INF = float("nan"), float("inf")
 ALL = {1, 2, 3, 4}
-
-
-@pytest.fixture
-def server():
-    made: list[FakeServer] = []
-
-    def start(script, **kw):
-        made.append(FakeServer(script, **kw))
-        return made[-1]
-
-    yield start
-    for s in made:
-        s.close()
 
 
 def marked(edit):

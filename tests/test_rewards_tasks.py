@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import write_rows
 
 import train
 from rewards import Grader, RewardConfig, RewardFunction, Sample, build_reward
@@ -232,11 +233,6 @@ def test_graders_are_built_once_and_details_line_up():
 # ------------------------------------------------------------------------------------------- train.py
 
 
-def write_rows(path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 MIXED = [
     {"prompt": "What is 2 + 2?", "answer": "4", "task": "math"},
     {"prompt": "Describe a cat.", "reference": "a small cat sat on the warm mat", "task": "open"},
@@ -244,7 +240,7 @@ MIXED = [
 
 
 def test_train_logs_each_tasks_reward(tmp_path):
-    data = write_rows(tmp_path / "mixed.jsonl", MIXED)
+    data = str(write_rows(tmp_path / "mixed.jsonl", MIXED))
     out = tmp_path / "run"
     cfg = train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--data.train", data,
                      "--reward.spec", "rouge_l:1", "--reward.tasks", "math=exact:1;open=rouge_l:1"])  # fmt: skip
@@ -283,9 +279,9 @@ def test_train_refuses_a_bad_row_before_the_model_loads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "load_policy", no_model)
     flags = ["--reward.spec", "rouge_l:1", "--reward.tasks", "math=exact:1;open=rouge_l:1"]
-    bad = write_rows(tmp_path / "bad.jsonl", [MIXED[1], {"prompt": "What is 3 + 3?", "task": "math"}])
+    bad = str(write_rows(tmp_path / "bad.jsonl", [MIXED[1], {"prompt": "What is 3 + 3?", "task": "math"}]))
     with pytest.raises(ValueError, match=f"{bad}:2: field 'answer' is missing, and grader 'exact' needs it"):
         train.main(train.cli(["tiny", "--out-dir", str(tmp_path / "a"), "--data.train", bad, *flags]))
-    geo = write_rows(tmp_path / "geo.jsonl", [*MIXED, {"prompt": "Area?", "answer": "1", "task": "geo"}])
+    geo = str(write_rows(tmp_path / "geo.jsonl", [*MIXED, {"prompt": "Area?", "answer": "1", "task": "geo"}]))
     with pytest.raises(ValueError, match=f"{geo}:3: task 'geo' is not in --reward.tasks"):
         train.main(train.cli(["tiny", "--out-dir", str(tmp_path / "b"), "--data.train", geo, *flags]))

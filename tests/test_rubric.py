@@ -7,7 +7,7 @@ import math
 import re
 
 import pytest
-from test_judge import FakeServer, chat_body  # the chat-completions server on 127.0.0.1
+from test_judge import chat_body  # the chat-completions server on 127.0.0.1
 from test_probe import synthetic
 
 from rewards import RewardConfig, Sample, build_reward
@@ -92,14 +92,6 @@ def fake_verdict(payload: dict) -> bool:
 def batch() -> list[Sample]:
     texts = ["Give heparin at the right dosage.", "Give warfarin.", "Give heparin, or warfarin."]
     return [Sample("user: anticoagulant?", t, group=0, row={"rubric": RUBRIC}) for t in texts]
-
-
-@pytest.fixture
-def server():
-    made = []
-    yield lambda script: made.append(FakeServer(script)) or made[-1]
-    for s in made:
-        s.close()
 
 
 def judge_cfg(srv) -> JudgeConfig:

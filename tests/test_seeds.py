@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_eval
 
 from nanogrpo.eval import seeds, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["tiny", "--steps", "2", "--eval-prompts", "4"]  # LoRA is the tiny preset's default
-
-
-def run_eval(*args, cwd):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import write_rows
 
 from nanogrpo import lora
 from nanogrpo.config import PRESETS
@@ -29,11 +30,6 @@ ROWS = [
     {"id": "c", "prompt": "Which animal says moo?", "options": ["dog", "cow", "cat", "owl"], "answer": 1},
     {"id": "d", "prompt": "The opposite of hot?", "chosen": "cold", "rejected": "warm and sunny"},
 ]
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def metrics(run: Path) -> list[dict]:

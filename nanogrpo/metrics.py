@@ -8,6 +8,7 @@ a full disk cut short) is dropped; a line that is not JSON with lines after it i
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -138,8 +139,68 @@ def read_jsonl(path: Path) -> list[dict]:
     return _parse_lines(path)[1] if path.exists() else []
 
 
+# the optional loggers: (flag, package to import, pip extra)
+_LOGGER_PACKAGES = {"wandb": ("--wandb", "wandb"), "tensorboard": ("--tensorboard", "tensorboard")}
+
+
+def check_logger_packages(wandb_project: str = "", tensorboard: bool = False) -> None:
+    """Refuse --wandb / --tensorboard without their package before any model loads (ValueError: one line,
+    with the pip line that fixes it), not with a traceback after it has."""
+    for extra, asked in (("wandb", bool(wandb_project)), ("tensorboard", tensorboard)):
+        flag, package = _LOGGER_PACKAGES[extra]
+        if not asked:
+            continue
+        try:
+            importlib.import_module(package)
+        except ImportError as e:
+            raise ValueError(
+                f"{flag} needs the {package} package, which is not installed: pip install -e '.[{extra}]' "
+                f"(or pip install {package}), or drop {flag}"
+            ) from e
+
+
+def _sample_rows(groups: list[dict]) -> tuple[list[str], list[list]]:
+    """The logged groups as a table: the grader names (in order of first appearance) and one row per
+    completion: prompt, completion, each grader's score, advantage, reward."""
+    graders: list[str] = []
+    for g in groups:
+        for c in g.get("completions") or []:
+            graders += [k for k in c.get("scores") or {} if k not in graders]
+    rows = [
+        [g.get("prompt"), c.get("text"), *[(c.get("scores") or {}).get(k) for k in graders]]
+        + [c.get("advantage"), c.get("reward")]
+        for g in groups
+        for c in g.get("completions") or []
+    ]
+    return graders, [[_clean(v) for v in r] for r in rows]
+
+
+def _md_cell(v: Any) -> str:
+    """A markdown table cell: numbers to 3 decimals, None as '-', pipes escaped, newlines as <br>."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "\n").replace("\n", "<br>")
+
+
+def samples_markdown(groups: list[dict]) -> str:
+    """The step's completions as a markdown table (TensorBoard's text tab renders it)."""
+    graders, rows = _sample_rows(groups)
+    head = ["prompt", "completion", *graders, "advantage", "reward"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 class Logger:
-    """Console + JSONL + optional W&B / TensorBoard for one run folder."""
+    """Console + JSONL + optional W&B / TensorBoard for one run folder.
+
+    W&B and TensorBoard get every numeric metric of a step; every `log_samples_every` steps, the step's
+    completions (W&B: the table `samples`; TensorBoard: the text `samples`, a markdown table); at close,
+    W&B also gets the run page (index.html) as an artifact of type `run-page`."""
+
+    check_packages = staticmethod(check_logger_packages)  # train.py: before any model loads
 
     def __init__(
         self,
@@ -155,6 +216,7 @@ class Logger:
         self._wandb = self._tb = None
         if not enabled:
             return
+        check_logger_packages(wandb_project, tensorboard)  # for callers that did not check at start-up
         if wandb_project:
             import wandb  # only when asked for
 
@@ -168,6 +230,13 @@ class Logger:
         """Cut both logs back to `step`: {file name: lines dropped} (empty on the ranks that do not log)."""
         if not self.enabled:
             return {}
+        if (
+            self._tb is not None
+        ):  # TensorBoard hides the events after `step`: the steps run again replace them
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=step + 1)
         return {w.path.name: w.truncate_after(step) for w in (self.metrics, self.samples)}
 
     def log(self, m: dict[str, Any]) -> None:
@@ -182,11 +251,30 @@ class Logger:
                 self._tb.add_scalar(k, v, m["step"])
 
     def log_samples(self, step: int, groups: list[dict]) -> None:
-        if self.enabled:
-            self.samples.write({"step": step, "groups": groups})
+        """samples.jsonl, and the completions table to W&B / TensorBoard."""
+        if not self.enabled:
+            return
+        self.samples.write({"step": step, "groups": groups})
+        if self._wandb is not None:
+            import wandb
+
+            graders, rows = _sample_rows(groups)
+            columns = ["prompt", "completion", *graders, "advantage", "reward"]
+            table = wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
+            self._wandb.log({"samples": table}, step=step)
+        if self._tb is not None:
+            self._tb.add_text("samples", samples_markdown(groups), step)
+            self._tb.flush()
 
     def close(self) -> None:
         if self._wandb is not None:
+            page = self.out_dir / "index.html"
+            if page.exists():  # the run page, written just before close
+                import wandb
+
+                art = wandb.Artifact(f"run-page-{self._wandb.id}", type="run-page")
+                art.add_file(str(page), name="index.html")
+                self._wandb.log_artifact(art)
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()

@@ -45,6 +45,7 @@ from rewards.registry import parse_spec
 def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- checks that need no model
     check_config(cfg)
+    Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
     device, dtype = resolve_device_dtype(cfg.model)
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()

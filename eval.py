@@ -157,12 +157,14 @@ class Elo:
 
 @dataclass(frozen=True)
 class Report:
-    """(Re)write RUN/index.html, the static run page."""
+    """(Re)write RUN/index.html, the static run page; with several runs and --out, one page overlaying their curves."""
 
-    run: Positional[str]
-    """Run folder (config.json, metrics.jsonl, samples.jsonl)."""
+    runs: Positional[tuple[str, ...]]
+    """Run folder(s) (config.json, metrics.jsonl, samples.jsonl)."""
     max_sample_steps: int = 60
     """Most logged steps of samples on the page (the first and the latest are kept)."""
+    out: str = ""
+    """Where to write the page: RUN/index.html by default for one run; needed for several runs."""
 
 
 def _emit(obj: dict, path: str, table: str) -> None:
@@ -417,7 +419,14 @@ def run_elo(args: Elo) -> None:
 
 
 def run_report(args: Report) -> None:
-    print(report.write_report(args.run, args.max_sample_steps))
+    if not args.runs:
+        raise ValueError("name a run folder: python eval.py report RUN (or RUN1 RUN2 ... --out FILE.html)")
+    if len(args.runs) == 1:
+        print(report.write_report(args.runs[0], args.max_sample_steps, args.out or None))
+    elif not args.out:
+        raise ValueError(f"{len(args.runs)} runs: name the overlay page with --out FILE.html")
+    else:
+        print(report.write_overlay(list(args.runs), args.out))
 
 
 COMMANDS = {

@@ -185,7 +185,9 @@ def test_page_is_self_contained_and_escaped(tmp_path):
         assert needle not in page, f"the page must load nothing ({needle!r} found)"
     assert "<script>alert(" not in page and "&lt;script&gt;alert(" in page
     assert "<b>not bold</b>" not in page
-    assert "close to the reference" in page and "correctness 4" in page  # judge marks and reason
+    assert (
+        "close to the reference" in page and '<th>correctness</th><td class="num mark"' in page
+    )  # judge marks, reason
 
 
 def test_reward_length_scatter_and_hacking_curves(tmp_path):

@@ -3,12 +3,16 @@
 `write_report(run_dir)` reads config.json, metrics.jsonl, samples.jsonl (and eval.json when the run
 has a final base-vs-trained evaluation) and writes index.html with everything inline: CSS, a few lines
 of JS, the curves as SVG drawn here (no plotting library, no CDN), and every logged group: prompt,
-reference, each completion with its reward, every grader's score, the judge's marks and reason, and
-the advantage, and a scatter of every logged completion's reward against its length, coloured by step
+reference, each completion with its reward, every grader's score, the judge's marks per criterion
+and reason, and the advantage; the final eval's held-out answers (eval_base.jsonl, eval_trained.jsonl)
+row by row, base against trained, changed rows first; and a scatter of every logged completion's reward against its length, coloured by step
 (with the hack/* curves: does the reward pay for length?); for a run graded by the rubric grader,
 each criterion's pass rate over the logged steps and the latest verdicts. It tolerates a run in
 progress: the logs are read as the trainer reads them on resume (metrics.read_jsonl), so a
 half-written last line is skipped and a damaged line before it is an error.
+
+`write_overlay(run_dirs, out)` writes one static page with the curves of several runs overlaid (a chart
+per metric, a colour per run, the run names in the legend): `python eval.py report A B --out FILE.html`.
 """
 
 from __future__ import annotations
@@ -64,10 +68,17 @@ td.text{min-width:420px;max-width:760px}.reason{color:#555;font-style:italic}
 .muted{color:#888}.controls button{margin-right:6px}.sig{font-weight:700}
 td.met{background:hsl(120,70%,88%);text-align:center}td.unmet{background:hsl(0,70%,90%);text-align:center}
 td.verdict{text-align:center}.pitfall{color:#c62828}
+table.judge-marks{font-size:12px;margin:0}table.judge-marks th{font-weight:600;background:#f8f8f8}
+table.judge-marks td.reason{max-width:260px}td.mark{min-width:22px;text-align:center}
+table.heldout td.answer{min-width:180px;max-width:360px}table.heldout pre{max-height:14em;overflow:auto}
+td.pair{white-space:nowrap}ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:14px}
+.swatch{display:inline-block;width:14px;height:14px;border-radius:3px;margin-right:6px;vertical-align:-2px}
 """
 
 JS = """
 function setAll(open){document.querySelectorAll('details.step').forEach(d=>d.open=open)}
+function filterHeldout(v){document.querySelectorAll('tr.heldout-row').forEach(r=>{const c=r.dataset.change;
+r.style.display=(v==='all'||(v==='differs'?c!=='same answer':c===v))?'':'none'})}
 """
 
 
@@ -125,14 +136,25 @@ def svg_chart(
 
     Lines that are not metrics.jsonl curves (the rubric's pass rates) take another `line_class` and keep
     their tooltip on a <g> around the path, so a page's series paths stay one per logged metric."""
-    x0, x1 = (min(steps), max(steps)) if steps else (0, 1)
-    yr = _span([v for ys in series.values() for v in ys if v is not None])
+    lines = [(name, steps, ys, COLORS[k % len(COLORS)]) for k, (name, ys) in enumerate(series.items())]
+    return svg_lines(title, lines, line_class, legend=len(series) > 1)
+
+
+def svg_lines(
+    title: str,
+    lines: list[tuple[str, list[float], list[float | None], str]],
+    line_class: str = "series",
+    legend: bool = True,
+) -> str:
+    """A line chart of (name, xs, ys, colour) lines, each with its own x values (the overlay of runs)."""
+    xs = [x for _, xl, _, _ in lines for x in xl]
+    x0, x1 = (min(xs), max(xs)) if xs else (0, 1)
+    yr = _span([v for _, _, ys, _ in lines for v in ys if v is not None])
     out, px, py = _frame("curve", title, (x0, x1 if x1 > x0 else x0 + 1), yr)
     lx = PAD_L + 4
-    for k, (name, ys) in enumerate(series.items()):
-        color = COLORS[k % len(COLORS)]
+    for name, xl, ys, color in lines:
         d, pen = [], False
-        for x, y in zip(steps, ys):
+        for x, y in zip(xl, ys):
             if y is None:
                 pen = False
                 continue
@@ -144,7 +166,7 @@ def svg_chart(
         tip = f"<title>{html.escape(name)}: last {_fmt(last)}</title>"
         path = f'<path class="{line_class}" stroke="{color}" d="{" ".join(d)}">'
         out.append(f"{path}{tip}</path>" if line_class == "series" else f"<g>{tip}{path}</path></g>")
-        if len(series) > 1:
+        if legend:
             out.append(
                 f'<text x="{lx}" y="{H - 4}" fill="{color}" style="fill:{color}">{html.escape(name)}</text>'
             )
@@ -219,16 +241,41 @@ def _score_cell(x: Any) -> str:
     return f'<td class="num" style="background:hsl({hue:.0f},70%,88%)">{_fmt(v)}</td>'
 
 
+def judge_marks(j: Any) -> tuple[dict[str, Any], str, Any]:
+    """A completion's judge details as (marks per criterion, reason, score). train.py logs the judge's
+    `{"marks": {criterion: 1-5}, "reason", "score", ...}`; a flat `{criterion: mark, "reason"}` reads too."""
+    if not isinstance(j, dict):
+        return {}, "", None
+    if isinstance(j.get("marks"), dict):
+        marks = dict(j["marks"])
+    else:
+        skip = {"reason", "score", "position", "cached"}
+        marks = {k: v for k, v in j.items() if k not in skip and not isinstance(v, (dict, list))}
+    return marks, str(j.get("reason") or ""), j.get("score")
+
+
+def _mark_cell(v: Any) -> str:
+    """A 1-5 judge mark, shaded from red (1) to green (5)."""
+    x = _num(v)
+    if x is None:
+        return f'<td class="num mark muted">{html.escape(str(v)) if v is not None else "-"}</td>'
+    hue = 120 * min(1.0, max(0.0, (x - 1) / 4))
+    return f'<td class="num mark" style="background:hsl({hue:.0f},70%,88%)">{x:g}</td>'
+
+
 def _judge_cell(j: Any) -> str:
-    if not isinstance(j, dict) or not j:
+    """One completion's judge details: a small table, a row per criterion with its mark, then the reason."""
+    marks, reason, score = judge_marks(j)
+    if not marks and not reason:
         return '<td class="judge muted">-</td>'
-    marks = ", ".join(
-        f"{html.escape(str(k))} {html.escape(f'{v:g}' if _num(v) is not None else str(v))}"
-        for k, v in j.items()
-        if k != "reason"
+    rows = "".join(
+        f'<tr class="criterion"><th>{html.escape(str(k))}</th>{_mark_cell(v)}</tr>' for k, v in marks.items()
     )
-    reason = f'<div class="reason">{html.escape(str(j["reason"]))}</div>' if j.get("reason") else ""
-    return f'<td class="judge">{marks}{reason}</td>'
+    if _num(score) is not None:
+        rows += f'<tr class="score"><th>score</th><td class="num">{_fmt(score, 2)}</td></tr>'
+    if reason:
+        rows += f'<tr><td colspan="2" class="reason">{html.escape(reason)}</td></tr>'
+    return f'<td class="judge"><table class="judge-marks">{rows}</table></td>'
 
 
 def _mark(v: Any) -> str:
@@ -491,8 +538,104 @@ def eval_html(ev: dict | None, cfg: dict | None = None) -> str:
     )
 
 
-def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
-    """Write run_dir/index.html from the run's files and return its path."""
+HELDOUT_ROWS = 500
+"""Most held-out rows on the page (the ones whose answer changed most come first)."""
+
+
+def heldout_rows(run_dir: Path) -> list[dict]:
+    """The final eval's rows (eval_base.jsonl, eval_trained.jsonl, paired by line), each with both answers,
+    both score dicts, `delta` (the mean over the shared metrics of trained - base) and `change`: 'better',
+    'worse', 'same score' (a different answer, the same scores) or 'same answer'. Changed answers come
+    first, the largest |delta| first; [] when the run has no such files."""
+    base, trained = read_jsonl(run_dir / "eval_base.jsonl"), read_jsonl(run_dir / "eval_trained.jsonl")
+    out = []
+    for i, (b, t) in enumerate(zip(base, trained)):
+        bs, ts = b.get("scores") or {}, t.get("scores") or {}
+        diffs = [ts[m] - bs[m] for m in bs if _num(bs[m]) is not None and _num(ts.get(m)) is not None]
+        delta = sum(diffs) / len(diffs) if diffs else 0.0
+        same = str(b.get("completion", "")) == str(t.get("completion", ""))
+        change = (
+            "same answer"
+            if same
+            else "better"
+            if delta > 1e-9
+            else "worse"
+            if delta < -1e-9
+            else "same score"
+        )
+        out.append(
+            {"i": i, "id": b.get("id", i), "prompt": b.get("prompt", ""), "reference": b.get("reference"),
+             "base": b.get("completion", ""), "trained": t.get("completion", ""), "base_scores": bs,
+             "trained_scores": ts, "delta": delta, "change": change}
+        )  # fmt: skip
+    return sorted(out, key=lambda r: (r["change"] == "same answer", -abs(r["delta"]), r["i"]))
+
+
+def _pair_cell(b: Any, t: Any) -> str:
+    """A metric's base and trained scores of one row, green when trained scored higher, red when lower."""
+    x, y = _num(b), _num(t)
+    if x is None and y is None:
+        return '<td class="num muted">-</td>'
+    bg = (
+        ""
+        if x is None or y is None or abs(y - x) < 1e-9
+        else "hsl(120,70%,88%)"
+        if y > x
+        else "hsl(0,70%,90%)"
+    )
+    style = f' style="background:{bg}"' if bg else ""
+    return f'<td class="num pair"{style}>{_fmt(x, 2)} &rarr; {_fmt(y, 2)}</td>'
+
+
+def heldout_html(rows: list[dict], ev: dict | None = None) -> str:
+    """The held-out answers per row: prompt, reference, base and trained answers and their scores, with a
+    filter (all, changed answers, trained better, trained worse). '' when there are none."""
+    if not rows:
+        return ""
+    metrics = list((ev or {}).get("metrics") or {}) or list(
+        dict.fromkeys(m for r in rows for m in (*r["base_scores"], *r["trained_scores"]))
+    )
+    counts = {
+        c: sum(r["change"] == c for r in rows) for c in ("better", "worse", "same score", "same answer")
+    }
+    note = f" Showing the first {HELDOUT_ROWS} of {len(rows)}." if len(rows) > HELDOUT_ROWS else ""
+    head = (
+        "<tr><th>#</th><th>prompt</th><th>reference</th><th>base answer</th><th>trained answer</th>"
+        + "".join(
+            f"<th>{html.escape(m)}<br><span class='muted'>base &rarr; trained</span></th>" for m in metrics
+        )
+        + "</tr>"
+    )
+    body = []
+    for r in rows[:HELDOUT_ROWS]:
+        ref = "" if r["reference"] is None else html.escape(str(r["reference"]))
+        body.append(
+            f"<tr class='heldout-row' data-change='{r['change']}' data-id='{html.escape(str(r['id']))}'>"
+            f"<td class='num'>{html.escape(str(r['id']))}</td>"
+            f"<td class='answer'><pre>{html.escape(prompt_text(r['prompt']))}</pre></td>"
+            f"<td class='answer'><pre>{ref}</pre></td>"
+            f"<td class='answer'><pre>{html.escape(str(r['base']))}</pre></td>"
+            f"<td class='answer'><pre>{html.escape(str(r['trained']))}</pre></td>"
+            + "".join(_pair_cell(r["base_scores"].get(m), r["trained_scores"].get(m)) for m in metrics)
+            + "</tr>"
+        )
+    options = "".join(
+        f"<option value='{v}'>{t}</option>"
+        for v, t in (("all", "all rows"), ("differs", "answer changed"), ("better", "trained better"),
+                     ("worse", "trained worse"))
+    )  # fmt: skip
+    return (
+        "<section id='heldout'><h2>Held-out answers: base vs trained</h2>"
+        f"<p class='muted'>{len(rows)} rows: {counts['better']} trained better, {counts['worse']} trained worse, "
+        f"{counts['same score']} changed with the same scores, {counts['same answer']} the same answer. "
+        f"Rows whose answer changed come first, the largest change in mean score first.{note}</p>"
+        f"<p class='controls'>show <select id='heldout-filter' onchange='filterHeldout(this.value)'>{options}"
+        f"</select></p><table class='heldout'>{head}{''.join(body)}</table></section>"
+    )
+
+
+def write_report(run_dir: str | Path, max_sample_steps: int = 60, out: str | Path | None = None) -> Path:
+    """Write run_dir/index.html (or `out`) from the run's files and return its path."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(
@@ -515,13 +658,108 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60) -> Path:
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(run_dir.name)}</title>"
         f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
-        f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev, cfg)}"
+        f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev, cfg)}{heldout_html(heldout_rows(run_dir), ev)}"
         f"<section id='curves'><h2>Curves</h2>{curves_html(metrics, length_scatter_html(samples, max_sample_steps))}</section>"
         f"{rubric_html(samples)}"
         f"<section id='samples'><h2>Samples</h2>{samples_html(samples, max_sample_steps)}</section>"
         f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"
         f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"
     )
-    out = run_dir / "index.html"
+    out = Path(out) if out else run_dir / "index.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(out, page)  # a browser never sees half a page
+    return out
+
+
+# ----------------------------------------------------------------------------- several runs on one page
+
+
+def _run_names(run_dirs: list[Path]) -> list[str]:
+    """Each run's folder name; the parent's name too where two folders share a name, then #k."""
+    names = [d.name for d in run_dirs]
+    names = [f"{d.parent.name}/{d.name}" if names.count(d.name) > 1 else n for d, n in zip(run_dirs, names)]
+    return [f"{n} #{k}" if names.count(n) > 1 else n for k, n in enumerate(names)]
+
+
+def overlay_keys(all_metrics: list[list[dict]]) -> list[str]:
+    """Every numeric key logged by any run, in the run page's panel order, then the rest as logged."""
+    keys = list(
+        dict.fromkeys(
+            k for ms in all_metrics for m in ms for k in m if k != "step" and _num(m[k]) is not None
+        )
+    )
+    ordered = [
+        k
+        for t, ks in PANELS
+        for k in ks + [k for k in keys if t in PREFIXES and k.startswith(PREFIXES[t])]
+        if k in keys
+    ]
+    return list(dict.fromkeys(ordered + keys))
+
+
+def write_overlay(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Write one static page to `out` with the curves of several runs overlaid: a chart per logged metric,
+    a line per run (one colour per run throughout, the run names in the legend), and a table of each run's
+    latest numbers and held-out eval (eval.json) differences. Returns its path."""
+    dirs = [Path(d) for d in run_dirs]
+    for d in dirs:
+        if not d.is_dir():
+            raise ValueError(f"{d} is not a run folder (expected config.json, metrics.jsonl, samples.jsonl)")
+    names = _run_names(dirs)
+    colors = [COLORS[k % len(COLORS)] for k in range(len(dirs))]
+    metrics = [read_jsonl(d / "metrics.jsonl") for d in dirs]
+    evals = [json.loads((d / "eval.json").read_text()) if (d / "eval.json").exists() else None for d in dirs]
+    charts = []
+    for key in overlay_keys(metrics):
+        lines = []
+        for name, color, ms in zip(names, colors, metrics):
+            pts = [(m.get("step", i), _num(m.get(key))) for i, m in enumerate(ms) if key in m]
+            if any(y is not None for _, y in pts):
+                lines.append((name, [float(x) for x, _ in pts], [y for _, y in pts], color))
+        charts.append(svg_lines(key, lines))
+    legend = "".join(
+        f"<li data-run='{html.escape(n)}'><span class='swatch' style='background:{c}'></span>{html.escape(n)}"
+        f" <span class='muted'>({html.escape(str(d))})</span></li>"
+        for n, c, d in zip(names, colors, dirs)
+    )
+    ev_metrics = list(dict.fromkeys(m for ev in evals for m in ((ev or {}).get("metrics") or {})))
+    cols = ("step", "reward", "kl", "entropy", "len_mean")
+    rows = []
+    for n, c, ms, ev in zip(names, colors, metrics, evals):
+        last = ms[-1] if ms else {}
+        cells = "".join(
+            f"<td class='num'>{html.escape(str(last[k])) if k == 'step' and k in last else _fmt(last.get(k))}</td>"
+            for k in cols
+        )
+        for m in ev_metrics:
+            s = ((ev or {}).get("metrics") or {}).get(m)
+            cells += (
+                "<td class='num muted'>-</td>"
+                if not s
+                else f"<td class='num{' sig' if s['low'] > 0 or s['high'] < 0 else ''}'>{s['diff']:+.3f} "
+                f"[{s['low']:+.3f}, {s['high']:+.3f}]</td>"
+            )
+        rows.append(f"<tr><th style='color:{c}'>{html.escape(n)}</th>{cells}</tr>")
+    head = "".join(f"<th>latest {k}</th>" for k in cols) + "".join(
+        f"<th>held-out {html.escape(m)}: trained - base [95% CI]</th>" for m in ev_metrics
+    )
+    body = (
+        f"<div class='grid'>{''.join(charts)}</div>"
+        if charts
+        else '<p class="muted">No metrics in any of these runs.</p>'
+    )
+    data = json.dumps({"runs": {n: {"dir": str(d), "metrics": ms} for n, d, ms in zip(names, dirs, metrics)}})
+    data = data.replace("</", "<\\/")  # no </script> inside the data
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(' vs '.join(names))}</title>"
+        f"<style>{CSS}</style></head><body><header><h1>nanogrpo runs · {len(dirs)} overlaid</h1>"
+        f"<ul class='legend'>{legend}</ul></header>"
+        f"<section id='runs'><h2>Runs</h2><table class='runs'><tr><th>run</th>{head}</tr>{''.join(rows)}</table>"
+        "<p class='muted'>Bold: the interval excludes 0. Each run's own page (index.html in its folder) has its "
+        f"samples and held-out answers.</p></section><section id='curves'><h2>Curves</h2>{body}</section>"
+        f"<script type='application/json' id='run-data'>{data}</script></body></html>"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(out, page)
     return out

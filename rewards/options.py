@@ -135,6 +135,9 @@ class RewardConfig:
     """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
     style_allow_user_code: bool = False
     """style: required to run style_user_checks (they import and run your Python code)."""
+    allow_user_code: bool = False
+    """Required to run graders of your own from a file, 'file.py:function:weight' in --reward.spec (they
+    import and run your Python code); see docs/GRADERS.md, 'Your own grader'."""
     aggregate: Literal["sum", "normalize-then-sum"] = "sum"
     """How the graders' scores become one reward: 'sum' (the weighted sum of --reward.spec) or
     'normalize-then-sum' (GDPO: each grader's scores z-scored within their group first, so a wide-range

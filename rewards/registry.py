@@ -35,6 +35,7 @@ from typing import Any
 from rewards.base import Grader, Sample
 from rewards.options import RewardConfig
 from rewards.tasks import parse_tasks, route, task_flag
+from rewards.user import make_user_grader, split_ref
 
 Factory = Callable[[RewardConfig], Grader]
 _REGISTRY: dict[str, Factory] = {}
@@ -59,40 +60,76 @@ def known() -> list[str]:
 
 
 def make(name: str, cfg: RewardConfig, flag: str = "--reward.spec") -> Grader:
-    """Build one grader by name; unknown names get a ValueError listing the known ones (`flag`: where
+    """Build one grader by name, or a user grader from its 'file.py:function' (rewards/user.py, behind
+    --reward.allow-user-code); unknown names get a ValueError listing the known ones (`flag`: where
     the name was written)."""
+    ref = split_ref(name)
+    if ref is not None:
+        if ref[1] in _REGISTRY:
+            raise ValueError(
+                f"{flag} '{name}': function '{ref[1]}' has the name of a built-in grader (the name is logged "
+                "as reward/<name>); rename the function"
+            )
+        return make_user_grader(name, cfg, flag)
     if name not in _REGISTRY:
-        raise ValueError(f"unknown grader '{name}' in {flag}; known graders: {', '.join(known())}")
+        raise ValueError(f"unknown grader '{name}' in {flag}; {_known_hint()}")
     grader = _REGISTRY[name](cfg)
     grader.name = grader.name or name
     return grader
 
 
-def parse_spec(spec: str, flag: str = "--reward.spec") -> list[tuple[str, float]]:
-    """'judge:0.6,concepts:0.3' -> [('judge', 0.6), ('concepts', 0.3)]; a bare name weighs 1."""
-    out: list[tuple[str, float]] = []
+def _known_hint() -> str:
+    return f"known graders: {', '.join(known())}; or your own function, 'file.py:function:weight'"
+
+
+def spec_entries(spec: str, flag: str = "--reward.spec") -> list[tuple[str, str, float]]:
+    """'my_rewards.py:brevity:0.3,rouge_l:0.7' -> [('brevity', 'my_rewards.py:brevity', 0.3),
+    ('rouge_l', 'rouge_l', 0.7)]: (the grader's name, what builds it with `make`, its weight). A user
+    grader, 'file.py:function[:weight]', is named by its function; its path may not hold ',' or ':'."""
+    out: list[tuple[str, str, float]] = []
     for part in spec.split(","):
         part = part.strip()
         if not part:
             continue
-        name, _, w = part.partition(":")
-        name = name.strip()
+        ref = split_ref(part)
+        if ref is not None:
+            name, source, w = ref[1], f"{ref[0]}:{ref[1]}", ref[2]
+        else:
+            name, _, w = part.partition(":")
+            name = source = name.strip()
+            if name.endswith(".py"):
+                raise ValueError(
+                    f"{flag}: cannot read {part!r}; a grader of your own is 'file.py:function:weight', "
+                    f"e.g. '{name}:my_reward:0.5'"
+                )
         try:
             weight = float(w) if w.strip() else 1.0
         except ValueError:
             raise ValueError(
-                f"{flag}: weight {w!r} of '{name}' is not a number; write e.g. '{name}:0.5'"
+                f"{flag}: weight {w!r} of '{name}' is not a number; write e.g. '{source}:0.5'"
             ) from None
         if not (math.isfinite(weight) and weight >= 0):
             raise ValueError(f"{flag}: weight of '{name}' must be a number >= 0, got {w!r}")
-        if any(n == name for n, _ in out):
+        twice = [s for n, s, _ in out if n == name]
+        if twice and (ref is not None or twice[0] != name):  # a user grader is named by its function
+            raise ValueError(
+                f"{flag}: '{twice[0]}' and '{source}' are both named '{name}' (logged as reward/{name}); "
+                "give each grader once, renaming a function if they differ"
+            )
+        if twice:
             raise ValueError(f"{flag}: grader '{name}' appears twice; give it once with its total weight")
-        out.append((name, weight))
+        out.append((name, source, weight))
     if not out:
         raise ValueError(f"{flag} {spec!r} names nothing; write 'name:weight,name:weight', e.g. 'rouge_l:1'")
-    if sum(w for _, w in out) <= 0:
+    if sum(w for _, _, w in out) <= 0:
         raise ValueError(f"{flag} {spec!r}: the weights sum to 0; give at least one grader a weight > 0")
     return out
+
+
+def parse_spec(spec: str, flag: str = "--reward.spec") -> list[tuple[str, float]]:
+    """'judge:0.6,concepts:0.3' -> [('judge', 0.6), ('concepts', 0.3)]; a bare name weighs 1; a user
+    grader 'file.py:function:w' gives (function, w) (`spec_entries` keeps its file)."""
+    return [(name, w) for name, _, w in spec_entries(spec, flag)]
 
 
 def combine(
@@ -275,6 +312,7 @@ class RewardFunction:
         gates: Sequence[Gate] = (),
         tasks: Mapping[str, str] | None = None,
         factory: Callable[[str, str], Grader] | None = None,
+        sources: Mapping[str, str] | None = None,
     ):
         assert graders.keys() == weights.keys(), "one weight per grader"
         assert aggregate in AGGREGATES, f"aggregate must be one of {AGGREGATES}, got {aggregate!r}"
@@ -289,6 +327,8 @@ class RewardFunction:
         self.tasks = dict(tasks or {})
         """Each task's spec as written in --reward.tasks; a row names its task in 'task'."""
         self._factory = factory
+        self._sources: dict[str, str] = dict(sources or {})
+        """What built each grader where it is not its name: a user grader's 'file.py:function'."""
         self._mixes: dict[str | None, dict[str, float]] = {None: dict(weights)}
         """Each mix's weights, keyed by its spec as written; None is the default mix."""
         for task, spec in self.tasks.items():
@@ -299,12 +339,20 @@ class RewardFunction:
         first time it is seen. A gate's grader B joins, with weight 0, each mix that holds its A."""
         if spec in self._mixes:
             return self._mixes[spec]
-        weights = dict(parse_spec(spec, flag))
+        entries = spec_entries(spec, flag)
+        weights = {name: w for name, _, w in entries}
+        sources = {name: source for name, source, _ in entries}
         targets = set(weights)
         for g in self.gates:
             if g.target in targets:
                 weights.setdefault(g.gate, 0.0)
         for name in weights:
+            source = sources.get(name, name)
+            known_as = self._sources.get(name, name)
+            if name in self.graders and source != name and known_as != source:
+                raise ValueError(
+                    f"{flag}: '{source}' is named '{name}', as '{known_as}' is in another mix; rename one"
+                )
             if name in self.graders:
                 continue  # a grader several mixes use is built once
             if self._factory is None:
@@ -312,7 +360,8 @@ class RewardFunction:
                     f"{flag}: grader '{name}' is not one of this reward's ({', '.join(self.graders)}); "
                     "build the reward with build_reward to use any registered grader"
                 )
-            self.graders[name] = self._factory(name, flag)
+            self.graders[name] = self._factory(source, flag)
+            self._sources[name] = source
         self._mixes[spec] = weights
         return weights
 
@@ -440,12 +489,12 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
         raise ValueError(
             f"--reward.spec is empty; name graders with weights, e.g. 'rouge_l:1' (known: {', '.join(known())})"
         )
-    spec = parse_spec(cfg.spec)
-    unknown = [n for n, _ in spec if n not in _REGISTRY]
+    entries = spec_entries(cfg.spec)
+    spec = [(n, w) for n, _, w in entries]
+    sources = {n: src for n, src, _ in entries if src != n}  # user graders: name -> 'file.py:function'
+    unknown = [n for n, src, _ in entries if n not in _REGISTRY and src == n]
     if unknown:
-        raise ValueError(
-            f"unknown grader '{unknown[0]}' in --reward.spec; known graders: {', '.join(known())}"
-        )
+        raise ValueError(f"unknown grader '{unknown[0]}' in --reward.spec; {_known_hint()}")
     if cfg.aggregate not in AGGREGATES:
         raise ValueError(f"--reward.aggregate {cfg.aggregate!r}: use 'sum' or 'normalize-then-sum'")
     tasks = parse_tasks(cfg.tasks)
@@ -457,16 +506,15 @@ def build_reward(cfg: RewardConfig) -> RewardFunction:
             raise ValueError(
                 f"--reward.gate '{g.key}': '{g.target}' is not in {where}; add it or drop the gate"
             )
-        if g.gate not in _REGISTRY:
-            raise ValueError(
-                f"unknown grader '{g.gate}' in --reward.gate '{g.key}'; known graders: {', '.join(known())}"
-            )
+        if g.gate not in _REGISTRY and g.gate not in sources:
+            raise ValueError(f"unknown grader '{g.gate}' in --reward.gate '{g.key}'; {_known_hint()}")
         if g.target in dict(spec):
             weights.setdefault(g.gate, 0.0)
-    graders = {n: make(n, cfg) for n in weights}
+    graders = {n: make(sources.get(n, n), cfg) for n in weights}
     return RewardFunction(
-        graders, weights, cfg.max_empty_steps, cfg.aggregate, gates, tasks, lambda n, flag: make(n, cfg, flag)
-    )
+        graders, weights, cfg.max_empty_steps, cfg.aggregate, gates, tasks,
+        lambda n, flag: make(n, cfg, flag), sources,
+    )  # fmt: skip
 
 
 class Mix(Grader):

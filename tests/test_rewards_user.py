@@ -1,0 +1,203 @@
+"""Graders of your own from a Python file: 'file.py:function:weight' in --reward.spec (rewards/user.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import train
+from rewards import RewardConfig, Sample, build_reward
+from rewards.registry import parse_spec, spec_entries
+from rewards.user import UserGraderError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRL = """
+def brevity(prompts, completions, **columns):
+    assert len(columns["reference"]) == len(completions)  # one entry per completion
+    return [1.0 / (1 + len(c.split())) for c in completions]
+"""
+
+NATIVE = """
+from rewards.base import Sample
+
+def first_word(batch: list[Sample]) -> list[float | None]:
+    return [None if s.row.get("skip") else float(s.completion[:1].isalpha()) for s in batch]
+"""
+
+
+def user_file(tmp_path: Path, body: str, name: str = "my_rewards.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def batch(*rows: dict) -> list[Sample]:
+    return [Sample("p", f"answer {i}", i, dict(r)) for i, r in enumerate(rows)]
+
+
+def reward(path: Path, func: str, **kw):
+    return build_reward(RewardConfig(spec=f"{path}:{func}:1", allow_user_code=True, **kw))
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------- the spec
+
+
+def test_spec_reads_a_file_function_and_weight():
+    assert spec_entries("my_rewards.py:brevity:0.3,rouge_l:0.7") == [
+        ("brevity", "my_rewards.py:brevity", 0.3),
+        ("rouge_l", "rouge_l", 0.7),
+    ]
+    assert parse_spec("/abs/dir/r.py:f, rouge_l") == [("f", 1.0), ("rouge_l", 1.0)]
+    with pytest.raises(ValueError, match=r"'file.py:function:weight'"):
+        parse_spec("my_rewards.py:0.3")  # the function is missing
+    with pytest.raises(ValueError, match="weight 'x' of 'brevity' is not a number"):
+        parse_spec("my_rewards.py:brevity:x")
+    with pytest.raises(ValueError, match="are both named 'f'"):
+        parse_spec("a.py:f:1,b.py:f:1")
+    with pytest.raises(ValueError, match="weight 'b:c' of 'a' is not a number"):
+        parse_spec("a:b:c")  # malformed specs are still refused
+
+
+def test_user_code_needs_the_opt_in(tmp_path):
+    path = user_file(tmp_path, "raise SystemExit('imported!')\n")
+    with pytest.raises(ValueError, match="runs your Python code.*add --reward.allow-user-code"):
+        build_reward(RewardConfig(spec=f"{path}:brevity:1"))  # refused before the file is imported
+
+
+def test_missing_file_or_function_and_a_builtin_name(tmp_path):
+    with pytest.raises(ValueError, match="no file"):
+        reward(tmp_path / "nope.py", "f")
+    path = user_file(tmp_path, TRL)
+    with pytest.raises(ValueError, match="has no function 'brevty' \\(its functions: brevity\\)"):
+        reward(path, "brevty")
+    user_file(
+        tmp_path, "def rouge_l(prompts, completions, **kw):\n    return [1.0] * len(completions)\n", "r.py"
+    )
+    with pytest.raises(ValueError, match="name of a built-in grader"):
+        reward(tmp_path / "r.py", "rouge_l")
+    user_file(tmp_path, "def one(x):\n    return [1.0]\n", "one.py")
+    with pytest.raises(ValueError, match="takes neither"):
+        reward(tmp_path / "one.py", "one")
+
+
+def test_a_relative_path_is_read_from_the_working_directory(tmp_path, monkeypatch):
+    user_file(tmp_path, TRL)
+    monkeypatch.chdir(tmp_path)
+    fn = build_reward(RewardConfig(spec="my_rewards.py:brevity:0.3,rouge_l:0.7", allow_user_code=True))
+    rewards, comps = fn(batch({"reference": "answer 0"}, {"reference": "x y"}))
+    assert comps["brevity"] == [1 / 3, 1 / 3] and set(comps) == {"brevity", "rouge_l"}
+    assert rewards[0] == pytest.approx(0.3 / 3 + 0.7 * 1.0)
+
+
+# ------------------------------------------------------------------------------------- both signatures
+
+
+def test_trl_signature_gets_columns_as_lists(tmp_path):
+    path = user_file(tmp_path, """
+        seen = {}
+        def f(prompts, completions, answer, **columns):
+            seen.update(columns, answer=answer, prompts=prompts)
+            return [float(c.endswith(a)) for c, a in zip(completions, answer)]
+    """)  # fmt: skip
+    fn = reward(path, "f")
+    rows = [{"answer": "0", "id": "q1", "_line": 1}, {"answer": "9", "extra": 2, "_line": 2}]
+    _, comps = fn(batch(*rows))
+    assert comps["f"] == [1.0, 0.0]
+    seen = fn.graders["f"].fn.__globals__["seen"]
+    assert seen["answer"] == ["0", "9"] and seen["id"] == ["q1", None] and seen["extra"] == [None, 2]
+    assert "_line" not in seen and seen["prompts"] == ["p", "p"]
+    assert fn.graders["f"].requires == ("answer",)  # a named column is required of every row
+    with pytest.raises(ValueError, match="field 'answer' is missing, and grader 'f' needs it"):
+        fn.validate([{"prompt": "p"}], "train.jsonl")
+
+
+def test_nanogrpo_signature_and_none(tmp_path):
+    path = user_file(tmp_path, NATIVE)
+    fn = reward(path, "first_word")
+    assert fn.graders["first_word"].batch_style
+    rewards, comps = fn(batch({}, {"skip": True}))
+    assert comps["first_word"] == [1.0, None] and rewards == [1.0, None]  # None: does not apply
+    fn = build_reward(RewardConfig(spec=f"{path}:first_word:1,format:1", allow_user_code=True))
+    rewards, comps = fn(batch({}, {"skip": True}))
+    assert rewards[1] == pytest.approx(2 * comps["format"][1])  # the weights renormalised over format
+
+
+def test_scores_are_not_clipped_and_nan_is_none(tmp_path):
+    path = user_file(tmp_path, "def f(prompts, completions, **kw):\n    return [-1, float('nan')]\n")
+    assert reward(path, "f")(batch({}, {}))[1]["f"] == [-1.0, None]
+
+
+# ------------------------------------------------------------------------------------- failures
+
+
+def test_user_code_failures_are_one_clean_error(tmp_path):
+    path = user_file(tmp_path, """
+        def boom(prompts, completions, **columns):
+            if any(i == "q2" for i in columns["id"]):
+                raise KeyError("score")
+            return [1.0] * len(completions)
+        def short(prompts, completions, **columns):
+            return [1.0]
+        def word(batch):
+            return ["high" for _ in batch]
+    """)  # fmt: skip
+    rows = ({"id": "q1", "_line": 1}, {"id": "q2", "_line": 2})
+    with pytest.raises(UserGraderError) as e:
+        reward(path, "boom")(batch(*rows))
+    assert str(e.value) == f"user grader {path}:boom: raised KeyError: 'score' (on row line 2, id 'q2')"
+    assert isinstance(e.value.__cause__, KeyError)  # NANOGRPO_DEBUG=1 shows its traceback
+    with pytest.raises(UserGraderError, match="short: returned 1 scores for 2 completions"):
+        reward(path, "short")(batch(*rows))
+    with pytest.raises(
+        UserGraderError, match="word: returned str 'high' for row line 1, id 'q1'; return a number"
+    ):
+        reward(path, "word")(batch(*rows))
+
+
+# ------------------------------------------------------------------------------------- train.py
+
+
+def test_a_tiny_run_with_a_user_grader(tmp_path):
+    path = user_file(tmp_path, TRL)
+    out = tmp_path / "run"
+    train.main(train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--reward.spec",
+                          f"{path}:brevity:1,rouge_l:0", "--reward.allow-user-code"]))  # fmt: skip
+    ms = metrics(out)
+    assert [m["step"] for m in ms] == [1, 2]
+    assert all(0 < m["reward/brevity"] <= 1 and m["reward"] == pytest.approx(m["reward/brevity"]) for m in ms)
+
+
+def test_train_refuses_user_code_without_the_flag(tmp_path, monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("the model loaded before the reward was checked")
+
+    monkeypatch.setattr(train, "load_policy", no_model)
+    path = user_file(tmp_path, TRL)
+    with pytest.raises(ValueError, match="add --reward.allow-user-code to allow it"):
+        train.main(
+            train.cli(["tiny", "--out-dir", str(tmp_path / "a"), "--reward.spec", f"{path}:brevity:1"])
+        )
+
+
+def test_a_failing_user_grader_stops_train_py_with_one_line(tmp_path):
+    path = user_file(tmp_path, "def f(prompts, completions, **kw):\n    return [1 / 0] * len(completions)\n")
+    args = [sys.executable, str(ROOT / "train.py"), "tiny", "--out-dir", str(tmp_path / "run"), "--steps", "1",
+            "--reward.spec", f"{path}:f:1", "--reward.allow-user-code"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NANOGRPO_DEBUG", None)
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: user grader {path}:f: raised ZeroDivisionError: division by zero (on ")

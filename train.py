@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +32,16 @@ from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
-from nanogrpo.resume import check_resume, load_config, prepare_run_dir, release_run_dir
+from nanogrpo.provenance import write_environment
+from nanogrpo.resume import (
+    check_rerun_dir,
+    check_resume,
+    load_config,
+    pop_config_flag,
+    prepare_run_dir,
+    read_config,
+    release_run_dir,
+)
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
 from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
@@ -56,6 +65,8 @@ def main(cfg: TrainConfig) -> dict:
     out = Path(cfg.out_dir)
     # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
     prepare_run_dir(cfg, write=dist.is_main())
+    if dist.is_main():  # environment.json: the resolved device and dtype, versions, git commit, CPU
+        write_environment(out, device, dtype, resume=cfg.resume)
     seed_everything(cfg.seed + rank)
 
     # ---------------------------------------------------------------- model, tokenizer, optimizer
@@ -261,15 +272,29 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override.
 
     With --resume the defaults are the run's own config.json instead, so flags name only what changes, and
-    a change that would break exact resumption is refused (nanogrpo/resume.py)."""
+    a change that would break exact resumption is refused (nanogrpo/resume.py). With --config FILE they are
+    FILE (a run's config.json, or any TrainConfig JSON) for a new run in a folder of its own."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv and argv[0] in PRESETS else None
+    config = pop_config_flag(argv)
     presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
     description = (
         f"nanogrpo: GRPO (or SFT, CPT, DPO, PPO) for language models. Presets (first argument): {presets}. Defaults below "
-        f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json."
+        f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json. --config FILE: a new run "
+        "whose defaults are FILE (a run's config.json, or a TrainConfig JSON with some fields) instead of a preset."
     )
-    cfg = tyro.cli(TrainConfig, default=PRESETS[name or "demo"][1], args=argv, description=description)
+    if config is not None:
+        if name:
+            raise ValueError(
+                f"the preset '{name}' and --config {config} both set the defaults: drop '{name}' to rerun the "
+                f"config (flags still override it), or drop --config to start from the preset"
+            )
+        hint = "remove or rename it (python train.py --help lists every option)"
+        base = replace(read_config(config, "--config", hint), resume=False)  # a resumed run's config too
+        cfg = tyro.cli(TrainConfig, default=base, args=argv, description=description)
+        check_rerun_dir(config, cfg)
+    else:
+        cfg = tyro.cli(TrainConfig, default=PRESETS[name or "demo"][1], args=argv, description=description)
     saved = None
     if cfg.resume:
         # the run's config is its preset: the one named here only chose the default --out-dir

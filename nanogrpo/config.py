@@ -172,9 +172,20 @@ class DataConfig:
     """Training data (nanogrpo/data.py)."""
 
     train: str = "demo"
-    """A JSONL file, or a built-in task: 'demo'."""
+    """A JSONL, CSV (UTF-8, a header row) or Parquet file, a datasets save_to_disk folder, NAME:SPLIT from
+    the local Hugging Face cache (never downloaded), or a built-in task: 'demo', 'recipe:NAME'."""
     eval: str = ""
-    """Held-out JSONL for the final evaluation ('' = the built-in task's held-out split, if any)."""
+    """Held-out data for the final evaluation, in any --data.train form ('' = the built-in task's held-out
+    split, if any)."""
+    prompt_field: str = ""
+    """The column that holds the prompt, e.g. 'question'; renamed to 'prompt' before the rows are checked
+    ('' = 'prompt')."""
+    reference_field: str = ""
+    """The column that holds the reference, e.g. 'solution'; renamed to 'reference' ('' = 'reference')."""
+    answer_field: str = ""
+    """The column that holds the answer, e.g. 'gold'; renamed to 'answer' ('' = 'answer')."""
+    rename: str = ""
+    """More columns renamed before the rows are checked: 'src=dst,...', e.g. 'choices=options,uid=id'."""
     system_prompt: str = ""
     """System message prepended to chat prompts ('' = none)."""
     shuffle: bool = True

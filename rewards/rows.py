@@ -75,6 +75,15 @@ def _check_value(x: Any, field: str, depth: int = 0) -> None:
             _check_value(v, f"{field}[{i}]", depth + 1)
 
 
+def check_values(row: dict, where: str) -> None:
+    """The checks parse_line makes of a parsed row's values (depth, lone surrogates, non-finite floats), for
+    rows read from other formats (CSV, Parquet, datasets); a DataError names `where` and the field."""
+    try:
+        _check_value(row, "")
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+
+
 def parse_line(line: str, where: str) -> dict:
     """One JSONL line -> a JSON object, or a DataError naming `where` ('file:line')."""
     try:

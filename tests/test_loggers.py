@@ -69,6 +69,7 @@ def test_wandb_offline_logs_the_completions_table_and_the_run_page(tmp_path, off
     logger.log({"step": 1, "reward": 0.5, "loss": 0.1})
     (out / "index.html").write_text("<html>run page</html>")
     logger.close()
+    offline_wandb.teardown()  # the wandb service process writes the run's files: stopped, they are complete
 
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     tables = list((run_dir / "files" / "media" / "table").glob("samples_*.table.json"))

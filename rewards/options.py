@@ -134,10 +134,10 @@ class RewardConfig:
     style_user_checks: tuple[str, ...] = ()
     """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
     style_allow_user_code: bool = False
-    """style: required to run style_user_checks (they import and run your Python code)."""
+    """style: the older name of --reward.allow-user-code for style_user_checks (either allows them)."""
     allow_user_code: bool = False
-    """Required to run graders of your own from a file, 'file.py:function:weight' in --reward.spec (they
-    import and run your Python code); see docs/GRADERS.md, 'Your own grader'."""
+    """Required to run your own Python code: graders from a file, 'file.py:function:weight' in --reward.spec
+    (docs/GRADERS.md, 'Your own grader'), and --reward.style-user-checks."""
     aggregate: Literal["sum", "normalize-then-sum"] = "sum"
     """How the graders' scores become one reward: 'sum' (the weighted sum of --reward.spec) or
     'normalize-then-sum' (GDPO: each grader's scores z-scored within their group first, so a wide-range

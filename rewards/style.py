@@ -199,9 +199,9 @@ class Style(Grader):
             raise ValueError(
                 f"--reward.style-length-tolerance must be >= 0, got {cfg.style_length_tolerance}"
             )
-        if cfg.style_user_checks and not cfg.style_allow_user_code:
+        if cfg.style_user_checks and not (cfg.allow_user_code or cfg.style_allow_user_code):
             raise ValueError(
-                "--reward.style-user-checks runs your Python code; add --reward.style-allow-user-code to allow it"
+                "--reward.style-user-checks runs your Python code; add --reward.allow-user-code to allow it"
             )
         self.user = {p.rpartition(".")[2]: load_check(p) for p in cfg.style_user_checks}
         weights = (

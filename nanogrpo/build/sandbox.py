@@ -26,7 +26,7 @@ else (an exception, a timeout, a value outside [0, 1]) is an error of that call,
 `row_code` runs a row's `style_code` checks (what `python -m nanogrpo.build style --python-checks`
 writes) on a completion, as a style user check of the trainer, still in a child process:
 
-    python train.py --reward.spec keywords:0.5,style:0.5 --reward.style-allow-user-code \\
+    python train.py --reward.spec keywords:0.5,style:0.5 --reward.allow-user-code \\
         --reward.style-user-checks nanogrpo.build.sandbox.row_code --reward.style-weights length:1,row_code:1
 
 One child per completion: about 20-40 ms each on a CPU, so some seconds per step of a large batch.

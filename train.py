@@ -26,7 +26,7 @@ from tqdm import tqdm
 from nanogrpo import checkpoint as ckpt
 from nanogrpo import dist, grpo, judge_backend, kl
 from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step, with_epochs
-from nanogrpo.data import PromptOrder, check_sft_rows, load_task, tokenize_prompts
+from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.metrics import Logger, console_line, plot_metrics
@@ -156,7 +156,7 @@ def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction 
     if cfg.algo == "cpt":
         tok = prompt_budget(cfg)[0]
         return cpt.load_windows(cfg.data, tok), tok, None
-    rows, source = load_task(cfg.data.train, "train")
+    rows, source = load_task(cfg.data.train, "train", column_map(cfg.data))  # --data.*-field: renamed columns
     reward_fn = None
     if cfg.algo in ("grpo", "ppo"):
         # a judge keeps its cache in the run folder, so a resumed run does not pay twice
@@ -235,7 +235,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
     if not source or not policy.use_lora:
         print("final eval skipped: it needs --data.eval (or the demo task) and LoRA (the base is LoRA off)")
         return None
-    rows = load_task(source, "eval")[0][: cfg.eval_prompts]
+    rows = load_task(source, "eval", column_map(cfg.data))[0][: cfg.eval_prompts]
     policy.core.eval()
     res = base_vs_trained(
         policy.core,

@@ -154,3 +154,22 @@ def test_tiny_run_from_a_parquet_file(tmp_path):
     main(replace(cfg, data=replace(cfg.data, train=str(path))))
     ms = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in ms] == [1] and 0 <= ms[0]["reward"] <= 1
+
+
+def test_train_maps_the_columns_of_a_csv(tmp_path):
+    """--data.prompt-field / --data.reference-field rename the columns before the rows are checked."""
+    from nanogrpo.data import demo_rows
+    from train import cli, main
+
+    path = tmp_path / "qa.csv"
+    lines = ["question,solution"] + [
+        f'"{r["prompt"][0]["content"]}",{r["reference"]}' for r in demo_rows()[:4]
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    args = ["tiny", "--data.train", str(path), "--steps", "1", "--log-samples-every", "1"]
+    with pytest.raises(ValueError, match="missing field 'prompt'"):  # without the mapping
+        main(cli([*args, "--out-dir", str(tmp_path / "a")]))
+    main(cli([*args, "--data.prompt-field", "question", "--data.reference-field", "solution",
+              "--out-dir", str(tmp_path / "b")]))  # fmt: skip
+    groups = json.loads((tmp_path / "b" / "samples.jsonl").read_text().splitlines()[0])["groups"]
+    assert {g["reference"] for g in groups} <= {r["reference"] for r in demo_rows()[:4]}

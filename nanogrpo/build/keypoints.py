@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanogrpo.build import rows as io
-from nanogrpo.build.llm import DraftArgs, Drafter, chunk_size, drafter_for, messages, read_json_object
+from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.keywords import first_positions, spaced_words
 from rewards.rows import prompt_text
 from rewards.text import words
@@ -306,24 +306,8 @@ def run(args: KeypointsArgs, client: Any = None) -> dict[str, Any]:
         raise ValueError(f"--share is a fraction of the reference's words, in (0, 1]; got {args.share}")
     if args.max_words < 1 or args.max_points < 1:
         raise ValueError("--max-words and --max-points must be >= 1")
-    rows = io.load(args.input, args.limit)
-    d, rejects, rejected_path = drafter_for(args, client)
-    written: list[dict] = []
-    for part in io.chunks(rows, chunk_size(args), "keypoints"):
-        written += draft_rows(part, args, d, rejects)
-    io.write_jsonl(args.out, written)
-    rejects.report(rejected_path)
-    shares = [keyword_share(r["key_points"], io.references(r)[0]) for r in written]
+    done = draft_file(args, client, "keypoints", lambda part, d, rejects: draft_rows(part, args, d, rejects))
+    shares = [keyword_share(r["key_points"], io.references(r)[0]) for r in done.written]
     mean_share = sum(shares) / len(shares) if shares else 0.0
-    print(
-        f"keypoints: {len(written)} of {len(rows)} rows written to {args.out}"
-        + (f", {len(rejects.items)} left out (listed above and in {rejected_path})" if rejects.items else "")
-        + f"; keywords are {mean_share:.1%} of the first reference's words on average"
-    )
-    print(d.summary())
-    return {
-        "written": len(written),
-        "rejected": len(rejects.items),
-        "share": mean_share,
-        "counts": dict(d.counts),
-    }
+    extra = f"; keywords are {mean_share:.1%} of the first reference's words on average"
+    return {**done.report("keypoints", args.out, extra), "share": mean_share}

@@ -225,5 +225,42 @@ def drafter_for(args: DraftArgs, client: Any = None) -> tuple[Drafter, io.Reject
     return d, io.Rejects(args.input, []), rejected
 
 
+@dataclass
+class Drafted:
+    """What a drafting subcommand did: the rows it read, the rows it wrote, those it left out, its drafter."""
+
+    rows: list[dict]
+    written: list[dict]
+    rejects: io.Rejects
+    rejected_path: Path
+    drafter: Drafter
+
+    def report(self, name: str, out: str, extra: str = "") -> dict[str, Any]:
+        """Print the summary (rows written and left out, then tokens and cost); the counts, as run() returns."""
+        n_out = len(self.rejects.items)
+        left = f", {n_out} left out (listed above and in {self.rejected_path})" if n_out else ""
+        print(f"{name}: {len(self.written)} of {len(self.rows)} rows written to {out}{left}{extra}")
+        print(self.drafter.summary())
+        return {"written": len(self.written), "rejected": n_out, "counts": dict(self.drafter.counts)}
+
+
+def draft_file(
+    args: DraftArgs,
+    client: Any,
+    desc: str,
+    draft_part: Callable[[list[dict], Drafter, io.Rejects], list[dict]],
+) -> Drafted:
+    """Read --input, draft it a chunk at a time (`draft_part(rows, drafter, rejects)` returns the rows to
+    write), then write --out and the rejected rows."""
+    rows = io.load(args.input, args.limit)
+    d, rejects, rejected_path = drafter_for(args, client)
+    written: list[dict] = []
+    for part in io.chunks(rows, chunk_size(args), desc):
+        written += draft_part(part, d, rejects)
+    io.write_jsonl(args.out, written)
+    rejects.report(rejected_path)
+    return Drafted(rows, written, rejects, rejected_path, d)
+
+
 def chunk_size(args: DraftArgs) -> int:
     return args.chunk or 4 * max(1, args.llm.concurrency)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nanogrpo.build import rows as io
-from nanogrpo.build.llm import DraftArgs, chunk_size, drafter_for, messages, read_json_object
+from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.rows import prompt_text
 from rewards.rubric import parse_rubric
 
@@ -164,39 +164,70 @@ def run_rubric(args: RubricArgs, client: Any = None) -> dict[str, Any]:
     """Draft a rubric for every row; write the output and the rejected rows; print the summary."""
     if args.hard < 0 or args.soft < 0 or args.hard + args.soft == 0:
         raise ValueError("--hard and --soft are criteria counts >= 0, not both 0")
-    rows = io.load(args.input, args.limit)
-    d, rejects, rejected_path = drafter_for(args, client)
-    written: list[dict] = []
-    for part in io.chunks(rows, chunk_size(args), "rubric"):
-        todo = []
-        for row in part:
-            refs = io.references(row)
-            if refs and prompt_text(row.get("prompt", "")).strip():
-                todo.append((row, refs[0]))
-            else:
-                rejects.add(row, "a rubric needs the row's 'prompt' and a 'reference' (or 'references')")
-        convs = [
-            messages(SYSTEM, RUBRIC.format(hard=args.hard, soft=args.soft, prompt=prompt_text(row["prompt"]),
-                                           reference=_cut(ref, args.max_ref_chars)))
-            for row, ref in todo
-        ]  # fmt: skip
-        good = {}
-        for (row, _), (rubric, problem) in zip(
-            todo, d.draft(convs, [read_rubric(args)] * len(todo), 1536, RUBRIC_SCHEMA)
-        ):
-            if rubric is None:
-                rejects.add(row, f"rubric: {problem}")
-            else:
-                good[id(row)] = {**io.clean(row), "rubric": rubric}
-        written += [good[id(r)] for r in part if id(r) in good]
-    io.write_jsonl(args.out, written)
-    rejects.report(rejected_path)
-    print(
-        f"rubric: {len(written)} of {len(rows)} rows written to {args.out}"
-        + (f", {len(rejects.items)} left out (listed above and in {rejected_path})" if rejects.items else "")
-    )
-    print(d.summary())
-    return {"written": len(written), "rejected": len(rejects.items), "counts": dict(d.counts)}
+    return draft_file(
+        args, client, "rubric", lambda part, d, rejects: _rubric_part(part, args, d, rejects)
+    ).report("rubric", args.out)
+
+
+def _rubric_part(part: list[dict], args: RubricArgs, d: Drafter, rejects: io.Rejects) -> list[dict]:
+    """One chunk of `rubric`: the rows that got a valid rubric (the others go to rejects, with why)."""
+    todo = []
+    for row in part:
+        refs = io.references(row)
+        if refs and prompt_text(row.get("prompt", "")).strip():
+            todo.append((row, refs[0]))
+        else:
+            rejects.add(row, "a rubric needs the row's 'prompt' and a 'reference' (or 'references')")
+    convs = [
+        messages(SYSTEM, RUBRIC.format(hard=args.hard, soft=args.soft, prompt=prompt_text(row["prompt"]),
+                                       reference=_cut(ref, args.max_ref_chars)))
+        for row, ref in todo
+    ]  # fmt: skip
+    good = {}
+    for (row, _), (rubric, problem) in zip(
+        todo, d.draft(convs, [read_rubric(args)] * len(todo), 1536, RUBRIC_SCHEMA)
+    ):
+        if rubric is None:
+            rejects.add(row, f"rubric: {problem}")
+        else:
+            good[id(row)] = {**io.clean(row), "rubric": rubric}
+    return [good[id(r)] for r in part if id(r) in good]
+
+
+def _label_part(part: list[dict], args: LabelArgs, d: Drafter, rejects: io.Rejects) -> list[dict]:
+    """One chunk of `label`: a label row per (response, criterion) the judge decided (what it left open, or a
+    row it cannot read, goes to rejects, with why)."""
+    labels: list[dict] = []
+    jobs = []  # (row, response number, response, rubric)
+    for row in part:
+        resp = responses(row)
+        try:
+            rubric = parse_rubric(row.get("rubric"))
+        except ValueError as e:
+            rejects.add(row, f"field 'rubric' {e}")
+            continue
+        if resp is None or not prompt_text(row.get("prompt", "")).strip():
+            rejects.add(
+                row,
+                "give 'prompt' and the responses to label: 'responses' (a list), 'response' or 'completion'",
+            )
+            continue
+        jobs += [(row, j, r, rubric) for j, r in enumerate(resp)]
+    convs = []
+    for row, _, resp, rubric in jobs:
+        listed = "\n".join(f"{k}. {c}" for k, (c, _) in enumerate(rubric, 1))
+        convs.append(messages(SYSTEM, LABEL.format(prompt=prompt_text(row["prompt"]),
+                                                   response=_cut(resp, args.max_response_chars), criteria=listed)))  # fmt: skip
+    readers = [read_verdicts(len(rubric)) for *_, rubric in jobs]
+    for (row, j, resp, rubric), (verdicts, problem) in zip(jobs, d.draft(convs, readers, 1024, LABEL_SCHEMA)):
+        if problem:
+            rejects.add(row, f"response {j}: {problem}")
+        prompt = prompt_text(row["prompt"])
+        for k, ((criterion, _), met) in enumerate(zip(rubric, verdicts or [])):
+            if met is not None:
+                labels.append({"prompt": prompt, "response": resp, "criterion": criterion,
+                               "label": int(met), "id": f"{row.get('_line')}:{j}:{k}"})  # fmt: skip
+    return labels
 
 
 def responses(row: dict[str, Any]) -> list[str] | None:
@@ -239,43 +270,8 @@ def read_verdicts(n: int):
 
 def run_label(args: LabelArgs, client: Any = None) -> dict[str, Any]:
     """Label every (response, criterion) pair; write the label rows and what was left out; print the summary."""
-    rows = io.load(args.input, args.limit)
-    d, rejects, rejected_path = drafter_for(args, client)
-    labels: list[dict] = []
-    for part in io.chunks(rows, chunk_size(args), "label"):
-        jobs = []  # (row, response number, response, rubric)
-        for row in part:
-            resp = responses(row)
-            try:
-                rubric = parse_rubric(row.get("rubric"))
-            except ValueError as e:
-                rejects.add(row, f"field 'rubric' {e}")
-                continue
-            if resp is None or not prompt_text(row.get("prompt", "")).strip():
-                rejects.add(
-                    row,
-                    "give 'prompt' and the responses to label: 'responses' (a list), 'response' or 'completion'",
-                )
-                continue
-            jobs += [(row, j, r, rubric) for j, r in enumerate(resp)]
-        convs = []
-        for row, _, resp, rubric in jobs:
-            listed = "\n".join(f"{k}. {c}" for k, (c, _) in enumerate(rubric, 1))
-            convs.append(messages(SYSTEM, LABEL.format(prompt=prompt_text(row["prompt"]),
-                                                       response=_cut(resp, args.max_response_chars), criteria=listed)))  # fmt: skip
-        readers = [read_verdicts(len(rubric)) for *_, rubric in jobs]
-        for (row, j, resp, rubric), (verdicts, problem) in zip(
-            jobs, d.draft(convs, readers, 1024, LABEL_SCHEMA)
-        ):
-            if problem:
-                rejects.add(row, f"response {j}: {problem}")
-            prompt = prompt_text(row["prompt"])
-            for k, ((criterion, _), met) in enumerate(zip(rubric, verdicts or [])):
-                if met is not None:
-                    labels.append({"prompt": prompt, "response": resp, "criterion": criterion,
-                                   "label": int(met), "id": f"{row.get('_line')}:{j}:{k}"})  # fmt: skip
-    io.write_jsonl(args.out, labels)
-    rejects.report(rejected_path)
+    done = draft_file(args, client, "label", lambda part, d, rejects: _label_part(part, args, d, rejects))
+    labels, rejects, rejected_path, d = done.written, done.rejects, done.rejected_path, done.drafter
     met = sum(r["label"] for r in labels)
     print(
         f"label: {len(labels)} labels ({met} met, {len(labels) - met} not) written to {args.out}"

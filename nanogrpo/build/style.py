@@ -24,7 +24,7 @@ from typing import Any
 
 from nanogrpo.build import rows as io
 from nanogrpo.build import sandbox
-from nanogrpo.build.llm import DraftArgs, Drafter, chunk_size, drafter_for, messages, read_json_object
+from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.rows import prompt_text
 from rewards.style import ELEMENTS, parse_style_spec, spec_scores, text_style
 from rewards.text import words
@@ -224,18 +224,6 @@ def run(args: StyleArgs, client: Any = None) -> dict[str, Any]:
         raise ValueError("--max-code-checks must be >= 1")
     if args.python_checks:
         sandbox._command(args.check_network)  # a network mode that cannot work stops the build now
-    rows = io.load(args.input, args.limit)
-    d, rejects, rejected_path = drafter_for(args, client)
-    written: list[dict] = []
-    for part in io.chunks(rows, chunk_size(args), "style"):
-        written += draft_rows(part, args, d, rejects)
-    io.write_jsonl(args.out, written)
-    rejects.report(rejected_path)
-    n_checks = sum(len(r["style_spec"]) for r in written)
-    print(
-        f"style: {len(written)} of {len(rows)} rows written to {args.out}"
-        + (f", {len(rejects.items)} left out (listed above and in {rejected_path})" if rejects.items else "")
-        + f"; {n_checks / max(1, len(written)):.1f} checks a row"
-    )
-    print(d.summary())
-    return {"written": len(written), "rejected": len(rejects.items), "counts": dict(d.counts)}
+    done = draft_file(args, client, "style", lambda part, d, rejects: draft_rows(part, args, d, rejects))
+    n_checks = sum(len(r["style_spec"]) for r in done.written)
+    return done.report("style", args.out, f"; {n_checks / max(1, len(done.written)):.1f} checks a row")

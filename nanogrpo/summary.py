@@ -32,50 +32,67 @@ class Totals:
         return Totals(sums, dist.max_floats(self.maxes) if self.maxes else {})
 
 
-def grpo_summary(
-    roll, reward: torch.Tensor, parts: dict, zero_std: torch.Tensor, upd, kl_pen, has_ref
-) -> dict:
-    """The logged means of a GRPO step: rewards (each grader's too), group spread, entropy, lengths,
-    the loss's stats (grpo.finalize_stats), score against length (hack/*) and, when there is one, the KL."""
+def reward_summary(roll, reward: torch.Tensor, parts: dict) -> dict:
+    """A step's rewards over all ranks (mean and std of the completions some grader scored, each grader's
+    mean, the completions none scored) and its lengths: what GRPO and PPO both log of their rollouts."""
     valid = ~reward.isnan()  # (N,) completions some grader scored
     t = Totals(
         sums={
             "r": float(reward[valid].sum()),
             "r2": float((reward[valid] ** 2).sum()),
             "n_r": float(valid.sum()),
-            "zero": float(zero_std.sum()),
-            "groups": float(len(zero_std)),
-            "ent": upd.entropy,
             "len": float(roll.lengths.sum()),
             "trunc": float(roll.truncated.sum()),
-            "rows": float(len(roll.lengths)),  # completions (--grpo.mask-truncated: more than upd.seqs)
-            "loss": upd.loss,
+            "rows": float(len(roll.lengths)),  # completions (--grpo.mask-truncated: more than trained)
         },
         maxes={"len": float(roll.lengths.max())},
-    ).reduce()
-    loss_stats = Totals(
-        {k: v for k, v in upd.stats.items() if not grpo.is_max_stat(k)},
-        {k: v for k, v in upd.stats.items() if grpo.is_max_stat(k)},
     ).reduce()
     scored = {name: [x for x in vals if x is not None] for name, vals in parts.items()}  # each grader's
     graders = Totals({name: float(sum(ok)) for name, ok in scored.items()}).reduce().sums
     counts = Totals({name: float(len(ok)) for name, ok in scored.items()}).reduce().sums
     s, n_r = t.sums, t.sums["n_r"]  # n_r: completions with a reward, 0 when the judge scored nothing
     mean_r = s["r"] / n_r if n_r else None  # null in metrics.jsonl, not a measured 0
-    m = {
+    return {
         "reward": mean_r,
         "reward_std": max(0.0, s["r2"] / n_r - mean_r**2) ** 0.5 if n_r else None,
         **{f"reward/{k}": (graders[k] / counts[k] if counts[k] else None) for k in parts},
-        "frac_zero_std": s["zero"] / s["groups"],
-        "entropy": s["ent"] / upd.tokens,
         "len_mean": s["len"] / s["rows"],
         "len_max": t.maxes["len"],
         "trunc_rate": s["trunc"] / s["rows"],
         "reward_none": s["rows"] - n_r,
+    }
+
+
+def grpo_summary(
+    roll, reward: torch.Tensor, parts: dict, zero_std: torch.Tensor, upd, kl_pen, has_ref
+) -> dict:
+    """The logged means of a GRPO step: rewards (each grader's too) and lengths (reward_summary), group
+    spread, entropy, the loss's stats (grpo.finalize_stats), score against length (hack/*) and, when there
+    is one, the KL."""
+    m = reward_summary(roll, reward, parts)
+    s = (
+        Totals(
+            {
+                "zero": float(zero_std.sum()),
+                "groups": float(len(zero_std)),
+                "ent": upd.entropy,
+                "loss": upd.loss,
+            }
+        )
+        .reduce()
+        .sums
+    )
+    loss_stats = Totals(
+        {k: v for k, v in upd.stats.items() if not grpo.is_max_stat(k)},
+        {k: v for k, v in upd.stats.items() if grpo.is_max_stat(k)},
+    ).reduce()
+    m.update({
+        "frac_zero_std": s["zero"] / s["groups"],
+        "entropy": s["ent"] / upd.tokens,
         "tokens": upd.tokens,
         "loss": s["loss"],
         **grpo.finalize_stats({**loss_stats.sums, **loss_stats.maxes}),
-    }
+    })  # fmt: skip
     # reward hacking: each grader's score against completion length within groups (rewards/diagnostics.py)
     r_rows = [None if x != x else x for x in reward.tolist()]  # NaN: no reward
     hack = hacking_totals(parts, r_rows, roll.lengths.tolist(), len(roll.texts) // len(roll.rows))
@@ -83,7 +100,8 @@ def grpo_summary(
     if not has_ref:
         m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
     if kl_pen is not None:
-        m["kl_reward"] = Totals({"k": float(kl_pen.sum())}).reduce().sums["k"] / s["rows"]
+        k = Totals({"k": float(kl_pen.sum()), "rows": float(len(roll.lengths))}).reduce().sums
+        m["kl_reward"] = k["k"] / k["rows"]  # per completion, over all ranks
     return m
 
 

@@ -44,7 +44,7 @@ from ..config import TrainConfig
 from ..logprobs import Batch, completion_logprobs, micro_slices
 from ..policy import Policy, in_slices
 from ..rollout import rollout
-from ..summary import Totals, sample_groups
+from ..summary import Totals, reward_summary, sample_groups
 from . import Run
 
 
@@ -315,33 +315,3 @@ def value_summary(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tenso
     var_d = s["dd"] / n - (s["d"] / n) ** 2
     ev = 1.0 - var_d / var_r if var_r > 1e-12 else None
     return {"value_mean": s["v"] / n, "return_mean": s["r"] / n, "explained_variance": ev}
-
-
-def reward_summary(roll, reward: torch.Tensor, parts: dict) -> dict:
-    """The step's rewards over all ranks (mean of the scored completions, each grader's mean), lengths."""
-    valid = ~reward.isnan()  # (N,)
-    t = Totals(
-        sums={
-            "r": float(reward[valid].sum()),
-            "r2": float((reward[valid] ** 2).sum()),
-            "n_r": float(valid.sum()),
-            "len": float(roll.lengths.sum()),
-            "trunc": float(roll.truncated.sum()),
-            "rows": float(len(roll.lengths)),
-        },
-        maxes={"len": float(roll.lengths.max())},
-    ).reduce()
-    scored = {name: [x for x in vals if x is not None] for name, vals in parts.items()}
-    sums = Totals({name: float(sum(ok)) for name, ok in scored.items()}).reduce().sums
-    counts = Totals({name: float(len(ok)) for name, ok in scored.items()}).reduce().sums
-    s, n_r = t.sums, t.sums["n_r"]
-    mean_r = s["r"] / n_r if n_r else None
-    return {
-        "reward": mean_r,
-        "reward_std": max(0.0, s["r2"] / n_r - mean_r**2) ** 0.5 if n_r else None,
-        **{f"reward/{k}": (sums[k] / counts[k] if counts[k] else None) for k in parts},
-        "reward_none": s["rows"] - n_r,
-        "len_mean": s["len"] / s["rows"],
-        "len_max": t.maxes["len"],
-        "trunc_rate": s["trunc"] / s["rows"],
-    }

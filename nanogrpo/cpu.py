@@ -2,16 +2,19 @@
 
 CPUs differ (seen: a Xeon with AMX; an AMD EPYC with AVX512-BF16; an AMD EPYC with AVX2 only), and two
 choices depend on it: the dtype that `--model.dtype auto` picks (bf16 only where the CPU multiplies bf16
-natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and whether the
-sampler packs its bf16 weights for oneDNN (packed.py).
+natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and how the sampler
+packs its weights (packed.py): bf16 ones for oneDNN, float32 ones for MKL's packed sgemm.
 
 Why a probe and not the flags alone: /proc/cpuinfo says what the silicon has, not what oneDNN will run.
 oneDNN's bf16 path needs avx_ne_convert or AVX512 (bw, vl, dq): on an AVX2-only CPU its bf16 weight reorder
 raises "bf16 path needs the cpu support ...", and ONEDNN_MAX_CPU_ISA caps it below what the flags say. So
 the packed path is decided by packing a tiny bf16 weight and running one linear on it; when that raises,
-everything runs on the plain path. The ISA level is the one torch's own kernels run at, so it honours
-ATEN_CPU_CAPABILITY too: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` makes any x86 machine behave as
-an AVX2-only one (float32 by default, no packing), which is how the tests check that machine's paths.
+everything runs on the plain path; MKL's float32 packing is tried the same way. The ISA level is the one
+torch's own kernels run at, so it honours ATEN_CPU_CAPABILITY too:
+`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2` makes any Intel x86 machine
+behave as an AVX2-only one (float32 by default, no bf16 packing, AVX2 matmuls), which is how the tests check
+that machine's paths. All three are needed for its speed: without the last, MKL's float32 matmuls still
+run AVX512 code.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class CpuCapability:
     """The CPU multiplies bf16 natively (AMX or AVX512-BF16)."""
     onednn_bf16: bool
     """oneDNN's bf16 weight packing and linear run here (tried once on a tiny weight)."""
+    mkl_packed_fp32: bool
+    """MKL's packed float32 sgemm runs here (tried once on a tiny weight; torch builds without MKL lack it)."""
 
     @property
     def bf16(self) -> bool:
@@ -40,7 +45,10 @@ class CpuCapability:
 
     def __str__(self) -> str:
         yes = lambda b: "yes" if b else "no"
-        return f"{self.isa} (bf16 units: {yes(self.bf16_units)}, oneDNN bf16: {yes(self.onednn_bf16)})"
+        return (
+            f"{self.isa} (bf16 units: {yes(self.bf16_units)}, oneDNN bf16: {yes(self.onednn_bf16)}, "
+            f"MKL packed float32: {yes(self.mkl_packed_fp32)})"
+        )
 
 
 @functools.cache
@@ -52,7 +60,7 @@ def cpu_capability() -> CpuCapability:
             isa = "AMX"
         elif _flag("_is_avx512_bf16_supported"):
             isa = "AVX512-BF16"
-    return CpuCapability(isa, isa in BF16_ISAS, _onednn_bf16_runs())
+    return CpuCapability(isa, isa in BF16_ISAS, _onednn_bf16_runs(), _mkl_packed_fp32_runs())
 
 
 def _flag(name: str) -> bool:
@@ -72,5 +80,20 @@ def _onednn_bf16_runs() -> bool:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
         y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # (rows, out)
     except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
+        return False
+    return y.shape == (2, 16) and bool((y == 32).all())
+
+
+def _mkl_packed_fp32_runs() -> bool:
+    """Pack a tiny float32 weight with MKL's packed sgemm and apply it, as packed.MklPackedLinear does;
+    False if this torch has no MKL (ARM builds), either step raises, or the result is wrong."""
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")):
+        return False
+    w = torch.ones(16, 32)  # (out, in)
+    x = torch.ones(2, 32)  # (rows, in)
+    try:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 2)
+        y = torch.ops.mkl._mkl_linear(x, packed, w, None, 2)  # (rows, out)
+    except RuntimeError:
         return False
     return y.shape == (2, 16) and bool((y == 32).all())

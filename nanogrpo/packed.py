@@ -1,48 +1,59 @@
 """Sampling weights for the CPU: every linear layer's weight with its LoRA update folded in, packed once per
-call to `generate` into oneDNN's blocked layout, q|k|v and gate|up fused.
+call to `generate`, q|k|v and gate|up fused. bf16 weights are packed into oneDNN's blocked layout, float32
+weights into MKL's packed sgemm layout.
 
-Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain bf16
-`F.linear` re-lays out the weight on every call; a pre-packed weight skips that (15-30% faster matmuls
-on SmolLM2's shapes), folding the LoRA update into the temporary copy removes the two low-rank matmuls
-per projection, and fusing the projections that read the same input saves a few percent more. The packed
-modules are swapped in for the model's own and put back on the way out; the copies live only for the
-duration of the `with` block, except the LM head's, which is kept while its weight is
-unchanged (frozen under LoRA); the trained weights are untouched, so the sampler's model is the trained
-model up to bf16 rounding of W + BA.
+Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain `F.linear`
+re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-30% faster matmuls on
+SmolLM2's shapes; float32: 25-40% at M = 2-32 rows, on AVX2 and AVX512 alike), folding the LoRA update
+into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
+read the same input saves a few percent more. The packed modules are swapped in for the model's own and
+put back on the way out; the copies live only for the duration of the `with` block, except the LM head's,
+which is kept while its weight is unchanged (frozen under LoRA); the trained weights are untouched, so the
+sampler's model is the trained model up to the rounding of W + BA in the weights' dtype.
+
+oneDNN's packed bf16 weight serves any number of rows. MKL's packed float32 weight serves one row count:
+a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain
+sgemm); any other call (the prefill's P x L rows) runs the original modules; when the sampler drops
+ended rows and the batch falls to half the packed size or less, `Packed.rebatch` packs again for it.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
-no packing. `packed_weights(model)` is a no-op unless the model is a bf16 model on a CPU where oneDNN's
-bf16 path runs: `nanogrpo.cpu` tries it once per process, because the CPU flags do not tell (on an AVX2-only
-CPU oneDNN's bf16 reorder raises), and elsewhere the model samples on its plain weights. NANOGRPO_PACKED=0
-turns packing off.
+no packing. `packed_weights(model)` is a no-op unless the model's weights are bf16 on a CPU where oneDNN's
+bf16 path runs, or float32 on a CPU where MKL's packed sgemm runs: `nanogrpo.cpu` tries each once per
+process, because the CPU flags do not tell (on an AVX2-only CPU oneDNN's bf16 reorder raises; a build of
+torch without MKL, as on ARM, has no packed sgemm), and elsewhere the model samples on its plain weights.
+NANOGRPO_PACKED=0 turns packing off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .cpu import cpu_capability
 from .lora import LoraLinear
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """oneDNN bf16 packing: a bf16 weight on the CPU, not switched off by NANOGRPO_PACKED=0, on a CPU where
-    oneDNN's bf16 reorder and linear run (`cpu_capability().onednn_bf16`: tried once, not read from flags)."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and os.environ.get("NANOGRPO_PACKED", "1") != "0"
-        and cpu_capability().onednn_bf16
+    """Packing applies to this weight: on the CPU, not switched off by NANOGRPO_PACKED=0, and either bf16
+    where oneDNN's bf16 reorder and linear run, or float32 where MKL's packed sgemm runs (each tried once by
+    `cpu_capability()`, not read from flags)."""
+    if weight.device.type != "cpu" or os.environ.get("NANOGRPO_PACKED", "1") == "0":
+        return False
+    cap = cpu_capability()
+    return (weight.dtype == torch.bfloat16 and cap.onednn_bf16) or (
+        weight.dtype == torch.float32 and cap.mkl_packed_fp32
     )
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T + b with W pre-packed for oneDNN; `batch_hint` is the expected number of rows.
+    """y = x @ W^T + b with a bf16 W pre-packed for oneDNN; `batch_hint` is the expected number of rows (any
+    number works).
 
     A module without parameters (the packed copy is a plain attribute): swapped in for a projection while
     the sampler runs, it adds nothing to the state dict or the optimizer."""
@@ -53,12 +64,64 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
         self.packed_bias = None if bias is None else bias.to(weight.dtype)
 
+    def rebatch(self, rows: int) -> None:
+        """Nothing to do: oneDNN's packed weight serves any number of rows."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # (..., in)
         y = torch.ops.mkldnn._linear_pointwise(
             x.reshape(-1, shape[-1]), self.packed, self.packed_bias, "none", [], ""
         )
         return y.view(*shape[:-1], self.out_features)  # (..., out)
+
+
+class MklPackedLinear(nn.Module):
+    """y = x @ W^T + b with a float32 W pre-packed by MKL's packed sgemm for exactly `rows` rows.
+
+    `weight_of()` gives the weight to pack (W, or W + BA, q|k|v concatenated) and is called again when the
+    batch shrinks; `plain(x)` is the unpacked computation (the original modules), run for row counts the
+    packed copy does not serve. Only the packed copy is kept, not the folded weight it came from."""
+
+    def __init__(
+        self,
+        weight_of: Callable[[], torch.Tensor],
+        bias: torch.Tensor | None,
+        rows: int,
+        plain: Callable[[torch.Tensor], torch.Tensor],
+    ):
+        super().__init__()
+        self.weight_of, self.plain, self.bias = weight_of, plain, bias
+        self.rows = 0
+        self.rebatch(rows)
+
+    def rebatch(self, rows: int) -> None:
+        """Pack the weight for `rows` rows (nothing to do if it already is)."""
+        if rows == self.rows:
+            return
+        self.packed = None  # free the old copy before the new one is made
+        w = self.weight_of().contiguous()  # (out, in)
+        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+        # _mkl_linear wants the unpacked weight too, which it reads only when the rows differ from the
+        # packed count; forward never calls it then, so a stand-in of the right shape and no data is enough
+        self.shape_of_w = w.new_empty(1).expand_as(w)
+        self.out_features, self.rows = w.shape[0], rows
+
+    def shrunk(self, rows: int) -> None:
+        """The batch is down to `rows`: pack again once padding up to the packed count would cost more than
+        the packing saves (half of it or less; a single row is a matrix-vector product either way)."""
+        if 2 <= rows and 2 * rows <= self.rows:
+            self.rebatch(rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape  # (..., in)
+        x2 = x.reshape(-1, shape[-1])  # (n, in)
+        n = x2.shape[0]
+        if not self.rows < 2 * n <= 2 * self.rows:
+            return self.plain(x)  # (..., out) the prefill's P x L rows, or half the packed count or less
+        if n < self.rows:
+            x2 = F.pad(x2, (0, 0, 0, self.rows - n))  # (rows, in) zero rows, dropped below
+        y = torch.ops.mkl._mkl_linear(x2, self.packed, self.shape_of_w, self.bias, self.rows)  # (rows, out)
+        return y[:n].view(*shape[:-1], self.out_features)  # (..., out)
 
 
 def effective_weight(m: nn.Module) -> torch.Tensor:
@@ -68,39 +131,76 @@ def effective_weight(m: nn.Module) -> torch.Tensor:
     return m.weight
 
 
-def _fused(mods: list[nn.Module], batch_hint: int) -> PackedLinear:
+def _pack(
+    weight_of: Callable[[], torch.Tensor],
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    rows: int,
+    plain: Callable[[torch.Tensor], torch.Tensor],
+) -> PackedLinear | MklPackedLinear:
+    """A packed copy of weight_of(): oneDNN's for bf16, MKL's for float32 (with `plain` for the rows it
+    does not serve)."""
+    if dtype == torch.bfloat16:
+        return PackedLinear(weight_of(), bias, rows)
+    return MklPackedLinear(weight_of, None if bias is None else bias.float(), rows, plain)
+
+
+def _fused(mods: list[nn.Module], dtype: torch.dtype, batch_hint: int) -> PackedLinear | MklPackedLinear:
     """One packed matmul for projections that read the same input (q|k|v, gate|up)."""
-    weight = torch.cat([effective_weight(m) for m in mods])  # (sum of outs, in)
     biases = [m.bias for m in mods]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([weight.new_zeros(m.out_features) if b is None else b for m, b in zip(mods, biases)])
-    return PackedLinear(weight, bias, batch_hint)
+        like = next(b for b in biases if b is not None)
+        bias = torch.cat([like.new_zeros(m.out_features) if b is None else b for m, b in zip(mods, biases)])
+    return _pack(
+        lambda: torch.cat([effective_weight(m) for m in mods]),  # (sum of outs, in)
+        bias,
+        dtype,
+        batch_hint,
+        lambda x: torch.cat([m(x) for m in mods], -1),
+    )
 
 
-def _packed_head(model: nn.Module, head: torch.Tensor, batch_hint: int) -> PackedLinear:
+def _packed_head(model: nn.Module, head: torch.Tensor, batch_hint: int) -> PackedLinear | MklPackedLinear:
     """The LM head, packed once and kept on the model while its weight is the same tensor with the same
     version counter (which every in-place update bumps, optimizer steps included). Under LoRA the head is
     frozen, so a training run packs it once instead of at every step (~35 ms for SmolLM2's 49152 x 576 on
     one core)."""
+    pack = lambda: _pack(lambda: head, None, head.dtype, batch_hint, lambda h: h @ head.T)  # noqa: E731
     try:
         version = head._version
     except RuntimeError:  # an inference tensor has no version counter: pack it for this call only
-        return PackedLinear(head, None, batch_hint)
+        return pack()
     cached = getattr(model, "_packed_lm_head", None)
     if cached is None or cached[0] is not head or cached[1] != version:
         # the weight itself is kept in the key: a new tensor is never taken for the old one
-        cached = (head, version, PackedLinear(head, None, batch_hint))
+        cached = (head, version, pack())
         model._packed_lm_head = cached  # a plain attribute: not a parameter, not in the state dict
+    cached[2].rebatch(batch_hint)  # a float32 head may still be packed for the last call's shrunk batch
     return cached[2]
 
 
+@dataclass
+class Packed:
+    """What `packed_weights` swapped in: the LM head's packed copy and the layers' packed projections."""
+
+    head: PackedLinear | MklPackedLinear
+    projections: list[PackedLinear | MklPackedLinear]
+
+    def shrunk(self, rows: int) -> None:
+        """The sampler dropped ended rows and decodes `rows` from now on (MKL's float32 copies may pack
+        again for it; oneDNN's serve any count)."""
+        for m in [self.head, *self.projections]:
+            if isinstance(m, MklPackedLinear):
+                m.shrunk(rows)
+
+
 @contextlib.contextmanager
-def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[PackedLinear | None]:
+def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[Packed | None]:
     """Inside the block the model's projections are swapped for packed copies of their effective weights
-    (o_proj and down_proj by a PackedLinear each; q|k|v and gate|up fused into one, in the layers'
-    `packed_qkv` / `packed_gate_up` slots); on the way out the original modules are put back. Yields a
-    PackedLinear for the LM head (None when packing does not apply: then nothing changes).
+    (o_proj and down_proj one each; q|k|v and gate|up fused into one, in the layers' `packed_qkv` /
+    `packed_gate_up` slots); on the way out the original modules are put back. Yields what was packed,
+    the LM head included (None when packing does not apply: then nothing changes).
     """
     head = model.lm_head_weight
     if not packing_supported(head):
@@ -116,13 +216,19 @@ def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[PackedLinear |
         with torch.no_grad():
             for layer in model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                swap(attn, "packed_qkv", _fused([attn.q_proj, attn.k_proj, attn.v_proj], batch_hint))
-                swap(mlp, "packed_gate_up", _fused([mlp.gate_proj, mlp.up_proj], batch_hint))
+                swap(
+                    attn,
+                    "packed_qkv",
+                    _fused([attn.q_proj, attn.k_proj, attn.v_proj], head.dtype, batch_hint),
+                )
+                swap(mlp, "packed_gate_up", _fused([mlp.gate_proj, mlp.up_proj], head.dtype, batch_hint))
                 for parent, name in ((attn, "o_proj"), (mlp, "down_proj")):
                     m = getattr(parent, name)
-                    swap(parent, name, PackedLinear(effective_weight(m), m.bias, batch_hint))
-            lm_head = _packed_head(model, head, batch_hint)
-        yield lm_head
+                    new = _pack(lambda m=m: effective_weight(m), m.bias, head.dtype, batch_hint, m)
+                    swap(parent, name, new)
+            projections = [getattr(parent, name) for parent, name, _ in swapped]
+            packed = Packed(_packed_head(model, head, batch_hint), projections)
+        yield packed
     finally:
         for parent, name, original in reversed(swapped):
             setattr(parent, name, original)

@@ -15,8 +15,9 @@ The trainer takes pi_old from its own forward and uses these to measure, and opt
 sampler-trainer gap (grpo.importance_weights); GRPO refuses top-k / top-p, whose samples come from a
 distribution the loss does not see (docs/KL.md). Evaluation may use both.
 
-On the CPU, a bf16 model samples with packed copies of its weights with LoRA folded in (packed.py) and a
-float32 cache (the fp32 attention kernels are the faster ones there).
+On the CPU, a model samples with packed copies of its weights with LoRA folded in (packed.py: oneDNN's
+layout for bf16, MKL's packed sgemm for float32); a bf16 model keeps a float32 cache (the fp32 attention
+kernels are the faster ones there).
 
 Departures from transformers' `generate`: only the last position of the prefill goes through the LM head
 (no [B, T, V] logits), a draw is one uniform per row through the CDF of the kept tokens (top-k and
@@ -218,10 +219,10 @@ def generate(
     was_training = model.training
     model.eval()  # LoRA dropout off while sampling
     try:
-        # on the CPU: packed bf16 weights with LoRA folded in, for the duration of this call (packed.py)
-        with packed_weights(model, batch_hint=len(prompts) * group_size) as head:
+        # on the CPU: packed weights with LoRA folded in, for the duration of this call (packed.py)
+        with packed_weights(model, batch_hint=len(prompts) * group_size) as packed:
             return _generate(
-                model, head, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
+                model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
                 eos_ids, stop_strings, tokenizer, generator, pad_id,
             )  # fmt: skip
     finally:
@@ -262,10 +263,10 @@ def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad
 
 
 def _generate(
-    model, head, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
+    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
 ) -> Generation:  # fmt: skip
     W = model.lm_head_weight  # (V, H)
-    lm_head = head if head is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
+    lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     dev = W.device
     N = len(prompts) * G
     logits, cache, next_pos = _prefill(model, lm_head, prompts, G, max_new, pad_id)  # (N, V), ...
@@ -313,6 +314,8 @@ def _generate(
                     cache = cache.select(keep)
                     rows = keep if rows is None else rows[keep]
                     tok, done, next_pos = tok[keep], done[keep], next_pos[keep]
+                    if packed is not None:
+                        packed.shrunk(len(keep))
         if t == max_new - 1:
             break  # the last token needs no forward pass
         h = model(tok[:, None], position_ids=next_pos + t, kv_cache=cache, return_hidden=True)  # (n, 1, H)

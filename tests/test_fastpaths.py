@@ -14,7 +14,7 @@ from nanogrpo.kvcache import PrefixKV
 from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
 from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
-from nanogrpo.packed import PackedLinear, packed_weights, packing_supported
+from nanogrpo.packed import Packed, packed_weights, packing_supported
 from nanogrpo.sampling import generate
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
@@ -124,102 +124,167 @@ def test_decode_attention_equals_sdpa(masked):
     torch.testing.assert_close(decode_attention(q, k, v, mask), ref, atol=1e-6, rtol=0)
 
 
-needs_packing = pytest.mark.skipif(
-    not packing_supported(torch.zeros(1, dtype=torch.bfloat16)),
-    reason="NANOGRPO_PACKED=0"
-    if os.environ.get("NANOGRPO_PACKED") == "0"
-    else f"no oneDNN bf16 packing on this CPU: {cpu_capability()}",
-)
+def needs_packing(dtype: torch.dtype):
+    """Skip unless this CPU packs `dtype` weights (bf16: oneDNN's bf16 path runs; float32: MKL's packed
+    sgemm runs)."""
+    off = os.environ.get("NANOGRPO_PACKED") == "0"
+    why = "NANOGRPO_PACKED=0" if off else f"no {dtype} packing on this CPU: {cpu_capability()}"
+    return pytest.mark.skipif(not packing_supported(torch.zeros(1, dtype=dtype)), reason=why)
 
 
-@needs_packing
-def test_packed_linear_equals_linear():
+BF16, FP32 = torch.bfloat16, torch.float32
+# bf16 results are compared within bf16 rounding, float32 ones within float32 rounding
+TOL = {BF16: dict(atol=0.05, rtol=0.02), FP32: dict(atol=1e-5, rtol=1e-5)}
+DTYPES = [pytest.param(BF16, marks=needs_packing(BF16)), pytest.param(FP32, marks=needs_packing(FP32))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_linear_equals_linear(dtype):
+    """Any number of rows gives x W^T + b: oneDNN's packed bf16 weight serves any count; MKL's float32 one
+    serves its own count, fewer rows padded up to it, and other counts through the plain modules."""
+    from nanogrpo.packed import _fused
+
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(96, 64, generator=g).bfloat16()
-    b = torch.randn(96, generator=g).bfloat16()
-    x = torch.randn(2, 5, 64, generator=g).bfloat16()
-    got = PackedLinear(w, b, batch_hint=10)(x)
-    ref = F.linear(x.float(), w.float(), b.float())
-    assert got.shape == (2, 5, 96) and got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), ref, atol=0.1, rtol=0.02)
+    lin = torch.nn.Linear(64, 96).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(96, 64, generator=g))
+        lin.bias.copy_(torch.randn(96, generator=g))
+        ref = lambda x: F.linear(x.double(), lin.weight.double(), lin.bias.double())  # noqa: E731
+        packed = _fused([lin], dtype, batch_hint=10)
+        for shape in [(2, 5, 64), (10, 64), (7, 64), (6, 64), (5, 64), (1, 64), (33, 64)]:
+            x = torch.randn(shape, generator=g).to(dtype)
+            got = packed(x)
+            assert got.shape == (*shape[:-1], 96) and got.dtype == dtype
+            torch.testing.assert_close(got.double(), ref(x), atol=0.1 if dtype == BF16 else 1e-4, rtol=0.02)
+        if dtype == FP32:
+            assert packed.rows == 10
+            packed.shrunk(6)  # more than half of 10: padded, not packed again
+            assert packed.rows == 10
+            packed.shrunk(4)  # half or less: packed again for 4 rows
+            assert packed.rows == 4
+            x = torch.randn(4, 64, generator=g)
+            torch.testing.assert_close(packed(x).double(), ref(x), atol=1e-4, rtol=0.02)
+            packed.shrunk(1)  # one row is a matrix-vector product: not packed for it
+            assert packed.rows == 4
 
 
-@needs_packing
-def test_packed_weights_fold_lora_and_restore(tiny_dir):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_weights_fold_lora_and_restore(tiny_dir, dtype):
     """Inside the block each projection applies W + BA (one packed matmul); after it, the plain modules."""
-    model = lora_model(tiny_dir, dtype=torch.bfloat16)
-    x = torch.randn(4, model.config.hidden_size).bfloat16()
+    model = lora_model(tiny_dir, dtype=dtype)
+    x = torch.randn(4, model.config.hidden_size).to(dtype)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     proj = attn.o_proj
-    xo = torch.randn(4, proj.in_features).bfloat16()
+    xo = torch.randn(4, proj.in_features).to(dtype)
     with torch.no_grad():
         before, qkv = proj(xo), torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
         gate_up = torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1)
-        with packed_weights(model, batch_hint=4) as head:
-            assert head is not None and isinstance(attn.o_proj, PackedLinear)  # swapped in
+        with packed_weights(model, batch_hint=4) as packed:
+            assert packed is not None and attn.o_proj is not proj and attn.o_proj in packed.projections
             inside = attn.o_proj(xo)
             qkv_in, gate_up_in = attn.packed_qkv(x), mlp.packed_gate_up(x)
-            logits = head(x)
+            logits = packed.head(x)
         after = proj(xo)
     assert torch.equal(before, after) and attn.o_proj is proj
     assert attn.packed_qkv is None and mlp.packed_gate_up is None
     for got, want in [(inside, before), (qkv_in, qkv), (gate_up_in, gate_up)]:
-        torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
-    torch.testing.assert_close(logits.float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    torch.testing.assert_close(logits.float(), (x @ model.lm_head_weight.T).float(), **TOL[dtype])
     with lora.disabled(model), torch.no_grad(), packed_weights(model, batch_hint=4):
         base = attn.o_proj(xo)  # a disabled adapter is not folded in
-    torch.testing.assert_close(base.float(), proj.base_layer(xo).float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(base.float(), proj.base_layer(xo).float(), **TOL[dtype])
 
 
-@needs_packing
-def test_packed_lm_head_is_kept_until_the_weight_changes(tiny_dir):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_lm_head_is_kept_until_the_weight_changes(tiny_dir, dtype):
     """The packed LM head is reused while its weight is unchanged (frozen under LoRA) and packed again
     after an in-place update (an optimizer step) or when the weight is replaced."""
-    model = Transformer.from_pretrained(tiny_dir, dtype=torch.bfloat16)
-    x = torch.randn(4, model.config.hidden_size).bfloat16()
+    model = Transformer.from_pretrained(tiny_dir, dtype=dtype)
+    x = torch.randn(4, model.config.hidden_size).to(dtype)
     with torch.no_grad():
         with packed_weights(model, batch_hint=4) as first:
-            pass
+            first.shrunk(2)  # a float32 head ends the call packed for 2 rows ...
         with packed_weights(model, batch_hint=4) as second:
-            assert second is first
+            assert second.head is first.head
+            torch.testing.assert_close(  # ... and serves the next call's 4 rows again
+                second.head(x).float(), (x @ model.lm_head_weight.T).float(), **TOL[dtype]
+            )
         model.lm_head_weight.mul_(-1.0)  # what an optimizer step does: update in place
         with packed_weights(model, batch_hint=4) as third:
-            assert third is not first
+            assert third.head is not first.head
             torch.testing.assert_close(
-                third(x).float(), (x @ model.lm_head_weight.T).float(), atol=0.05, rtol=0.02
+                third.head(x).float(), (x @ model.lm_head_weight.T).float(), **TOL[dtype]
             )
         model.lm_head.weight = torch.nn.Parameter(model.lm_head_weight.clone())  # replaced: a new tensor
         with packed_weights(model, batch_hint=4) as fourth:
-            assert fourth is not third
+            assert fourth.head is not third.head
 
 
-@needs_packing
-def test_bf16_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch):
-    """The packed weights + float32 cache path samples what the plain bf16 path samples (greedy: the same
-    tokens; sampled: log-probs within bf16 rounding), with LoRA on."""
-    model = lora_model(tiny_dir, dtype=torch.bfloat16)
-    kw = dict(group_size=G, max_new_tokens=8, pad_id=0)
-    fast = generate(model, PROMPTS, temperature=0.0, **kw)
-    fast_s = generate(model, PROMPTS, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype):
+    """The packed weights (+ the float32 cache for bf16) sample what the plain path samples (greedy: the
+    same tokens; sampled: log-probs within rounding), with LoRA on, and with an EOS that ends rows early so
+    the batch shrinks (and float32 weights are packed again for it)."""
+    model = lora_model(tiny_dir, dtype=dtype)
+    # ends: the greedy tokens of prompts 0 and 1 (6 of the 9 rows end at once, so the batch drops to 3 and
+    # float32 weights are packed again) and one id in nine (sampled rows end at random steps)
+    kw = dict(group_size=G, max_new_tokens=12, pad_id=0, eos_ids=[10, 12, *range(100, 1024, 9)])
     monkeypatch.setenv("NANOGRPO_PACKED", "0")
     plain = generate(model, PROMPTS, temperature=0.0, **kw)
     plain_s = generate(model, PROMPTS, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw)
+    monkeypatch.delenv("NANOGRPO_PACKED")
+    shrunk, original = [], Packed.shrunk
+
+    def spy(self, rows):
+        shrunk.append(rows)
+        original(self, rows)
+
+    monkeypatch.setattr(Packed, "shrunk", spy)
+    fast = generate(model, PROMPTS, temperature=0.0, **kw)
+    fast_s = generate(model, PROMPTS, temperature=1.0, generator=torch.Generator().manual_seed(1), **kw)
+    assert shrunk and min(shrunk) <= 4, f"batch sizes after drops {shrunk}: the test must shrink the batch"
     agree = (fast.completion_ids == plain.completion_ids).float().mean()
-    assert agree > 0.9, f"greedy tokens agree on {agree:.0%} only"
+    if dtype == FP32:
+        assert torch.equal(fast.completion_ids, plain.completion_ids) and torch.equal(fast.mask, plain.mask)
+    else:
+        assert agree > 0.9, f"greedy tokens agree on {agree:.0%} only"
     same = fast_s.completion_ids == plain_s.completion_ids  # (N, T) the same draws up to a flipped token
     first_diff = (~same).float().cumsum(1) == 0
-    torch.testing.assert_close(fast_s.logp[first_diff], plain_s.logp[first_diff], atol=0.05, rtol=0)
+    torch.testing.assert_close(
+        fast_s.logp[first_diff], plain_s.logp[first_diff], atol=0.05 if dtype == BF16 else 1e-4, rtol=0
+    )
+    if dtype == FP32:
+        assert same.all(), "float32: the packed path draws the same tokens"
 
 
-@needs_packing
-def test_fused_projections_keep_biases():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_projections_keep_biases(dtype):
     """q|k|v fused: Qwen2's q/k/v biases (and a missing bias as zeros) land in the right columns."""
     from nanogrpo.packed import _fused
 
     torch.manual_seed(0)
-    mods = [torch.nn.Linear(32, n, bias=b).bfloat16() for n, b in [(32, True), (16, False), (16, True)]]
-    x = torch.randn(3, 32).bfloat16()
+    mods = [torch.nn.Linear(32, n, bias=b).to(dtype) for n, b in [(32, True), (16, False), (16, True)]]
+    x = torch.randn(3, 32).to(dtype)
     with torch.no_grad():
         want = torch.cat([m(x) for m in mods], -1)
-        got = _fused(mods, batch_hint=3)(x)
-    torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+        got = _fused(mods, dtype, batch_hint=3)(x)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
+def test_float32_sampling_without_mkl_packing(tiny_dir, monkeypatch):
+    """Where MKL's packed sgemm does not run (a torch without MKL, as on ARM), float32 samples on the plain
+    weights, the same tokens."""
+    from nanogrpo import cpu
+
+    model = lora_model(tiny_dir)
+    want = generate(model, PROMPTS, group_size=G, max_new_tokens=6, temperature=0.0, pad_id=0)
+    cpu.cpu_capability.cache_clear()
+    monkeypatch.setattr(cpu.torch.backends.mkl, "is_available", lambda: False)
+    try:
+        assert not cpu.cpu_capability().mkl_packed_fp32 and not packing_supported(torch.zeros(1))
+        with torch.no_grad(), packed_weights(model, batch_hint=9) as packed:
+            assert packed is None
+        got = generate(model, PROMPTS, group_size=G, max_new_tokens=6, temperature=0.0, pad_id=0)
+    finally:
+        cpu.cpu_capability.cache_clear()
+    assert torch.equal(got.completion_ids, want.completion_ids)

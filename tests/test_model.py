@@ -381,27 +381,36 @@ def test_smollm2_matches_transformers(smollm2_dir):
     assert ours.config.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused"])
-def test_packed_sampling_weights_keep_each_architecture(name, tmp_path):
+def test_packed_sampling_weights_keep_each_architecture(name, dtype, tmp_path, monkeypatch):
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
-    plain bf16 forward's logits, and the plain modules come back after the block."""
+    plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: MKL's, within float32
+    rounding), and the plain modules come back after the block."""
     from nanogrpo.cpu import cpu_capability
     from nanogrpo.packed import packed_weights, packing_supported
 
-    if not packing_supported(torch.zeros(1, dtype=torch.bfloat16)):
+    if not packing_supported(torch.zeros(1, dtype=dtype)):
         off = os.environ.get("NANOGRPO_PACKED") == "0"
-        pytest.skip("NANOGRPO_PACKED=0" if off else f"no oneDNN bf16 packing on this CPU: {cpu_capability()}")
+        pytest.skip("NANOGRPO_PACKED=0" if off else f"no {dtype} packing on this CPU: {cpu_capability()}")
     _save(CONFIGS[name], tmp_path)
-    m = Transformer.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    m = Transformer.from_pretrained(tmp_path, dtype=dtype)
     ids = _ids((2, 7), seed=3)
+    calls = []
+    if dtype == torch.float32:  # count MKL's packed matmuls
+        mkl_linear = torch.ops.mkl._mkl_linear
+        monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda *a: calls.append(1) or mkl_linear(*a))
     with torch.no_grad():
         plain = m(ids).float()  # (2, 7, V)
-        with packed_weights(m, batch_hint=2):
+        with packed_weights(m, batch_hint=14) as packs:  # 2 x 7 rows: the count MKL's copies are packed for
             packed = m(ids).float()
         again = m(ids).float()
-    assert torch.equal(plain, again)
+    assert packs is not None and torch.equal(plain, again)
     err = (packed - plain).abs()
-    assert err.max() <= 0.05 * plain.abs().max() and err.mean() <= 0.01 * plain.abs().mean() + 1e-3, (
+    rel = (0.05, 0.01) if dtype == torch.bfloat16 else (1e-5, 1e-6)
+    assert err.max() <= rel[0] * plain.abs().max() and err.mean() <= rel[1] * plain.abs().mean() + 1e-6, (
         err.max(),
         err.mean(),
     )
+    layers = m.config.num_hidden_layers
+    assert len(calls) == (0 if dtype == torch.bfloat16 else 4 * layers), "float32: every projection packed"

@@ -288,3 +288,27 @@ def test_float32_sampling_without_mkl_packing(tiny_dir, monkeypatch):
     finally:
         cpu.cpu_capability.cache_clear()
     assert torch.equal(got.completion_ids, want.completion_ids)
+
+
+@pytest.mark.slow
+@needs_packing(FP32)
+def test_float32_packed_sampling_is_the_plain_path_on_smollm2(smollm2_dir, monkeypatch):
+    """SmolLM2 in float32: 4 chat prompts x 2 greedy rows with its EOS, packed for MKL (the batch shrinks as
+    answers end) and plain, give the same tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    questions = ["What is 2 + 3?", "Name a color.", "What is the capital of Italy?", "Say hi."]
+    chats = [[{"role": "user", "content": q}] for q in questions]
+    prompts = [
+        tok.encode(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)) for c in chats
+    ]
+    model = Transformer.from_pretrained(smollm2_dir, dtype=FP32)
+    kw = dict(group_size=2, max_new_tokens=32, temperature=0.0, eos_ids=[tok.eos_token_id], pad_id=0)
+    fast = generate(model, prompts, **kw)
+    monkeypatch.setenv("NANOGRPO_PACKED", "0")
+    plain = generate(model, prompts, **kw)
+    assert torch.equal(fast.completion_ids, plain.completion_ids) and torch.equal(fast.mask, plain.mask)
+    assert int((fast.lengths < 31).sum()) >= 2, (
+        "fewer than a quarter of the rows ended: the batch never shrank"
+    )

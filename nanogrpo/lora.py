@@ -77,10 +77,13 @@ class LoraLinear(nn.Module):
             y = y + F.linear(F.linear(self.dropout(x), a), b) * self.scaling
         return y
 
-    def merged_weight(self, sign: float = 1.0) -> torch.Tensor:
-        """W + sign * (alpha / r) B A: computed in float32 (one fused matmul-add), rounded once to W's dtype."""
+    def merged_weight(self, sign: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """W + sign * (alpha / r) B A: computed in float32 (one fused matmul-add), rounded once to W's dtype;
+        or written into `out` (float32, W's shape), left in float32."""
         w = self.base_layer.weight
         a, b = self.lora_A.weight.float(), self.lora_B.weight.float()  # (r, in), (out, r)
+        if out is not None:
+            return out.copy_(w).addmm_(b, a, alpha=sign * self.scaling)  # (out, in)
         return w.to(torch.float32, copy=True).addmm_(b, a, alpha=sign * self.scaling).to(w.dtype)  # (out, in)
 
     def extra_repr(self) -> str:

@@ -27,6 +27,7 @@ NANOGRPO_PACKED=0 turns packing off.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -124,40 +125,63 @@ class MklPackedLinear(nn.Module):
         return y[:n].view(*shape[:-1], self.out_features)  # (..., out)
 
 
-def effective_weight(m: nn.Module) -> torch.Tensor:
-    """The weight the layer applies now: W, or W + (alpha / r) B A for an enabled, unmerged adapter."""
-    if isinstance(m, LoraLinear):
-        return m.merged_weight() if m.enabled and not m.merged else m.base_layer.weight
-    return m.weight
+def folds_adapter(m: nn.Module) -> bool:
+    """The layer's weight now is W + (alpha / r) B A: an enabled LoRA adapter, not merged into W."""
+    return isinstance(m, LoraLinear) and m.enabled and not m.merged
 
 
-def _pack(
-    weight_of: Callable[[], torch.Tensor],
-    bias: torch.Tensor | None,
-    dtype: torch.dtype,
-    rows: int,
-    plain: Callable[[torch.Tensor], torch.Tensor],
+def effective_weight(m: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight the layer applies now: W, or W + (alpha / r) B A for an enabled, unmerged adapter; written
+    into `out` (float32, W's shape) when given."""
+    if folds_adapter(m):
+        return m.merged_weight(out=out)
+    w = m.base_layer.weight if isinstance(m, LoraLinear) else m.weight
+    return w if out is None else out.copy_(w)
+
+
+class Scratch:
+    """One float32 buffer that every float32 projection's effective weight is written into before MKL packs
+    it: no temporary copy per projection, so the packed copies are allocated one after another and free one
+    block of heap after sampling, which the training step that follows reuses (with a temporary per
+    projection, the gaps they left raised a GRPO step's peak RSS by 0.4 GiB on SmolLM2)."""
+
+    def __init__(self):
+        self.buf = torch.empty(0)
+
+    def stacked(self, mods: list[nn.Module]) -> torch.Tensor:
+        """The effective weights of `mods` stacked (sum of outs, in), in the buffer; a lone projection
+        without an active adapter is its own weight (no copy)."""
+        if len(mods) == 1 and not folds_adapter(mods[0]):
+            return effective_weight(mods[0])
+        rows, cols = sum(m.out_features for m in mods), mods[0].in_features
+        if self.buf.numel() < rows * cols:
+            self.buf = torch.empty(rows * cols)
+        out = self.buf[: rows * cols].view(rows, cols)  # (sum of outs, in)
+        i = 0
+        for m in mods:
+            effective_weight(m, out=out[i : i + m.out_features])
+            i += m.out_features
+        return out
+
+
+def _fused(
+    mods: list[nn.Module], dtype: torch.dtype, batch_hint: int, scratch: Scratch | None = None
 ) -> PackedLinear | MklPackedLinear:
-    """A packed copy of weight_of(): oneDNN's for bf16, MKL's for float32 (with `plain` for the rows it
-    does not serve)."""
-    if dtype == torch.bfloat16:
-        return PackedLinear(weight_of(), bias, rows)
-    return MklPackedLinear(weight_of, None if bias is None else bias.float(), rows, plain)
-
-
-def _fused(mods: list[nn.Module], dtype: torch.dtype, batch_hint: int) -> PackedLinear | MklPackedLinear:
-    """One packed matmul for projections that read the same input (q|k|v, gate|up)."""
+    """One packed matmul for the projections in `mods` that read the same input (q|k|v, gate|up), or for a
+    lone projection: oneDNN's packing for bf16, MKL's for float32 (then the original modules serve the row
+    counts the packed copy does not)."""
     biases = [m.bias for m in mods]
     bias = None
     if any(b is not None for b in biases):
         like = next(b for b in biases if b is not None)
         bias = torch.cat([like.new_zeros(m.out_features) if b is None else b for m, b in zip(mods, biases)])
-    return _pack(
-        lambda: torch.cat([effective_weight(m) for m in mods]),  # (sum of outs, in)
-        bias,
-        dtype,
-        batch_hint,
-        lambda x: torch.cat([m(x) for m in mods], -1),
+    if dtype == torch.bfloat16:
+        weights = [effective_weight(m) for m in mods]
+        return PackedLinear(torch.cat(weights) if len(mods) > 1 else weights[0], bias, batch_hint)
+    scratch = scratch or Scratch()
+    plain = mods[0] if len(mods) == 1 else (lambda x: torch.cat([m(x) for m in mods], -1))
+    return MklPackedLinear(
+        lambda: scratch.stacked(mods), None if bias is None else bias.float(), batch_hint, plain
     )
 
 
@@ -166,7 +190,12 @@ def _packed_head(model: nn.Module, head: torch.Tensor, batch_hint: int) -> Packe
     version counter (which every in-place update bumps, optimizer steps included). Under LoRA the head is
     frozen, so a training run packs it once instead of at every step (~35 ms for SmolLM2's 49152 x 576 on
     one core)."""
-    pack = lambda: _pack(lambda: head, None, head.dtype, batch_hint, lambda h: h @ head.T)  # noqa: E731
+
+    def pack() -> PackedLinear | MklPackedLinear:
+        if head.dtype == torch.bfloat16:
+            return PackedLinear(head, None, batch_hint)
+        return MklPackedLinear(lambda: head, None, batch_hint, lambda h: h @ head.T)
+
     try:
         version = head._version
     except RuntimeError:  # an inference tensor has no version counter: pack it for this call only
@@ -212,23 +241,35 @@ def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[Packed | None]
         swapped.append((parent, name, getattr(parent, name)))
         setattr(parent, name, new)
 
+    packed, scratch = None, Scratch()
     try:
         with torch.no_grad():
             for layer in model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
-                swap(
-                    attn,
-                    "packed_qkv",
-                    _fused([attn.q_proj, attn.k_proj, attn.v_proj], head.dtype, batch_hint),
-                )
-                swap(mlp, "packed_gate_up", _fused([mlp.gate_proj, mlp.up_proj], head.dtype, batch_hint))
+                fused = lambda mods: _fused(mods, head.dtype, batch_hint, scratch)  # noqa: E731
+                swap(attn, "packed_qkv", fused([attn.q_proj, attn.k_proj, attn.v_proj]))
+                swap(mlp, "packed_gate_up", fused([mlp.gate_proj, mlp.up_proj]))
                 for parent, name in ((attn, "o_proj"), (mlp, "down_proj")):
-                    m = getattr(parent, name)
-                    new = _pack(lambda m=m: effective_weight(m), m.bias, head.dtype, batch_hint, m)
-                    swap(parent, name, new)
+                    swap(parent, name, fused([getattr(parent, name)]))
             projections = [getattr(parent, name) for parent, name, _ in swapped]
             packed = Packed(_packed_head(model, head, batch_hint), projections)
         yield packed
     finally:
         for parent, name, original in reversed(swapped):
             setattr(parent, name, original)
+        if packed is not None:
+            packed.projections.clear()  # the caller may still hold `packed`: drop the copies now
+        swapped.clear()
+        _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Hand the freed packed copies back to the OS. glibc keeps freed heap memory for reuse, but the
+    training step that follows does not reuse these holes well: on SmolLM2 in float32 (LoRA, P=2 x G=8)
+    the step's peak RSS settled 0.2-0.35 GiB above the unpacked sampler's without this, within 0.1 GiB with
+    it; the price is the page faults of memory handed back, ~0.25 s of a ~5.7 s step there. A no-op where the C
+    library has no malloc_trim (macOS, musl)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

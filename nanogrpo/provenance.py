@@ -30,8 +30,10 @@ PACKAGES = ("nanogrpo", "torch", "transformers", "tokenizers", "numpy", "triton"
 # set in the environment, these change which kernels run or how many threads they use (nanogrpo/cpu.py)
 ENV_VARS = (
     "NANOGRPO_KERNELS",
+    "NANOGRPO_PACKED",
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
     "OMP_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES",
 )

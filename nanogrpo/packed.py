@@ -27,7 +27,6 @@ NANOGRPO_PACKED=0 turns packing off.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,9 +140,8 @@ def effective_weight(m: nn.Module, out: torch.Tensor | None = None) -> torch.Ten
 
 class Scratch:
     """One float32 buffer that every float32 projection's effective weight is written into before MKL packs
-    it: no temporary copy per projection, so the packed copies are allocated one after another and free one
-    block of heap after sampling, which the training step that follows reuses (with a temporary per
-    projection, the gaps they left raised a GRPO step's peak RSS by 0.4 GiB on SmolLM2)."""
+    it: no temporary copy per projection (W + BA, then q|k|v concatenated), only the packed copies are
+    allocated. With a temporary per projection, a GRPO step on SmolLM2 in float32 peaked 0.2 GiB higher."""
 
     def __init__(self):
         self.buf = torch.empty(0)
@@ -260,16 +258,3 @@ def packed_weights(model: nn.Module, batch_hint: int) -> Iterator[Packed | None]
         if packed is not None:
             packed.projections.clear()  # the caller may still hold `packed`: drop the copies now
         swapped.clear()
-        _return_freed_memory()
-
-
-def _return_freed_memory() -> None:
-    """Hand the freed packed copies back to the OS. glibc keeps freed heap memory for reuse, but the
-    training step that follows does not reuse these holes well: on SmolLM2 in float32 (LoRA, P=2 x G=8)
-    the step's peak RSS settled 0.2-0.35 GiB above the unpacked sampler's without this, within 0.1 GiB with
-    it; the price is the page faults of memory handed back, ~0.25 s of a ~5.7 s step there. A no-op where the C
-    library has no malloc_trim (macOS, musl)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -315,7 +315,7 @@ def _generate(
                     rows = keep if rows is None else rows[keep]
                     tok, done, next_pos = tok[keep], done[keep], next_pos[keep]
                     if packed is not None:
-                        packed.shrunk(len(keep))
+                        packed.shrunk(len(keep), steps_left=max_new - 1 - t)  # forward passes still to run
         if t == max_new - 1:
             break  # the last token needs no forward pass
         h = model(tok[:, None], position_ids=next_pos + t, kv_cache=cache, return_hidden=True)  # (n, 1, H)

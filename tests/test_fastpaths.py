@@ -14,7 +14,7 @@ from nanogrpo.kvcache import PrefixKV
 from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
 from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
-from nanogrpo.packed import Packed, packed_weights, packing_supported
+from nanogrpo.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
 from nanogrpo.sampling import generate
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
@@ -158,13 +158,16 @@ def test_packed_linear_equals_linear(dtype):
             torch.testing.assert_close(got.double(), ref(x), atol=0.1 if dtype == BF16 else 1e-4, rtol=0.02)
         if dtype == FP32:
             assert packed.rows == 10
-            packed.shrunk(6)  # more than half of 10: padded, not packed again
+            packed.shrunk(6, steps_left=100)  # more than half of 10: padded, not packed again
             assert packed.rows == 10
-            packed.shrunk(4)  # half or less: packed again for 4 rows
+            packed.shrunk(4, steps_left=REPACK_MIN_STEPS - 1)  # too few steps left to repay packing
+            assert packed.rows == 10
+            torch.testing.assert_close(packed(x[:4]).double(), ref(x[:4]), atol=1e-4, rtol=0.02)  # plain
+            packed.shrunk(4, steps_left=REPACK_MIN_STEPS)  # half or less: packed again for 4 rows
             assert packed.rows == 4
             x = torch.randn(4, 64, generator=g)
             torch.testing.assert_close(packed(x).double(), ref(x), atol=1e-4, rtol=0.02)
-            packed.shrunk(1)  # one row is a matrix-vector product: not packed for it
+            packed.shrunk(1, steps_left=100)  # one row is a matrix-vector product: not packed for it
             assert packed.rows == 4
 
 
@@ -203,7 +206,7 @@ def test_packed_lm_head_is_kept_until_the_weight_changes(tiny_dir, dtype):
     x = torch.randn(4, model.config.hidden_size).to(dtype)
     with torch.no_grad():
         with packed_weights(model, batch_hint=4) as first:
-            first.shrunk(2)  # a float32 head ends the call packed for 2 rows ...
+            first.shrunk(2, steps_left=100)  # a float32 head ends the call packed for 2 rows ...
         with packed_weights(model, batch_hint=4) as second:
             assert second.head is first.head
             torch.testing.assert_close(  # ... and serves the next call's 4 rows again
@@ -235,9 +238,9 @@ def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype):
     monkeypatch.delenv("NANOGRPO_PACKED")
     shrunk, original = [], Packed.shrunk
 
-    def spy(self, rows):
+    def spy(self, rows, steps_left):
         shrunk.append(rows)
-        original(self, rows)
+        original(self, rows, steps_left)
 
     monkeypatch.setattr(Packed, "shrunk", spy)
     fast = generate(model, PROMPTS, temperature=0.0, **kw)

@@ -307,7 +307,7 @@ def main() -> None:
         f"/{c.num_key_value_heads}, vocab {c.vocab_size}"
     )
     on = args.device
-    if on == "cpu":  # which CPU path ran: packed bf16 weights only where oneDNN's bf16 path runs
+    if on == "cpu":  # which CPU path ran: packed bf16 (oneDNN) or float32 (MKL) weights where they run
         packed = packing_supported(torch.zeros(1, dtype=dtype))
         on = f"cpu {cpu_capability()}, packed weights {'on' if packed else 'off'}"
     print(

@@ -4,7 +4,7 @@ weights into MKL's packed sgemm layout.
 
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain `F.linear`
 re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-30% faster matmuls on
-SmolLM2's shapes; float32: 25-40% at M = 2-32 rows, on AVX2 and AVX512 alike), folding the LoRA update
+SmolLM2's shapes; float32: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512), folding the LoRA update
 into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
 read the same input saves a few percent more. The packed modules are swapped in for the model's own and
 put back on the way out; the copies live only for the duration of the `with` block, except the LM head's,
@@ -14,7 +14,8 @@ sampler's model is the trained model up to the rounding of W + BA in the weights
 oneDNN's packed bf16 weight serves any number of rows. MKL's packed float32 weight serves one row count:
 a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain
 sgemm); any other call (the prefill's P x L rows) runs the original modules; when the sampler drops
-ended rows and the batch falls to half the packed size or less, `Packed.rebatch` packs again for it.
+ended rows and the batch falls to half the packed size or less, `Packed.shrunk` packs again for it if
+enough decode steps are left to repay the packing.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
 no packing. `packed_weights(model)` is a no-op unless the model's weights are bf16 on a CPU where oneDNN's

@@ -198,7 +198,7 @@ def run_generate(args: Generate) -> None:
     if args.adapter:
         lora.load_adapter(model, args.adapter)
         lora.merge(model)  # one matmul per layer again: generation runs at the base model's speed
-    model.eval()
+    model.eval().requires_grad_(False)  # frozen: the sampler's packed LM head is kept across batches
     outs = evaluate.generate_completions(
         model,
         tokenizer,

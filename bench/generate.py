@@ -179,9 +179,12 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
 
 
 def load_ours(name: str, path: Path | None, dtype: torch.dtype, device: str) -> Transformer:
+    """The model frozen, as eval.py and a LoRA run's base are (the sampler keeps a frozen LM head packed)."""
     if path is None:
-        return random_transformer(name, device=device, dtype=dtype)
-    return Transformer.from_pretrained(path, dtype=dtype, device=device)
+        model = random_transformer(name, device=device, dtype=dtype)
+    else:
+        model = Transformer.from_pretrained(path, dtype=dtype, device=device)
+    return model.requires_grad_(False)
 
 
 def main() -> None:

@@ -191,16 +191,19 @@ def _fused(
 
 
 def _packed_head(model: nn.Module, head: torch.Tensor, batch_hint: int) -> PackedLinear | MklPackedLinear:
-    """The LM head, packed once and kept on the model while its weight is the same tensor with the same
-    version counter (which every in-place update bumps, optimizer steps included). Under LoRA the head is
-    frozen, so a training run packs it once instead of at every step (~35 ms for SmolLM2's 49152 x 576 on
-    one core)."""
+    """The LM head, packed once and kept on the model while it is frozen (requires no grad) and its weight is
+    the same tensor with the same version counter (which every in-place update bumps). Under LoRA the head
+    is frozen, so a training run packs it once instead of at every step (~35 ms for SmolLM2's 49152 x 576
+    on one core). A trained head is packed at every call: it changes every step, and FSDP all-gathers it
+    into the same tensor without bumping the version counter, so a kept copy would be a step old."""
 
     def pack() -> PackedLinear | MklPackedLinear:
         if head.dtype == torch.bfloat16:
             return PackedLinear(head, None, batch_hint)
         return MklPackedLinear(lambda: head, None, batch_hint, lambda h: h @ head.T)
 
+    if head.requires_grad:
+        return pack()
     try:
         version = head._version
     except RuntimeError:  # an inference tensor has no version counter: pack it for this call only

@@ -200,27 +200,33 @@ def test_packed_weights_fold_lora_and_restore(tiny_dir, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_packed_lm_head_is_kept_until_the_weight_changes(tiny_dir, dtype):
-    """The packed LM head is reused while its weight is unchanged (frozen under LoRA) and packed again
-    after an in-place update (an optimizer step) or when the weight is replaced."""
+    """A frozen LM head (as under LoRA) is packed once and reused while its weight is unchanged, and packed
+    again after an in-place update or when the weight is replaced. A trained head is packed at every call,
+    even when its values change behind the version counter (as FSDP's all-gather writes them)."""
     model = Transformer.from_pretrained(tiny_dir, dtype=dtype)
+    model.lm_head_weight.requires_grad_(False)  # frozen, as under LoRA
     x = torch.randn(4, model.config.hidden_size).to(dtype)
+    want = lambda: (x @ model.lm_head_weight.T).float()  # noqa: E731
     with torch.no_grad():
         with packed_weights(model, batch_hint=4) as first:
             first.shrunk(2, steps_left=100)  # a float32 head ends the call packed for 2 rows ...
         with packed_weights(model, batch_hint=4) as second:
             assert second.head is first.head
-            torch.testing.assert_close(  # ... and serves the next call's 4 rows again
-                second.head(x).float(), (x @ model.lm_head_weight.T).float(), **TOL[dtype]
-            )
-        model.lm_head_weight.mul_(-1.0)  # what an optimizer step does: update in place
+            torch.testing.assert_close(second.head(x).float(), want(), **TOL[dtype])  # ... and serves 4 again
+        model.lm_head_weight.mul_(-1.0)  # an in-place update bumps the version counter
         with packed_weights(model, batch_hint=4) as third:
             assert third.head is not first.head
-            torch.testing.assert_close(
-                third.head(x).float(), (x @ model.lm_head_weight.T).float(), **TOL[dtype]
-            )
-        model.lm_head.weight = torch.nn.Parameter(model.lm_head_weight.clone())  # replaced: a new tensor
+            torch.testing.assert_close(third.head(x).float(), want(), **TOL[dtype])
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head_weight.clone(), requires_grad=False)
         with packed_weights(model, batch_hint=4) as fourth:
-            assert fourth.head is not third.head
+            assert fourth.head is not third.head  # replaced: a new tensor
+        model.lm_head_weight.requires_grad_(True)  # trained (full fine-tuning)
+        with packed_weights(model, batch_hint=4) as fifth:
+            pass
+        model.lm_head_weight.data.mul_(-1.0)  # new values, version counter unchanged
+        with packed_weights(model, batch_hint=4) as sixth:
+            assert sixth.head is not fifth.head
+            torch.testing.assert_close(sixth.head(x).float(), want(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -7,8 +7,8 @@ re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-3
 SmolLM2's shapes; float32: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512), folding the LoRA update
 into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
 read the same input saves a few percent more. The packed modules are swapped in for the model's own and
-put back on the way out; the copies live only for the duration of the `with` block, except the LM head's,
-which is kept while its weight is unchanged (frozen under LoRA); the trained weights are untouched, so the
+put back on the way out; the copies live only for the duration of the `with` block, except a frozen LM
+head's (under LoRA), which is kept while its weight is unchanged; the trained weights are untouched, so the
 sampler's model is the trained model up to the rounding of W + BA in the weights' dtype.
 
 oneDNN's packed bf16 weight serves any number of rows. MKL's packed float32 weight serves one row count:

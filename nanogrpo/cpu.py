@@ -71,17 +71,14 @@ def _flag(name: str) -> bool:
 
 def _onednn_bf16_runs() -> bool:
     """Pack a tiny bf16 weight for oneDNN and apply it, as packed.PackedLinear does; False if either raises
-    (or the result is wrong)."""
+    ("bf16 path needs the cpu support avx_ne_convert or avx512bw, ...") or the result is wrong."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
-    w = torch.ones(16, 32, dtype=torch.bfloat16)  # (out, in)
-    x = torch.ones(2, 32, dtype=torch.bfloat16)  # (rows, in)
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # (rows, out)
-    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
-        return False
-    return y.shape == (2, 16) and bool((y == 32).all())
+    return _tiny_linear_runs(
+        torch.bfloat16,
+        lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 2),
+        lambda x, packed, w: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+    )
 
 
 def _mkl_packed_fp32_runs() -> bool:
@@ -89,11 +86,20 @@ def _mkl_packed_fp32_runs() -> bool:
     False if this torch has no MKL (ARM builds), either step raises, or the result is wrong."""
     if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")):
         return False
-    w = torch.ones(16, 32)  # (out, in)
-    x = torch.ones(2, 32)  # (rows, in)
+    return _tiny_linear_runs(
+        torch.float32,
+        lambda w: torch.ops.mkl._mkl_reorder_linear_weight(w, 2),
+        lambda x, packed, w: torch.ops.mkl._mkl_linear(x, packed, w, None, 2),
+    )
+
+
+def _tiny_linear_runs(dtype: torch.dtype, pack, apply) -> bool:
+    """`apply(x, pack(w), w)` on a (16, 32) weight of ones and 2 rows of ones: True if neither raises and
+    every output is 32."""
+    w = torch.ones(16, 32, dtype=dtype)  # (out, in)
+    x = torch.ones(2, 32, dtype=dtype)  # (rows, in)
     try:
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 2)
-        y = torch.ops.mkl._mkl_linear(x, packed, w, None, 2)  # (rows, out)
+        y = apply(x, pack(w), w)  # (rows, out)
     except RuntimeError:
         return False
     return y.shape == (2, 16) and bool((y == 32).all())

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rewards.rows import MAX_LINE_BYTES, DataError, check_prompt, check_values, parse_line, read_rows
+from rewards.rows import (
+    MAX_LINE_BYTES,
+    DataError,
+    check_prompt,
+    check_values,
+    numbered_rows,
+    parse_line,
+    read_rows,
+)
 
 # field -> (allowed Python types, description used in error messages)
 _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
@@ -131,20 +139,15 @@ def _finish(
     raw: Iterable[tuple[int, dict]], source: str, columns: dict[str, str], convert=None
 ) -> list[dict]:
     """The checks read_rows makes of a JSONL row, for (row number, row) pairs of another format."""
-    rows = []
-    for n, row in raw:
-        where = f"{source}:{n}"
+
+    def check(row: dict, where: str) -> None:
         _rename(row, columns, where)
         if convert is not None:
             convert(row, where)
         check_values(row, where)
         validate_row(row, where)
-        row.setdefault("id", n)
-        row["_line"] = n
-        rows.append(row)
-    if not rows:
-        raise DataError(f"{source}: the data has no rows")
-    return rows
+
+    return numbered_rows(raw, source, check)
 
 
 def _need(module: str, pip: str, what: str):

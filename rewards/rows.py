@@ -21,7 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,19 +151,27 @@ def read_rows(
         raise DataError(f"{path}: is a directory; give {what}")
     if not path.is_file():
         raise DataError(f"{path}: no such file (give {what})")
+    pairs = ((n, parse_line(line, f"{path}:{n}")) for n, line in _lines(path, max_line_bytes) if line.strip())
+    return numbered_rows(pairs, str(path), check, what="file")
+
+
+def numbered_rows(
+    pairs: Iterable[tuple[int, dict]],
+    source: str,
+    check: Callable[[dict, str], Any] | None = None,
+    what: str = "data",
+) -> list[dict]:
+    """The rows of (row number, row) pairs from any reader, each checked as `check(row, 'source:n')` and
+    given `_line` and, when it has none, `id` (the number); no rows at all is a DataError."""
     rows = []
-    for lineno, line in _lines(path, max_line_bytes):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        row = parse_line(line, where)
+    for n, row in pairs:
         if check is not None:
-            check(row, where)
-        row.setdefault("id", lineno)
-        row["_line"] = lineno
+            check(row, f"{source}:{n}")
+        row.setdefault("id", n)
+        row["_line"] = n
         rows.append(row)
     if not rows:
-        raise DataError(f"{path}: the file has no rows")
+        raise DataError(f"{source}: the {what} has no rows")
     return rows
 
 

@@ -3,27 +3,18 @@ RUN/environment.json, what a run ran on."""
 
 import json
 import subprocess
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 import torch
+from test_resume import TINY, saved_run
 from test_train import ROOT, metrics, run_train
 
-from nanogrpo.config import PRESETS, TrainConfig
+from nanogrpo.config import TrainConfig
 from nanogrpo.cpu import cpu_capability
 from nanogrpo.provenance import git_state
 from nanogrpo.resume import load_config
 from train import cli, main
-
-TINY = PRESETS["tiny"][1]
-
-
-def saved(folder, **kw):
-    """A run folder's config.json (no run in it), as a run with these settings writes it."""
-    cfg = replace(TINY, out_dir=str(folder), **kw)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    return cfg
 
 
 def test_a_rerun_from_config_json_reproduces_the_run(tmp_path):
@@ -43,7 +34,7 @@ def test_a_rerun_from_config_json_reproduces_the_run(tmp_path):
 
 
 def test_flags_override_the_config(tmp_path):
-    cfg = saved(tmp_path / "a", optim=replace(TINY.optim, lr=5e-4), resume=True)  # a resumed run's config
+    cfg = saved_run(tmp_path / "a", optim=replace(TINY.optim, lr=5e-4), resume=True)  # a resumed run's config
     new = cli(
         ["--config=" + str(tmp_path / "a" / "config.json"), "--out-dir", str(tmp_path / "b"), "--steps", "2"]
     )
@@ -52,7 +43,7 @@ def test_flags_override_the_config(tmp_path):
 
 
 def test_the_command_line_refusals_are_one_line(tmp_path):
-    saved(tmp_path / "a")
+    saved_run(tmp_path / "a")
     conf = str(tmp_path / "a" / "config.json")
     r = run_train("--config", conf, timeout=120)  # no --out-dir: the config's own folder
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -70,7 +61,7 @@ def test_the_command_line_refusals_are_one_line(tmp_path):
     ],
 )
 def test_a_rerun_is_a_new_run_in_a_new_folder(tmp_path, args, needle):
-    saved(tmp_path / "a")
+    saved_run(tmp_path / "a")
     (tmp_path / "ran").mkdir()
     (tmp_path / "ran" / "metrics.jsonl").write_text("")
     args = [x.format(a=tmp_path / "a", b=tmp_path / "b", ran=tmp_path / "ran") for x in args]
@@ -88,7 +79,7 @@ def test_a_moved_run_folder_is_refused_too(tmp_path):
 
 
 def test_a_preset_with_config_is_refused(tmp_path):
-    saved(tmp_path / "a")
+    saved_run(tmp_path / "a")
     with pytest.raises(ValueError, match="drop 'tiny'"):
         cli(["tiny", "--config", str(tmp_path / "a" / "config.json"), "--out-dir", str(tmp_path / "b")])
 

@@ -27,7 +27,8 @@ from .metrics import replace_atomically
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout nanogrpo runs from (a git work tree, or not)
 PACKAGES = ("nanogrpo", "torch", "transformers", "tokenizers", "numpy", "triton", "peft")
-# set in the environment, these change which kernels run or how many threads they use (nanogrpo/cpu.py)
+# set in the environment, these change which kernels run or how many threads they use (nanogrpo/cpu.py),
+# or, glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds
 ENV_VARS = (
     "NANOGRPO_KERNELS",
     "NANOGRPO_PACKED",
@@ -35,6 +36,7 @@ ENV_VARS = (
     "ONEDNN_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
     "OMP_NUM_THREADS",
+    "MALLOC_ARENA_MAX",
     "CUDA_VISIBLE_DEVICES",
 )
 

@@ -158,3 +158,28 @@ def test_help_shows_the_presets_values():
     assert default("--sampling.temperature") == "0.7" and default("--seed") == "42"
     assert default("--reward.spec") == "judge_entropy:0.6,concepts:0.3,consistency:0.1"
     assert default("--data.train") == "recipe:clinical" and default("--reward.judge.backend") == "local"
+
+
+def test_demo_reward_pays_for_every_word_a_sentence_drops():
+    """The demo's reward (ROUGE-L + the overlong ramp from 4 tokens to 16) orders a question's answers by
+    length: the one-word answer scores 1, each shorter sentence holding it more than the longer one, and a
+    sentence of 8 tokens less than nothing (docs/STABILITY.md, "The demo on every CPU")."""
+    from rewards import build_reward
+    from rewards.base import Sample
+    from rewards.options import with_max_tokens
+
+    cfg = PRESETS["demo"][1]
+    fn = build_reward(with_max_tokens(cfg.reward, cfg.sampling.max_new_tokens))
+    row = {"reference": "Havana"}
+    answers = [  # (completion, its length in tokens with the end token, as SmolLM2's tokenizer counts)
+        ("Havana", 4),
+        ("Havana.", 5),
+        ("The capital is Havana.", 6),
+        ("The capital of Cuba is Havana.", 8),
+        ("The capital of Cuba, a country in the Caribbean, is Havana", 14),
+    ]
+    rewards, _ = fn([Sample("q", text, row=row, tokens=n) for text, n in answers])
+    assert rewards[0] == pytest.approx(1.0)
+    assert all(a > b for a, b in zip(rewards, rewards[1:])), rewards
+    assert rewards[3] < 0 < rewards[2]
+    assert rewards[4] == pytest.approx(2 / 12 - 10 / 12)  # ROUGE-L of 1 word among 11, minus (14 - 4) / 12

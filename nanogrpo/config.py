@@ -452,10 +452,10 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             lora=LoraConfig(r=16, alpha=32),
             # T=1 and clip-higher (DAPO) keep the groups varied long enough to find the one-word answer;
             # so do no std division (a group of near-identical sentences gets near-zero advantages, not
-            # unit ones) and a small entropy bonus. The length penalty (DAPO's overlong grader, from 4
-            # tokens on, -1 at 16) makes each word less a sentence spends worth more reward, a path down
-            # to the one-word answer that does not wait for it to be sampled: without it the policy could
-            # settle on "The capital of Cuba is Havana." (docs/STABILITY.md, "The demo on every CPU")
+            # unit ones) and a small entropy bonus. The length penalty (DAPO's overlong grader: 0 up to 4
+            # tokens, -1 at 16) pays a sentence for every word it drops, a path down to the one-word answer
+            # that does not wait for that answer to be sampled: without it the policy could settle on "The
+            # capital of Cuba is Havana." (docs/STABILITY.md, "The demo on every CPU")
             sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
             grpo=GRPOConfig(group_size=8, eps_high=0.28, scale_rewards="none", entropy_coef=0.005),
             optim=OptimConfig(lr=3e-4),

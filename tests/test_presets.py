@@ -1,5 +1,6 @@
 """The seed papers' presets (semantic, judge-numbers, clinical, rlvrr, rubric): each runs end to end on the
-tiny model with its embedded data, keeps the paper's settings, and shows them in --help."""
+tiny model with its embedded data, keeps the paper's settings, and shows them in --help. And the demo
+preset's reward: what it pays along the way from a sentence to the one-word answer."""
 
 import json
 import os

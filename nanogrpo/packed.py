@@ -212,7 +212,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
     try:
         return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
+    except (OSError, TypeError):  # no C library to open this way (Windows)
         return None
 
 

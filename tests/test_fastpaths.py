@@ -217,6 +217,24 @@ def test_packed_lm_head_follows_the_weight_and_is_freed_on_exit(tiny_dir, dtype)
             torch.testing.assert_close(second.head(x).float(), want(), **TOL[dtype])
 
 
+def test_packing_hands_free_pages_back_as_it_opens_and_closes(tiny_dir, monkeypatch):
+    """The packing block trims the heap before the copies are made and after they are freed (so they and
+    the training pass's activations do not add up), and not at all when packing does not apply."""
+    import nanogrpo.packed as packed_mod
+
+    model = Transformer.from_pretrained(tiny_dir, dtype=torch.float32)
+    applies = packing_supported(model.lm_head_weight)  # float32: where MKL's packed sgemm runs
+    calls = []
+    monkeypatch.setattr(packed_mod, "release_free_heap", lambda: calls.append("trim"))
+    with torch.no_grad(), packed_weights(model, batch_hint=4) as packed:
+        assert (packed is not None) == applies and len(calls) == applies
+    assert len(calls) == 2 * applies
+    monkeypatch.setenv("NANOGRPO_PACKED", "0")
+    with torch.no_grad(), packed_weights(model, batch_hint=4) as packed:
+        assert packed is None
+    assert len(calls) == 2 * applies
+
+
 def test_release_free_heap_gives_freed_pages_back():
     """Freed blocks in the middle of glibc's heap stay resident until malloc_trim hands their pages back:
     the resident memory falls by most of what was freed (what keeps the packed copies of one call and the

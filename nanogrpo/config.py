@@ -444,7 +444,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
         TrainConfig(
-            steps=80,
+            steps=60,
             prompts_per_step=4,
             eval_prompts=27,
             out_dir="runs/demo",

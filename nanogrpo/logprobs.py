@@ -8,7 +8,11 @@ The G completions of a prompt share it: the forward runs each prompt once, expan
 group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
 row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
 large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
-of a group then share one dropout mask over the prompt.)
+of a group then share one dropout mask over the prompt.) The completion tokens run in groups of rows of
+similar length, each group padded to its own longest row rather than the batch's: a long completion no
+longer makes every short one run its length (TRL, verl and OpenRLHF remove padding with flash-attn's
+variable-length kernels, on GPUs; this works on any device, at one forward per group). Under FSDP every
+rank runs one group, since each forward all-gathers the blocks.
 
 PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
 completion position, from the hidden state that predicts token t. Without a value head every call and
@@ -21,6 +25,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from kernels.logprobs import token_logprobs
 
@@ -118,6 +123,7 @@ class LogprobHead(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
         super().__init__()
         self.model = model
+        self.bucket_lengths = True  # completion tokens in groups of similar length (off under FSDP)
         if value_head is not None:  # no value head: no submodule, the state dict stays the Transformer's
             self.value_head = value_head
 
@@ -143,7 +149,7 @@ class LogprobHead(torch.nn.Module):
             hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
             hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
         else:
-            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first)  # (N, Tc, H)
+            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first, mask)  # (N, Tc, H)
         sel = mask.bool()  # (N, Tc)
         h = hidden[sel]  # (n_tok, H)
         weight = self.model.lm_head_weight  # (V, H)
@@ -164,8 +170,12 @@ class LogprobHead(torch.nn.Module):
         v = torch.zeros_like(logp).masked_scatter(sel, self.value_head(h))  # (N, Tc) V(s_t), 0 on padding
         return logp, entropy, v
 
-    def _shared_prompt_hidden(self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor) -> torch.Tensor:
-        """The hidden states that predict the completion tokens, each prompt run once for its group."""
+    def _shared_prompt_hidden(
+        self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The hidden states that predict the completion tokens, each prompt run once for its group; the
+        completion tokens run in groups of rows of similar length (`length_buckets`), each padded only to
+        its own longest row. Positions after a row's last masked-in token are zeros (never read)."""
         heads = first.nonzero().squeeze(1)  # (P,) one row per prompt
         owner = first.long().cumsum(0) - 1  # (N,) row -> its prompt in 0..P-1
         prefix = PrefixKV(len(self.model.model.layers))
@@ -179,16 +189,57 @@ class LogprobHead(torch.nn.Module):
         h_first = h_prompt[:, -1:].index_select(0, owner)  # (N, 1, H) predicts completion token 0
         if Tc == 1:
             return h_first
-        # completion tokens 0..Tc-2 predict tokens 1..Tc-1; they see the whole prompt and, causally, each other
-        end = Tp + Tc - 1
-        h_rest = self.model(
-            ids[:, Tp:end],
-            attention_mask=attn[:, :end],
-            position_ids=pos[:, Tp:end],
-            kv_cache=prefix.expand(owner),
-            return_hidden=True,
-        )  # (N, Tc-1, H)
+        # completion tokens 0..n-1 predict tokens 1..n; they see the whole prompt and, causally, each other.
+        # A row needs its tokens up to the one before its last masked-in target.
+        last = torch.where(mask.bool(), torch.arange(1, Tc + 1, device=mask.device), 0).amax(1)  # (N,)
+        need = (last - 1).clamp(min=0)  # (N,) completion tokens row i must run
+        if self.bucket_lengths:
+            buckets = length_buckets(need)
+        else:  # one group: every row, as long as the longest completion
+            buckets = [(torch.arange(len(ids), device=ids.device), Tc - 1)]
+        h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
+        for rows, n in buckets:
+            h = self.model(
+                ids[rows, Tp : Tp + n],
+                attention_mask=attn[rows, : Tp + n],
+                position_ids=pos[rows, Tp : Tp + n],
+                kv_cache=prefix.expand(owner[rows]),
+                return_hidden=True,
+            )  # (n_b, n, H)
+            h_rest = h_rest.index_put((rows[:, None], torch.arange(n, device=ids.device)[None, :]), h)
         return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
+
+
+# The completion tokens of a batch run in groups of rows of similar length (length_buckets). A group costs
+# one forward and backward more: on SmolLM2 with LoRA on a 2-core CPU as much as ~33 more token positions
+# (docs/BENCHMARKS.md); on a GPU the fixed cost of a pass is a larger share. So a new group must save at
+# least BUCKET_MIN positions, and 1/BUCKET_SHARE of the positions that one group for the batch would run.
+BUCKET_MIN = 32
+BUCKET_SHARE = 8
+
+
+def length_buckets(need: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Rows grouped so that each group runs padded to its own longest row, not the batch's: [(rows, n)].
+
+    need (N,) long is the number of tokens row i must run; rows that need 0 are in no group. The groups are
+    runs of the rows sorted by need, chosen by dynamic programming over the distinct lengths to minimise
+    the positions run, sum(len(rows) * n), plus a cost per group (see BUCKET_MIN)."""
+    values, counts = need[need > 0].unique(return_counts=True)  # (D,) ascending, (D,)
+    if len(values) == 0:
+        return []
+    per_group = max(BUCKET_MIN, int(counts.sum()) * int(values[-1]) // BUCKET_SHARE)
+    v, cum = values.double().cpu(), F.pad(counts.cumsum(0), (1, 0)).double().cpu()  # (D,), (D+1,)
+    best = torch.zeros(len(v) + 1, dtype=torch.float64)  # best[j]: cheapest cover of the j shortest lengths
+    cut = [0] * (len(v) + 1)  # cut[j]: where the last group of that cover starts
+    for j in range(1, len(v) + 1):
+        cost = best[:j] + per_group + (cum[j] - cum[:j]) * v[j - 1]  # (j,) last group = lengths i..j-1
+        best[j], cut[j] = cost.min(), int(cost.argmin())
+    groups, j = [], len(v)
+    while j > 0:
+        lo, hi = int(values[cut[j]]), int(values[j - 1])
+        groups.append((((need >= lo) & (need <= hi)).nonzero().squeeze(1), hi))  # (rows,), n
+        j = cut[j]
+    return groups[::-1]
 
 
 def completion_logprobs(

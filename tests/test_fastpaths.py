@@ -11,7 +11,15 @@ from nanogrpo import lora
 from nanogrpo.attention import decode_attention
 from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
-from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
+from nanogrpo.logprobs import (
+    BUCKET_MIN,
+    BUCKET_SHARE,
+    LogprobHead,
+    completion_logprobs,
+    length_buckets,
+    make_batch,
+    pad_left,
+)
 from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
 from nanogrpo.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported, release_free_heap
@@ -75,7 +83,8 @@ def test_shared_prompt_forward_equals_per_row(tiny_dir, checkpointing):
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
     logp, ent, grads = logp_and_grads(model, batch)
     hook.remove()
-    assert calls == [(3, 6), (9, 5)]  # 3 prompts once, then the completions (all but their last token)
+    # 3 prompts once, then the completions (all but their last token; row 4's one token needs none)
+    assert calls == [(3, 6), (8, 5)]
 
     per_row = group_batch(model.config.vocab_size)
     per_row.group = torch.arange(len(per_row))  # every row its own prompt: one full pass
@@ -99,6 +108,87 @@ def test_shared_prompt_micro_batches_split_groups(tiny_dir):
     grouped, _ = completion_logprobs(model, one)
     one.group = torch.arange(9)
     torch.testing.assert_close(grouped, completion_logprobs(model, one)[0], atol=1e-5, rtol=0)
+
+
+def test_length_buckets_split_off_the_long_rows():
+    need = torch.tensor([2] * 31 + [15])  # one group: 32 x 15 = 480 positions; two: 31 x 2 + 15 (+ 2 x 60)
+    assert [(r.tolist(), n) for r, n in length_buckets(need)] == [(list(range(31)), 2), ([31], 15)]
+    # one length, or a spread too small to pay for a pass: one group; rows that need nothing: none
+    assert [(r.tolist(), n) for r, n in length_buckets(torch.tensor([0, 3, 3, 0, 2]))] == [([1, 2, 4], 3)]
+    assert length_buckets(torch.tensor([0, 0])) == []
+
+
+def _cover_cost(need: list[int], groups) -> int:
+    rows = sum(v > 0 for v in need)
+    per_group = max(BUCKET_MIN, rows * max(need) // BUCKET_SHARE)
+    return sum(len(r) * n + per_group for r, n in groups)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_length_buckets_is_the_cheapest_cover(seed):
+    """Every row that needs tokens is in exactly one group at least as long as it needs, and no split of
+    the sorted lengths into runs (all 2^(D-1) of them, enumerated) costs less."""
+    g = torch.Generator().manual_seed(seed)
+    need = torch.randint(0, 40, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g)
+    need[torch.rand(len(need), generator=g) < 0.6] //= 8  # long-tailed, as completions are
+    groups = length_buckets(need)
+    seen = torch.cat([r for r, _ in groups]) if groups else torch.zeros(0, dtype=torch.long)
+    assert sorted(seen.tolist()) == (need > 0).nonzero().squeeze(1).tolist()
+    assert all(int(need[r].max()) == n for r, n in groups)
+    values = sorted({v for v in need.tolist() if v > 0})
+    best = None
+    for bits in range(2 ** max(len(values) - 1, 0)):
+        runs, start = [], 0
+        for k in range(len(values)):
+            if k == len(values) - 1 or bits >> k & 1:
+                lo, hi = values[start], values[k]
+                runs.append(([i for i, v in enumerate(need.tolist()) if lo <= v <= hi], hi))
+                start = k + 1
+        cost = _cover_cost(need.tolist(), runs)
+        best = cost if best is None else min(best, cost)
+    assert _cover_cost(need.tolist(), groups) == (best or 0)
+
+
+def test_length_groups_equal_one_group(tiny_dir):
+    """Completion rows run in groups of their own lengths (one long completion among short ones, a row with
+    nothing to score, a mask with a hole) give the log-probs, entropies and LoRA gradients of one group."""
+    model = lora_model(tiny_dir)
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    p_ids, p_mask = pad_left(PROMPTS, 0)
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (9, Tp)
+    comp = torch.randint(1, model.config.vocab_size, (9, 40), generator=g)  # (9, 40)
+    lens = torch.tensor([3, 2, 4, 40, 3, 2, 0, 3, 5])
+    mask = (torch.arange(40)[None, :] < lens[:, None]).float()  # (9, 40)
+    mask[2, 1] = 0  # a hole: row 2 still needs its tokens up to its last target
+    batch = make_batch(p_ids, p_mask, comp, mask)
+    head = LogprobHead(model)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp, ent, grads = logp_and_grads(head, batch)
+    hook.remove()
+    assert calls == [(3, 6), (7, 4), (1, 39)]  # the prompts, the six short rows, the long one
+    head.bucket_lengths = False
+    logp_ref, ent_ref, grads_ref = logp_and_grads(head, batch)
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=0)
+    assert (logp[mask == 0] == 0).all() and (logp[mask == 1] != 0).all()
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_fsdp_runs_the_completions_in_one_group(tiny_dir, tmp_path):
+    """Under FSDP every rank must run its blocks as often as the others (each run all-gathers them)."""
+    import torch.distributed as dist
+
+    from nanogrpo import fsdp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        head = fsdp.shard(LogprobHead(Transformer.from_pretrained(tiny_dir)))
+        assert head.bucket_lengths is False
+    finally:
+        dist.destroy_process_group()
 
 
 def test_prefix_kv_records_then_expands():

@@ -64,7 +64,7 @@ def write_prompts(path: Path, n: int, filler_words: int) -> None:
     """The demo task's train rows (repeated to n), each prompt optionally lengthened by filler words."""
     from nanogrpo.data import demo_rows
 
-    rows = demo_rows("train")
+    rows = demo_rows("train", system=False)  # one user message, as in the recorded runs
     pad = " ".join(FILLER[i % len(FILLER)] for i in range(filler_words))
     with path.open("w") as f:
         for i in range(n):

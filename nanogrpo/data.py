@@ -8,10 +8,10 @@ The rows may also come from a CSV file (a header row), a Parquet file, a `datase
 or `NAME:SPLIT` from the local Hugging Face cache (docs/DATA.md "Formats and column mapping"); columns are
 renamed (--data.prompt-field, --data.rename, ...) before the same checks, and errors name the row.
 
-The built-in `demo` task is generated in code, deterministically: short factual questions asked with
-"Answer in one word." A small instruct model knows most answers but replies in a full sentence, so
-ROUGE-L against the one-word reference spreads within a group from the first step, and GRPO teaches the
-model to answer tersely and correctly. Its held-out split asks about other facts.
+The built-in `demo` task is generated in code, deterministically: short factual questions, with "Reply
+with just the answer, one word." as the system message. A small instruct model knows most answers but
+replies in a full sentence, so ROUGE-L against the one-word reference spreads within a group from the
+first step, and GRPO teaches the model to answer tersely and correctly. Its held-out split asks about other facts.
 """
 
 from __future__ import annotations
@@ -450,8 +450,13 @@ _FACTS: dict[str, list[tuple[str, str]]] = {
 DEMO_INSTRUCTION = "Reply with just the answer, one word."
 
 
-def demo_rows(split: str = "train", seed: int = 1234) -> list[dict]:
-    """The built-in task: every fact once, split 75/25 per question type (deterministic)."""
+def demo_rows(split: str = "train", seed: int = 1234, system: bool = True) -> list[dict]:
+    """The built-in task: every fact once, split 75/25 per question type (deterministic).
+
+    system: the instruction is the system message (what the demo preset trains on: with SmolLM2's chat
+    template 31 tokens a prompt, where its default system message plus the instruction after the
+    question made 47), or, False, it follows the question in one user message (the layout of the KL
+    study's LM grid and of bench/step.py, kept so their recorded numbers still reproduce)."""
     if split not in ("train", "eval"):
         raise ValueError(f"demo split must be 'train' or 'eval', got {split!r}")
     rows = []
@@ -463,13 +468,15 @@ def demo_rows(split: str = "train", seed: int = 1234) -> list[dict]:
         chosen = facts[:n_eval] if split == "eval" else facts[n_eval:]
         for subject, answer in chosen:
             question = template.format(subject)
+            if system:
+                prompt = [
+                    {"role": "system", "content": DEMO_INSTRUCTION},
+                    {"role": "user", "content": question},
+                ]
+            else:
+                prompt = [{"role": "user", "content": f"{question} {DEMO_INSTRUCTION}"}]
             rows.append(
-                {
-                    "id": f"demo-{split}-{len(rows)}",
-                    "prompt": [{"role": "user", "content": f"{question} {DEMO_INSTRUCTION}"}],
-                    "reference": answer,
-                    "answer": answer,
-                }
+                {"id": f"demo-{split}-{len(rows)}", "prompt": prompt, "reference": answer, "answer": answer}
             )
     return rows
 

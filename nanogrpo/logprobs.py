@@ -194,7 +194,9 @@ class LogprobHead(torch.nn.Module):
         last = torch.where(mask.bool(), torch.arange(1, Tc + 1, device=mask.device), 0).amax(1)  # (N,)
         need = (last - 1).clamp(min=0)  # (N,) completion tokens row i must run
         if self.bucket_lengths:
-            buckets = length_buckets(need)
+            slow = ids.device.type == "cpu" and self.model.lm_head_weight.dtype == torch.float32
+            slow = slow and not torch.is_autocast_enabled("cpu")  # float32 matmuls on a CPU
+            buckets = length_buckets(need, BUCKET_MIN if slow else BUCKET_MIN_FAST)
         else:  # one group: every row, as long as the longest completion
             buckets = [(torch.arange(len(ids), device=ids.device), Tc - 1)]
         h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
@@ -211,23 +213,27 @@ class LogprobHead(torch.nn.Module):
 
 
 # The completion tokens of a batch run in groups of rows of similar length (length_buckets). A group costs
-# one forward and backward more: on SmolLM2 with LoRA on a 2-core CPU as much as ~33 more token positions
-# (docs/BENCHMARKS.md); on a GPU the fixed cost of a pass is a larger share. So a new group must save at
-# least BUCKET_MIN positions, and 1/BUCKET_SHARE of the positions that one group for the batch would run.
+# one forward and backward more, which bench/length_groups.py measures in token positions (SmolLM2 + LoRA,
+# 2-core Xeon): ~35 in float32 on the AVX2 code paths, ~200 in bf16 with AMX, whose matmuls are faster
+# while the fixed cost of each op is not. So a new group must save at least BUCKET_MIN positions in float32
+# on a CPU, BUCKET_MIN_FAST elsewhere (bf16, and GPUs, where that value is a guess, not measured), and
+# 1/BUCKET_SHARE of the positions that one group for the batch would run.
 BUCKET_MIN = 32
+BUCKET_MIN_FAST = 256
 BUCKET_SHARE = 8
 
 
-def length_buckets(need: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+def length_buckets(need: torch.Tensor, min_saving: int = BUCKET_MIN) -> list[tuple[torch.Tensor, int]]:
     """Rows grouped so that each group runs padded to its own longest row, not the batch's: [(rows, n)].
 
     need (N,) long is the number of tokens row i must run; rows that need 0 are in no group. The groups are
     runs of the rows sorted by need, chosen by dynamic programming over the distinct lengths to minimise
-    the positions run, sum(len(rows) * n), plus a cost per group (see BUCKET_MIN)."""
+    the positions run, sum(len(rows) * n), plus a cost per group: `min_saving` positions, or more for a
+    large batch (BUCKET_SHARE)."""
     values, counts = need[need > 0].unique(return_counts=True)  # (D,) ascending, (D,)
     if len(values) == 0:
         return []
-    per_group = max(BUCKET_MIN, int(counts.sum()) * int(values[-1]) // BUCKET_SHARE)
+    per_group = max(min_saving, int(counts.sum()) * int(values[-1]) // BUCKET_SHARE)
     v, cum = values.double().cpu(), F.pad(counts.cumsum(0), (1, 0)).double().cpu()  # (D,), (D+1,)
     best = torch.zeros(len(v) + 1, dtype=torch.float64)  # best[j]: cheapest cover of the j shortest lengths
     cut = [0] * (len(v) + 1)  # cut[j]: where the last group of that cover starts

@@ -38,3 +38,17 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     step = json.loads((out / "step.json").read_text())
     assert step, "bench/step.py wrote no measurements"
     assert "machine ceilings" in (out / "generate.log").read_text()  # the roofline's ceilings are printed
+
+
+def test_length_groups_bench_runs_on_the_tiny_model():
+    res = subprocess.run(
+        [sys.executable, "bench/length_groups.py", "--model", "tiny", "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "length groups:" in res.stdout and "4 group(s)" in res.stdout, res.stdout
+    # one 16-token straggler among 2-5-token completions: it runs in a group of its own
+    assert "in 2 groups: 31x4, 1x15" in res.stdout, res.stdout

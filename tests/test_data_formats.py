@@ -147,7 +147,7 @@ def test_tiny_run_from_a_parquet_file(tmp_path):
     from nanogrpo.data import demo_rows
     from train import main
 
-    rows = [{k: r[k] for k in ("id", "reference", "answer")} | {"prompt": r["prompt"][0]["content"]}
+    rows = [{k: r[k] for k in ("id", "reference", "answer")} | {"prompt": r["prompt"][-1]["content"]}
             for r in demo_rows()[:8]]  # fmt: skip
     path = write_parquet(tmp_path / "train.parquet", rows)
     cfg = replace(PRESETS["tiny"][1], out_dir=str(tmp_path / "run"), steps=1)
@@ -163,7 +163,7 @@ def test_train_maps_the_columns_of_a_csv(tmp_path):
 
     path = tmp_path / "qa.csv"
     lines = ["question,solution"] + [
-        f'"{r["prompt"][0]["content"]}",{r["reference"]}' for r in demo_rows()[:4]
+        f'"{r["prompt"][-1]["content"]}",{r["reference"]}' for r in demo_rows()[:4]
     ]
     path.write_text("\n".join(lines) + "\n")
     args = ["tiny", "--data.train", str(path), "--steps", "1", "--log-samples-every", "1"]

@@ -13,6 +13,7 @@ from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
 from nanogrpo.logprobs import (
     BUCKET_MIN,
+    BUCKET_MIN_FAST,
     BUCKET_SHARE,
     LogprobHead,
     completion_logprobs,
@@ -116,6 +117,21 @@ def test_length_buckets_split_off_the_long_rows():
     # one length, or a spread too small to pay for a pass: one group; rows that need nothing: none
     assert [(r.tolist(), n) for r, n in length_buckets(torch.tensor([0, 3, 3, 0, 2]))] == [([1, 2, 4], 3)]
     assert length_buckets(torch.tensor([0, 0])) == []
+    # a spread that pays for a group where a group costs 32 positions (float32 on a CPU), not where it
+    # costs 256 (bf16, GPUs): one group is 32 x 6 = 192 positions, two are 28 x 1 + 4 x 6 = 52
+    need = torch.tensor([1] * 28 + [6] * 4)
+    assert [n for _, n in length_buckets(need, BUCKET_MIN)] == [1, 6]
+    assert [n for _, n in length_buckets(need, BUCKET_MIN_FAST)] == [6]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_length_groups_cost_follows_the_matmuls(tiny_dir, dtype, monkeypatch):
+    import nanogrpo.logprobs as lp
+
+    seen = []
+    monkeypatch.setattr(lp, "length_buckets", lambda need, m: seen.append(m) or [(torch.arange(9), 5)])
+    completion_logprobs(lora_model(tiny_dir, dtype=dtype), group_batch(1024))
+    assert seen == [BUCKET_MIN if dtype == torch.float32 else BUCKET_MIN_FAST]
 
 
 def _cover_cost(need: list[int], groups) -> int:

@@ -52,7 +52,7 @@ def lm_task(out: Path, n: int = LM_ROWS) -> Path:
     """n rows of the built-in demo task (a fixed shuffle) as JSONL in the output folder."""
     path = out / "task.jsonl"
     if not path.exists():
-        rows = demo_rows("train")
+        rows = demo_rows("train", system=False)  # the layout the recorded grid ran on
         random.Random(0).shuffle(rows)
         out.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))

@@ -10,9 +10,9 @@ row's prompt + completion (up to float rounding), at a fraction of the cost when
 large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
 of a group then share one dropout mask over the prompt.) The completion tokens run in groups of rows of
 similar length, each group padded to its own longest row rather than the batch's: a long completion no
-longer makes every short one run its length (TRL, verl and OpenRLHF remove padding with flash-attn's
-variable-length kernels, on GPUs; this works on any device, at one forward per group). Under FSDP every
-rank runs one group, since each forward all-gathers the blocks.
+longer makes every short one run its length. (Removing the padding altogether takes variable-length
+attention kernels, such as flash-attn's on GPUs; this needs none and runs on any device, at one forward
+per group.) Under FSDP every rank runs one group, since each forward all-gathers the blocks.
 
 PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
 completion position, from the hidden state that predicts token t. Without a value head every call and

@@ -48,7 +48,7 @@ def test_grader_needing_missing_field_is_refused(tmp_path):
 def test_demo_task_is_deterministic_and_splits_disjoint():
     tr, ev = demo_rows("train"), demo_rows("eval")
     assert tr == demo_rows("train") and len(tr) == 3 * len(ev) > 0
-    q = lambda rows: {r["prompt"][0]["content"] for r in rows}
+    q = lambda rows: {r["prompt"][-1]["content"] for r in rows}
     assert not q(tr) & q(ev)
 
 

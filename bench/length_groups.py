@@ -86,14 +86,16 @@ def main() -> None:
     )
 
     batch = make_batch(a.prompts, a.group, a.prompt_tokens, lens, V)
-    need = (batch.mask.shape[1] - 1) * N
-    groups = lp.length_buckets((batch.mask.sum(1).long() - 1).clamp(min=0))
+    one_group = (batch.mask.shape[1] - 1) * N
+    groups = lp.length_buckets(
+        (batch.mask.sum(1).long() - 1).clamp(min=0), lp.group_cost(model.lm_head_weight)
+    )
     ran = sum(len(r) * n for r, n in groups)
     head.bucket_lengths = False
     t_one = fwd_bwd(head, batch, a.repeat)
     head.bucket_lengths = True
     t_groups = fwd_bwd(head, batch, a.repeat)
-    print(f"one group:     {t_one:.3f} s  ({need} completion positions)")
+    print(f"one group:     {t_one:.3f} s  ({one_group} completion positions)")
     print(f"length groups: {t_groups:.3f} s  ({ran} positions in {len(groups)} groups: "
           f"{', '.join(f'{len(r)}x{n}' for r, n in groups)})  ratio {t_groups / t_one:.2f}")  # fmt: skip
 
@@ -103,7 +105,7 @@ def main() -> None:
     base = None
     for k in (1, 2, 4):
         lp_groups = lp.length_buckets
-        lp.length_buckets = lambda need, k=k: [(torch.arange(N)[i::k], n) for i in range(k)]
+        lp.length_buckets = lambda need, min_saving, k=k: [(torch.arange(N)[i::k], n) for i in range(k)]
         try:
             t = fwd_bwd(head, same, a.repeat)
         finally:

@@ -194,9 +194,7 @@ class LogprobHead(torch.nn.Module):
         last = torch.where(mask.bool(), torch.arange(1, Tc + 1, device=mask.device), 0).amax(1)  # (N,)
         need = (last - 1).clamp(min=0)  # (N,) completion tokens row i must run
         if self.bucket_lengths:
-            slow = ids.device.type == "cpu" and self.model.lm_head_weight.dtype == torch.float32
-            slow = slow and not torch.is_autocast_enabled("cpu")  # float32 matmuls on a CPU
-            buckets = length_buckets(need, BUCKET_MIN if slow else BUCKET_MIN_FAST)
+            buckets = length_buckets(need, group_cost(self.model.lm_head_weight))
         else:  # one group: every row, as long as the longest completion
             buckets = [(torch.arange(len(ids), device=ids.device), Tc - 1)]
         h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
@@ -221,6 +219,15 @@ class LogprobHead(torch.nn.Module):
 BUCKET_MIN = 32
 BUCKET_MIN_FAST = 256
 BUCKET_SHARE = 8
+
+
+def group_cost(weight: torch.Tensor) -> int:
+    """The positions a new group must save for a model whose weights are `weight`'s dtype and device:
+    BUCKET_MIN for float32 matmuls on a CPU, BUCKET_MIN_FAST otherwise."""
+    slow = (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+    )
+    return BUCKET_MIN if slow else BUCKET_MIN_FAST
 
 
 def length_buckets(need: torch.Tensor, min_saving: int = BUCKET_MIN) -> list[tuple[torch.Tensor, int]]:

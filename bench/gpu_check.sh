@@ -22,8 +22,10 @@
 #      nanogrpo vs transformers when transformers is there     -> generate.json, generate.log
 #   6. bench/step.py --plan: one LoRA GRPO step on that model (time split, CUDA peak) next to
 #      bench/memory_plan.py's prediction for the same config.json  -> step.json, step.log
-# Steps 4-6 take ~100 s and keep that much of the budget (MODEL_RESERVE); override their flags with
-# GENERATE_ARGS / STEP_ARGS. The last thing printed is the table; RESULTS_DIR holds the full numbers.
+#   7. bench/length_groups.py: the training forward + backward with the completions in length groups
+#      against one group, and the fixed cost of a group (what logprobs.BUCKET_MIN_FAST should be) -> groups.log
+# Steps 4-7 take ~130 s and keep that much of the budget (MODEL_RESERVE); override their flags with
+# GENERATE_ARGS / STEP_ARGS / GROUPS_ARGS. The last thing printed is the table; RESULTS_DIR holds the full numbers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,13 +68,13 @@ step() {
 # missing PYTHON_MODULES...: prints the ones that cannot be imported (empty when all are there)
 missing() { $PY -c 'import importlib.util as u, sys; print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' "$@"; }
 
-# model_steps MODEL GENERATE_ARGS STEP_ARGS: steps 4-6 (see the header), each skipped with the reason
-# when a package it needs is missing
+# model_steps MODEL GENERATE_ARGS STEP_ARGS GROUPS_ARGS: steps 4-7 (see the header), each skipped with
+# the reason when a package it needs is missing
 model_steps() {
-    local model=$1 gen_args=$2 step_args=$3 miss
+    local model=$1 gen_args=$2 step_args=$3 groups_args=$4 miss
     miss=$(missing safetensors)
     if [ -n "$miss" ]; then
-        for s in model generate step; do
+        for s in model generate step groups; do
             printf '%-10s %-8s %s\n' "$s" skipped "needs $miss (nanogrpo loads and saves weights with it; wheel in .whl/)" >>"$STATUS"
         done
         return
@@ -85,6 +87,7 @@ model_steps() {
     else
         step step 90 $PY bench/step.py $step_args
     fi
+    step groups 60 $PY bench/length_groups.py $groups_args
 }
 
 # 0. offline wheels (see above)
@@ -103,25 +106,28 @@ fi
     nproc
 } | tee "$RESULTS/env.txt"
 
-RESERVE=${MODEL_RESERVE:-130} # seconds kept for steps 4-6
+RESERVE=${MODEL_RESERVE:-170} # seconds kept for steps 4-7
 if [ "$SMOKE" = 1 ]; then
     # the same steps at tiny shapes: a 2-layer random model with Qwen2.5-0.5B's vocabulary and width
     step kernels $(($(left) - RESERVE)) $PY bench/kernels.py --cpu-smoke --out "$RESULTS" --budget-s $(($(left) - RESERVE - 40))
     MODEL=${GPU_MODEL:-random:qwen2.5-0.5b:layers=2}
     model_steps "$MODEL" \
         "${GENERATE_ARGS:---model $MODEL --device cpu --dtype float32 --threads 1 --prompts 2 --group 2 --new-tokens 4 --roofline 1,4 --peak-gbs 20 --warmup 0 --repeats 1 --json $RESULTS/generate.json}" \
-        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cpu --threads 1 --prompts 2 --group 2 --new-tokens 4 --filler-words 10 --micro-batch 2 --checkpointing --steps 1 --warmup 0 --plan --json $RESULTS/step.json}"
+        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cpu --threads 1 --prompts 2 --group 2 --new-tokens 4 --filler-words 10 --micro-batch 2 --checkpointing --steps 1 --warmup 0 --plan --json $RESULTS/step.json}" \
+        "${GROUPS_ARGS:---model $MODEL --device cpu --prompts 2 --group 4 --prompt-tokens 8 --lengths 2,3,2,4 --long 12 --repeat 1}"
 else
     # 2. correctness on CUDA first: a wrong kernel's timings are worthless
     step tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/test_kernels_logprobs.py tests/test_kernels_lcs.py tests/test_kernels_cosine.py
     # 3. kernels, keeping RESERVE seconds for the model steps after it
     step kernels $(($(left) - RESERVE)) $PY bench/kernels.py --out "$RESULTS" --budget-s $(($(left) - RESERVE - 40))
-    # 4.-6. a random Qwen2.5-1.5B: decode vs the roofline first, then one GRPO step against the memory plan
-    # (P=8 x G=8, ~250-token prompts + 256 new tokens, micro-batch 16, checkpointing on)
+    # 4.-7. a random Qwen2.5-1.5B: decode vs the roofline first, then one GRPO step against the memory plan
+    # (P=8 x G=8, ~250-token prompts + 256 new tokens, micro-batch 16, checkpointing on), then length
+    # groups on a batch of short completions (8-40 tokens) with one 256-token straggler
     MODEL=${GPU_MODEL:-random:qwen2.5-1.5b}
     model_steps "$MODEL" \
         "${GENERATE_ARGS:---model $MODEL --device cuda --prompts 4 --group 8 --new-tokens 64 --roofline 1,64 --warmup 1 --repeats 2 --json $RESULTS/generate.json}" \
-        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cuda --prompts 8 --group 8 --new-tokens 256 --filler-words 70 --micro-batch 16 --checkpointing --steps 1 --warmup 1 --plan --json $RESULTS/step.json}"
+        "${STEP_ARGS:---model $MODEL --side nanogrpo --device cuda --prompts 8 --group 8 --new-tokens 256 --filler-words 70 --micro-batch 16 --checkpointing --steps 1 --warmup 1 --plan --json $RESULTS/step.json}" \
+        "${GROUPS_ARGS:---model $MODEL --device cuda --dtype bfloat16 --prompts 8 --group 8 --prompt-tokens 250 --lengths 8,16,12,40,8,24,16,12 --long 256 --repeat 2}"
 fi
 
 # the table, last
@@ -132,4 +138,5 @@ echo
 [ -f "$RESULTS/kernels.log" ] && sed -n '/^what /,$p' "$RESULTS/kernels.log"
 [ -f "$RESULTS/generate.log" ] && sed -n '/^model /,/^reproduce/p' "$RESULTS/generate.log"
 [ -f "$RESULTS/step.log" ] && sed -n '/^GRPO step/,$p' "$RESULTS/step.log"
+[ -f "$RESULTS/groups.log" ] && sed -n '/^one group/,/^reproduce/p' "$RESULTS/groups.log"
 exit 0

@@ -8,11 +8,14 @@ side by side in one process, on a GRPO batch of P prompts x G completions whose 
     python bench/length_groups.py                          # SmolLM2-135M + LoRA r=16, 4 x 8, the demo's shapes
     python bench/length_groups.py --model tiny --repeat 1  # seconds, to check that it runs
     python bench/length_groups.py --lengths 3,2,3,4 --long 64
+    python bench/length_groups.py --model random:qwen2.5-1.5b --device cuda --dtype bfloat16 --long 256
 
 --lengths is the completion lengths of one group, repeated over the batch; --long sets the last row's
 completion to that many tokens (one straggler, as a sampled batch often has; 0: none). Then the same
 rows, all of --lengths' longest, split into 1, 2 and 4 groups by hand: the fixed cost of one more group
-(a forward and backward of the layers), which logprobs.BUCKET_MIN weighs in token positions.
+(a forward and backward of the layers), which logprobs.group_cost weighs in token positions (BUCKET_MIN
+for float32 on a CPU, BUCKET_MIN_FAST elsewhere): on a GPU this measures the value BUCKET_MIN_FAST
+should have.
 """
 
 from __future__ import annotations
@@ -48,11 +51,14 @@ def make_batch(P: int, G: int, Tp: int, lens: list[int], vocab: int) -> lp.Batch
 
 def fwd_bwd(head: lp.LogprobHead, batch: lp.Batch, repeat: int) -> float:
     """Best of `repeat` forward + backward passes (entropy differentiable, as with an entropy bonus), s."""
+    sync = torch.cuda.synchronize if batch.ids.is_cuda else (lambda: None)
     times = []
     for _ in range(repeat + 1):  # the first is a warm-up
+        sync()
         t0 = time.perf_counter()
         logp, ent = lp.completion_logprobs(head, batch, 1.0, None, entropy_grad=True)
         (logp.sum() + ent.sum()).backward()
+        sync()
         times.append(time.perf_counter() - t0)
         head.zero_grad(set_to_none=True)
     return min(times[1:])
@@ -62,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="smollm2, tiny, an HF folder or random:SHAPE")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=31, help="the demo's prompts are 29-34 tokens")
@@ -71,7 +78,7 @@ def main() -> None:
     a = ap.parse_args()
 
     dtype = getattr(torch, a.dtype)
-    model = Transformer.from_pretrained(resolve_model(a.model), dtype=dtype)
+    model = Transformer.from_pretrained(resolve_model(a.model), dtype=dtype, device=a.device)
     inject_lora(model, r=16, alpha=32)
     model.train()
     head = lp.LogprobHead(model)
@@ -80,12 +87,15 @@ def main() -> None:
     lens = [group[i % len(group)] for i in range(N)]
     if a.long:
         lens[-1] = a.long
-    print(f"model {a.model} {a.dtype} on cpu {cpu_capability()}, {torch.get_num_threads()} threads")
+    where = f"cpu {cpu_capability()}, {torch.get_num_threads()} threads"
+    if a.device != "cpu":
+        where = f"{a.device} ({torch.cuda.get_device_name(a.device)})"
+    print(f"model {a.model} {a.dtype} on {where}")
     print(
         f"P={a.prompts} x G={a.group}, prompts {a.prompt_tokens} tokens, completions {min(lens)}-{max(lens)}"
     )
 
-    batch = make_batch(a.prompts, a.group, a.prompt_tokens, lens, V)
+    batch = make_batch(a.prompts, a.group, a.prompt_tokens, lens, V).to(a.device)
     one_group = (batch.mask.shape[1] - 1) * N
     groups = lp.length_buckets(
         (batch.mask.sum(1).long() - 1).clamp(min=0), lp.group_cost(model.lm_head_weight)
@@ -101,11 +111,12 @@ def main() -> None:
 
     # the fixed cost of a group: the same rows, all of one length, split into 1, 2 and 4 groups by hand
     n = max(group) - 1
-    same = make_batch(a.prompts, a.group, a.prompt_tokens, [max(group)] * N, V)
+    same = make_batch(a.prompts, a.group, a.prompt_tokens, [max(group)] * N, V).to(a.device)
     base = None
     for k in (1, 2, 4):
         lp_groups = lp.length_buckets
-        lp.length_buckets = lambda need, min_saving, k=k: [(torch.arange(N)[i::k], n) for i in range(k)]
+        split = [(torch.arange(N, device=a.device)[i::k], n) for i in range(k)]
+        lp.length_buckets = lambda need, min_saving, split=split: split
         try:
             t = fwd_bwd(head, same, a.repeat)
         finally:

@@ -1,7 +1,7 @@
 """The benchmarks still run: bench/gpu_check.sh --cpu-smoke runs every bench of bench/ at tiny shapes on the
 CPU (kernels, a random model, the sampler against the roofline, one GRPO step through train.py against the
-memory plan). Benchmarks are not tests and their timings gate nothing; this only catches a bench that no
-longer runs against the code it measures."""
+memory plan, length groups in the training forward). Benchmarks are not tests and their timings gate
+nothing; this only catches a bench that no longer runs against the code it measures."""
 
 import json
 import os
@@ -30,7 +30,7 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     status = {line.split()[0]: line for line in (out / "status.txt").read_text().splitlines() if line.strip()}
-    assert set(status) == {"kernels", "model", "generate", "step"}, status
+    assert set(status) == {"kernels", "model", "generate", "step", "groups"}, status
     for name, line in status.items():
         assert line.split()[1] == "ok", (
             f"bench step {name} did not run: {line}\n" + (out / f"{name}.log").read_text()[-2000:]
@@ -38,6 +38,7 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     step = json.loads((out / "step.json").read_text())
     assert step, "bench/step.py wrote no measurements"
     assert "machine ceilings" in (out / "generate.log").read_text()  # the roofline's ceilings are printed
+    assert "length groups:" in (out / "groups.log").read_text() and "length groups:" in res.stdout  # in the table
 
 
 def test_length_groups_bench_runs_on_the_tiny_model():

@@ -197,16 +197,28 @@ class LogprobHead(torch.nn.Module):
             buckets = length_buckets(need, group_cost(self.model.lm_head_weight))
         else:  # one group: every row, as long as the longest completion
             buckets = [(torch.arange(len(ids), device=ids.device), Tc - 1)]
-        h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
-        for rows, n in buckets:
-            h = self.model(
+
+        def run(rows: torch.Tensor | slice, n: int) -> torch.Tensor:  # the first n completion tokens of rows
+            return self.model(
                 ids[rows, Tp : Tp + n],
                 attention_mask=attn[rows, : Tp + n],
                 position_ids=pos[rows, Tp : Tp + n],
                 kv_cache=prefix.expand(owner[rows]),
                 return_hidden=True,
             )  # (n_b, n, H)
-            h_rest = h_rest.index_put((rows[:, None], torch.arange(n, device=ids.device)[None, :]), h)
+
+        every = len(buckets) == 1 and len(buckets[0][0]) == len(ids)  # one group holds every row
+        if every:  # then the rows run as they are: no gather, no scatter
+            n = buckets[0][1]
+            h_rest = run(slice(None), n)  # (N, n, H)
+            if n < Tc - 1:
+                h_rest = F.pad(h_rest, (0, 0, 0, Tc - 1 - n))  # (N, Tc-1, H)
+        else:
+            h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
+            for rows, n in buckets:
+                h_rest = h_rest.index_put(
+                    (rows[:, None], torch.arange(n, device=ids.device)[None, :]), run(rows, n)
+                )
         return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
 
 

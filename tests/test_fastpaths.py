@@ -193,6 +193,31 @@ def test_length_groups_equal_one_group(tiny_dir):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_one_group_of_every_row_runs_only_its_length(tiny_dir):
+    """Every row of one length, the batch padded wider (the sampler's longest row since dropped): one
+    forward of that length over the rows as they are, equal to the per-row full pass."""
+    model = lora_model(tiny_dir)
+    model.train()
+    g = torch.Generator().manual_seed(2)
+    p_ids, p_mask = pad_left(PROMPTS, 0)
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (9, Tp)
+    comp = torch.randint(1, model.config.vocab_size, (9, 10), generator=g)  # (9, 10)
+    mask = (torch.arange(10)[None, :] < 4).float().expand(9, 10).clone()  # (9, 10) 4 tokens each
+    batch = make_batch(p_ids, p_mask, comp, mask)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp, ent, grads = logp_and_grads(LogprobHead(model), batch)
+    hook.remove()
+    assert calls == [(3, 6), (9, 3)]  # the prompts, then tokens 0-2 of every row (they predict 1-3)
+    batch.group = torch.arange(9)  # every row its own prompt: one full pass each, no groups at all
+    logp_ref, ent_ref, grads_ref = logp_and_grads(model, batch)
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=0)
+    assert (logp[:, 4:] == 0).all() and (logp[:, :4] != 0).all()
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_fsdp_runs_the_completions_in_one_group(tiny_dir, tmp_path):
     """Under FSDP every rank must run its blocks as often as the others (each run all-gathers them)."""
     import torch.distributed as dist

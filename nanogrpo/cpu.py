@@ -3,13 +3,16 @@
 CPUs differ (seen: a Xeon with AMX; an AMD EPYC with AVX512-BF16; an AMD EPYC with AVX2 only), and two
 choices depend on it: the dtype that `--model.dtype auto` picks (bf16 only where the CPU multiplies bf16
 natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and how the sampler
-packs its weights (packed.py): bf16 ones for oneDNN, float32 ones for MKL's packed sgemm.
+packs its weights (packed.py): bf16 ones for oneDNN; float32 ones for MKL's packed sgemm on Intel CPUs and
+for oneDNN on the others. MKL picks its fastest code by the CPU's vendor: on an AMD EPYC its packed sgemm
+ran the decode step's matmuls 1.5-2x slower than oneDNN's packed float32 (slower even than its own plain
+sgemm), while on a Xeon it was 5-10% faster than oneDNN's (docs/BENCHMARKS.md).
 
 Why a probe and not the flags alone: /proc/cpuinfo says what the silicon has, not what oneDNN will run.
 oneDNN's bf16 path needs avx_ne_convert or AVX512 (bw, vl, dq): on an AVX2-only CPU its bf16 weight reorder
 raises "bf16 path needs the cpu support ...", and ONEDNN_MAX_CPU_ISA caps it below what the flags say. So
 the packed path is decided by packing a tiny bf16 weight and running one linear on it; when that raises,
-everything runs on the plain path; MKL's float32 packing is tried the same way. The ISA level is the one
+everything runs on the plain path; oneDNN's and MKL's float32 packing are tried the same way. The ISA level is the one
 torch's own kernels run at, so it honours ATEN_CPU_CAPABILITY too:
 `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2` makes any Intel x86 machine
 behave as an AVX2-only one (float32 by default, no bf16 packing, AVX2 matmuls), which is how the tests check
@@ -20,6 +23,8 @@ run AVX512 code.
 from __future__ import annotations
 
 import functools
+import os
+import platform
 from dataclasses import dataclass
 
 import torch
@@ -37,17 +42,44 @@ class CpuCapability:
     """oneDNN's bf16 weight packing and linear run here (tried once on a tiny weight)."""
     mkl_packed_fp32: bool
     """MKL's packed float32 sgemm runs here (tried once on a tiny weight; torch builds without MKL lack it)."""
+    onednn_fp32: bool
+    """oneDNN's float32 weight packing and linear run here (tried once on a tiny weight)."""
+    vendor: str
+    """The CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...), '' where the OS does not tell."""
 
     @property
     def bf16(self) -> bool:
         """bf16 is the fast compute dtype here: native bf16 units, and oneDNN's bf16 path runs on them."""
         return self.bf16_units and self.onednn_bf16
 
+    @property
+    def fp32_packing(self) -> str | None:
+        """Who packs the sampler's float32 weights: NANOGRPO_PACKED_FP32=mkl|onednn where set (to compare the
+        two on one machine), else `default_fp32_packing`."""
+        asked = os.environ.get("NANOGRPO_PACKED_FP32", "")
+        if not asked:
+            return self.default_fp32_packing
+        runs = {"onednn": self.onednn_fp32, "mkl": self.mkl_packed_fp32}
+        if asked not in runs:
+            raise ValueError(f"NANOGRPO_PACKED_FP32={asked!r}: use one of {sorted(runs)}, or unset it")
+        if not runs[asked]:
+            raise ValueError(f"NANOGRPO_PACKED_FP32={asked}: it does not run on this CPU ({self}); unset it")
+        return asked
+
+    @property
+    def default_fp32_packing(self) -> str | None:
+        """'mkl' on Intel CPUs and 'onednn' on the others (MKL's packed sgemm is tuned for Intel's), or
+        whichever of the two runs where only one does; None where neither does."""
+        order = ("mkl", "onednn") if self.vendor == "GenuineIntel" else ("onednn", "mkl")
+        runs = {"onednn": self.onednn_fp32, "mkl": self.mkl_packed_fp32}
+        return next((name for name in order if runs[name]), None)
+
     def __str__(self) -> str:
         yes = lambda b: "yes" if b else "no"
+        packer = {"onednn": "oneDNN", "mkl": "MKL", None: "none"}[self.default_fp32_packing]
         return (
             f"{self.isa} (bf16 units: {yes(self.bf16_units)}, oneDNN bf16: {yes(self.onednn_bf16)}, "
-            f"MKL packed float32: {yes(self.mkl_packed_fp32)})"
+            f"float32 packing: {packer}; {self.vendor or 'vendor unknown'})"
         )
 
 
@@ -60,7 +92,14 @@ def cpu_capability() -> CpuCapability:
             isa = "AMX"
         elif _flag("_is_avx512_bf16_supported"):
             isa = "AVX512-BF16"
-    return CpuCapability(isa, isa in BF16_ISAS, _onednn_bf16_runs(), _mkl_packed_fp32_runs())
+    return CpuCapability(
+        isa,
+        isa in BF16_ISAS,
+        _onednn_runs(torch.bfloat16),
+        _mkl_packed_fp32_runs(),
+        _onednn_runs(torch.float32),
+        _vendor(),
+    )
 
 
 def _flag(name: str) -> bool:
@@ -69,16 +108,31 @@ def _flag(name: str) -> bool:
     return bool(check()) if check is not None else False
 
 
-def _onednn_bf16_runs() -> bool:
-    """Pack a tiny bf16 weight for oneDNN and apply it, as packed.PackedLinear does; False if either raises
-    ("bf16 path needs the cpu support avx_ne_convert or avx512bw, ...") or the result is wrong."""
+def _onednn_runs(dtype: torch.dtype) -> bool:
+    """Pack a tiny weight of `dtype` for oneDNN and apply it, as packed.PackedLinear does; False if either
+    raises (bf16 on an AVX2-only CPU: "bf16 path needs the cpu support avx_ne_convert or avx512bw, ...")
+    or the result is wrong."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
     return _tiny_linear_runs(
-        torch.bfloat16,
+        dtype,
         lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 2),
         lambda x, packed, w: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
     )
+
+
+def _vendor() -> str:
+    """The CPU's vendor string: /proc/cpuinfo's vendor_id on Linux, the one platform.processor() ends with
+    on Windows ('... GenuineIntel'); '' elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    words = platform.processor().split()
+    return words[-1] if words and words[-1] in ("GenuineIntel", "AuthenticAMD") else ""
 
 
 def _mkl_packed_fp32_runs() -> bool:

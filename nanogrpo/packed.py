@@ -1,10 +1,12 @@
 """Sampling weights for the CPU: every linear layer's weight with its LoRA update folded in, packed once per
-call to `generate`, q|k|v and gate|up fused. bf16 weights are packed into oneDNN's blocked layout, float32
-weights into MKL's packed sgemm layout.
+call to `generate`, q|k|v and gate|up fused. bf16 weights are packed into oneDNN's blocked layout; float32
+weights into MKL's packed sgemm layout on Intel CPUs and into oneDNN's on the others (`cpu.py` says why;
+NANOGRPO_PACKED_FP32=mkl|onednn picks one).
 
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain `F.linear`
 re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-30% faster matmuls on
-SmolLM2's shapes; float32: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512), folding the LoRA update
+SmolLM2's shapes; float32 on a Xeon, MKL's: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512;
+float32 on an AMD EPYC, oneDNN's: 25-70% at M = 1-160 with AVX2 code), folding the LoRA update
 into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
 read the same input saves a few percent more. The packed modules are swapped in for the model's own and
 put back on the way out; the copies, the LM head's included, live only for the duration of the `with`
@@ -18,7 +20,7 @@ copy, which was then kept across steps). So the block hands glibc's free pages b
 opens (the training pass's) and as it closes (the sampler's), and packs the head at every call (~35 ms):
 the step then peaks where the unpacked one does, for ~0.1-0.2 s of page faults in the next training pass.
 
-oneDNN's packed bf16 weight serves any number of rows. MKL's packed float32 weight serves one row count:
+oneDNN's packed weight serves any number of rows. MKL's packed float32 weight serves one row count:
 a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain
 sgemm); any other call (the prefill's P x L rows) runs the original modules; when the sampler drops
 ended rows and the batch falls to half the packed size or less, `Packed.shrunk` packs again for it if
@@ -26,9 +28,10 @@ enough decode steps are left to repay the packing.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
 no packing. `packed_weights(model)` is a no-op unless the model's weights are bf16 on a CPU where oneDNN's
-bf16 path runs, or float32 on a CPU where MKL's packed sgemm runs: `nanogrpo.cpu` tries each once per
-process, because the CPU flags do not tell (on an AVX2-only CPU oneDNN's bf16 reorder raises; a build of
-torch without MKL, as on ARM, has no packed sgemm), and elsewhere the model samples on its plain weights.
+bf16 path runs, or float32 on a CPU where oneDNN's or MKL's float32 packing runs: `nanogrpo.cpu` tries
+each once per process, because the CPU flags do not tell (on an AVX2-only CPU oneDNN's bf16 reorder
+raises; a build of torch without MKL, as on ARM, has no packed sgemm), and elsewhere the model samples on
+its plain weights.
 NANOGRPO_PACKED=0 turns packing off.
 """
 
@@ -51,19 +54,19 @@ from .lora import LoraLinear
 
 def packing_supported(weight: torch.Tensor) -> bool:
     """Packing applies to this weight: on the CPU, not switched off by NANOGRPO_PACKED=0, and either bf16
-    where oneDNN's bf16 reorder and linear run, or float32 where MKL's packed sgemm runs (each tried once by
-    `cpu_capability()`, not read from flags)."""
+    where oneDNN's bf16 reorder and linear run, or float32 where oneDNN's or MKL's float32 packing runs
+    (each tried once by `cpu_capability()`, not read from flags)."""
     if weight.device.type != "cpu" or os.environ.get("NANOGRPO_PACKED", "1") == "0":
         return False
     cap = cpu_capability()
     return (weight.dtype == torch.bfloat16 and cap.onednn_bf16) or (
-        weight.dtype == torch.float32 and cap.mkl_packed_fp32
+        weight.dtype == torch.float32 and cap.fp32_packing is not None
     )
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T + b with a bf16 W pre-packed for oneDNN; `batch_hint` is the expected number of rows (any
-    number works).
+    """y = x @ W^T + b with a bf16 or float32 W pre-packed for oneDNN; `batch_hint` is the expected number of
+    rows (any number works).
 
     A module without parameters (the packed copy is a plain attribute): swapped in for a projection while
     the sampler runs, it adds nothing to the state dict or the optimizer."""
@@ -74,7 +77,7 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), batch_hint)
         self.packed_bias = None if bias is None else bias.to(weight.dtype)
 
-    def rebatch(self, rows: int) -> None:
+    def shrunk(self, rows: int, steps_left: int) -> None:
         """Nothing to do: oneDNN's packed weight serves any number of rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,6 +196,8 @@ def _fused(
         weights = [effective_weight(m) for m in mods]
         return PackedLinear(torch.cat(weights) if len(mods) > 1 else weights[0], bias, batch_hint)
     scratch = scratch or Scratch()
+    if cpu_capability().fp32_packing == "onednn":  # oneDNN copies the folded weight out of the buffer
+        return PackedLinear(scratch.stacked(mods), bias, batch_hint)
     plain = mods[0] if len(mods) == 1 else (lambda x: torch.cat([m(x) for m in mods], -1))
     return MklPackedLinear(
         lambda: scratch.stacked(mods), None if bias is None else bias.float(), batch_hint, plain
@@ -202,7 +207,7 @@ def _fused(
 def _packed_head(head: torch.Tensor, batch_hint: int) -> PackedLinear | MklPackedLinear:
     """The LM head, packed for this call. Not kept across calls even when frozen (as under LoRA): the kept
     copy (113 MB for SmolLM2 in float32) stayed live through the training pass and raised its peak."""
-    if head.dtype == torch.bfloat16:
+    if head.dtype == torch.bfloat16 or cpu_capability().fp32_packing == "onednn":
         return PackedLinear(head, None, batch_hint)
     return MklPackedLinear(lambda: head, None, batch_hint, lambda h: h @ head.T)
 
@@ -237,8 +242,7 @@ class Packed:
         """The sampler dropped ended rows and decodes `rows` for at most `steps_left` more steps (MKL's
         float32 copies may pack again for it; oneDNN's serve any count)."""
         for m in [self.head, *self.projections]:
-            if isinstance(m, MklPackedLinear):
-                m.shrunk(rows, steps_left)
+            m.shrunk(rows, steps_left)
 
     def drop(self) -> None:
         """Free the copies."""

@@ -16,8 +16,8 @@ sampler-trainer gap (grpo.importance_weights); GRPO refuses top-k / top-p, whose
 distribution the loss does not see (docs/KL.md). Evaluation may use both.
 
 On the CPU, a model samples with packed copies of its weights with LoRA folded in (packed.py: oneDNN's
-layout for bf16, MKL's packed sgemm for float32); a bf16 model keeps a float32 cache (the fp32 attention
-kernels are the faster ones there).
+layout for bf16, and for float32 MKL's packed sgemm on Intel CPUs, oneDNN's elsewhere); a bf16 model keeps
+a float32 cache (the fp32 attention kernels are the faster ones there).
 
 Departures from transformers' `generate`: only the last position of the prefill goes through the LM head
 (no [B, T, V] logits), a draw is one uniform per row through the CDF of the kept tokens (top-k and

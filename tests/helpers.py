@@ -22,3 +22,37 @@ def run_eval(*args, cwd) -> subprocess.CompletedProcess:
         [sys.executable, str(ROOT / "eval.py"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
+
+
+def packing_params() -> list:
+    """pytest params (dtype, fp32 packer) for each way this CPU packs the sampler's weights: bf16 for oneDNN
+    (packer None), float32 for oneDNN ('onednn') and for MKL ('mkl'); each skipped, saying why, where it does
+    not run here or NANOGRPO_PACKED=0. `use_packer` makes the packer the one in use."""
+    import os
+
+    import pytest
+    import torch
+
+    from nanogrpo.cpu import cpu_capability
+
+    cap = cpu_capability()
+    off = os.environ.get("NANOGRPO_PACKED") == "0"
+    ways = [
+        ("bf16", torch.bfloat16, None, cap.onednn_bf16),
+        ("fp32-onednn", torch.float32, "onednn", cap.onednn_fp32),
+    ]
+    ways.append(("fp32-mkl", torch.float32, "mkl", cap.mkl_packed_fp32))
+    why = lambda name: "NANOGRPO_PACKED=0" if off else f"no {name} packing on this CPU: {cap}"  # noqa: E731
+    return [
+        pytest.param(dtype, packer, id=name, marks=pytest.mark.skipif(off or not runs, reason=why(name)))
+        for name, dtype, packer, runs in ways
+    ]
+
+
+def use_packer(monkeypatch, packer: str | None) -> None:
+    """Pack float32 weights with `packer` ('onednn' or 'mkl') for the rest of the test; None: this CPU's
+    default."""
+    if packer is None:
+        monkeypatch.delenv("NANOGRPO_PACKED_FP32", raising=False)
+    else:
+        monkeypatch.setenv("NANOGRPO_PACKED_FP32", packer)

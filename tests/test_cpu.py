@@ -1,6 +1,6 @@
 """CPU capability detection and the paths that depend on it: on a CPU where oneDNN's bf16 path raises (an
 AVX2-only CPU) a bf16 model still samples, on its plain weights, and 'auto' picks float32, whose weights
-are packed for MKL's sgemm."""
+are packed for MKL's sgemm on Intel CPUs and for oneDNN's float32 matmul on the others."""
 
 import os
 import platform
@@ -60,6 +60,41 @@ def test_bf16_model_samples_where_onednn_bf16_raises(monkeypatch, fresh_detectio
     assert resolve_device_dtype(ModelConfig(dtype="auto", device="cpu"))[1] == torch.float32
 
 
+def caps(vendor: str, onednn: bool = True, mkl: bool = True) -> cpu.CpuCapability:
+    """An AVX2 CPU of this vendor where oneDNN's and MKL's float32 packing run or not."""
+    return cpu.CpuCapability("AVX2", False, False, mkl, onednn, vendor)
+
+
+def test_float32_packing_follows_the_vendor(monkeypatch):
+    """MKL's packed sgemm on Intel CPUs, oneDNN's float32 packing on the others (MKL's was 1.5-2x slower
+    on an AMD EPYC) and where the vendor is unknown; the one that runs where only one does; none where
+    neither does. NANOGRPO_PACKED_FP32 overrides it, with an error naming the fix for a bad value."""
+    monkeypatch.delenv("NANOGRPO_PACKED_FP32", raising=False)
+    assert caps("GenuineIntel").fp32_packing == "mkl"
+    assert caps("AuthenticAMD").fp32_packing == "onednn" and caps("").fp32_packing == "onednn"
+    assert caps("GenuineIntel", mkl=False).fp32_packing == "onednn"
+    assert caps("AuthenticAMD", onednn=False).fp32_packing == "mkl"
+    assert caps("AuthenticAMD", onednn=False, mkl=False).fp32_packing is None
+    assert "float32 packing: oneDNN; AuthenticAMD" in str(caps("AuthenticAMD"))
+    assert "float32 packing: none; vendor unknown" in str(caps("", onednn=False, mkl=False))
+    monkeypatch.setenv("NANOGRPO_PACKED_FP32", "mkl")
+    assert caps("AuthenticAMD").fp32_packing == "mkl"
+    assert "float32 packing: oneDNN" in str(caps("AuthenticAMD")), "the line names the CPU's own choice"
+    with pytest.raises(ValueError, match="does not run on this CPU"):
+        _ = caps("AuthenticAMD", mkl=False).fp32_packing
+    monkeypatch.setenv("NANOGRPO_PACKED_FP32", "openblas")
+    with pytest.raises(ValueError, match=r"use one of \['mkl', 'onednn'\]"):
+        _ = caps("GenuineIntel").fp32_packing
+
+
+def test_vendor_is_read_from_the_os():
+    """Linux names the vendor in /proc/cpuinfo, and the capability carries it."""
+    if not Path("/proc/cpuinfo").exists():
+        pytest.skip("no /proc/cpuinfo")
+    ids = {line.split(":")[1].strip() for line in open("/proc/cpuinfo") if line.startswith("vendor_id")}
+    assert cpu.cpu_capability().vendor in ids | ({""} if not ids else set())
+
+
 def test_packed_off_by_environment(monkeypatch):
     monkeypatch.setenv("NANOGRPO_PACKED", "0")
     assert not packing_supported(BF16) and not packing_supported(torch.zeros(1))
@@ -85,7 +120,7 @@ packed = generate(fp32, [[5, 6, 7], [9]], generator=torch.Generator().manual_see
 import os; os.environ["NANOGRPO_PACKED"] = "0"
 plain = generate(fp32, [[5, 6, 7], [9]], generator=torch.Generator().manual_seed(0), **kw)
 same = torch.equal(packed.completion_ids, plain.completion_ids)
-print(cap.isa, cap.onednn_bf16, packing_supported(model.lm_head_weight), cap.mkl_packed_fp32, same, dtype, tuple(out.completion_ids.shape))
+print(cap.isa, cap.onednn_bf16, packing_supported(model.lm_head_weight), cap.fp32_packing, same, dtype, tuple(out.completion_ids.shape))
 """
 
 
@@ -93,7 +128,7 @@ print(cap.isa, cap.onednn_bf16, packing_supported(model.lm_head_weight), cap.mkl
 def test_avx2_only_machine_emulated(tiny_model_dir):
     """ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (MKL_ENABLE_INSTRUCTIONS=AVX2 on Intel CPUs): oneDNN
     raises on bf16 as on an AVX2-only EPYC. The capability says so, 'auto' is float32, a bf16 model samples,
-    and a float32 model samples on MKL-packed weights (where this torch has MKL) the tokens of the plain
+    and a float32 model samples on packed weights (this CPU's float32 packing) the tokens of the plain
     path."""
     env = dict(
         os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2"
@@ -102,7 +137,7 @@ def test_avx2_only_machine_emulated(tiny_model_dir):
         [sys.executable, "-c", AVX2_CHECK], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    isa, onednn, packed, mkl, same, dtype, shape = out.stdout.strip().split(maxsplit=6)
+    isa, onednn, packed, fp32_packing, same, dtype, shape = out.stdout.strip().split(maxsplit=6)
     assert isa not in ("AMX", "AVX512-BF16", "AVX512"), out.stdout
     assert (onednn, packed, dtype, shape) == ("False", "False", "torch.float32", "(2, 3)"), out.stdout
-    assert mkl == str(torch.backends.mkl.is_available()) and same == "True", out.stdout
+    assert fp32_packing == str(cpu.cpu_capability().fp32_packing) and same == "True", out.stdout

@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import packing_params, use_packer
 
 from nanogrpo import lora
 from nanogrpo.attention import decode_attention
-from nanogrpo.cpu import cpu_capability
 from nanogrpo.kvcache import PrefixKV
 from nanogrpo.logprobs import (
     BUCKET_MIN,
@@ -255,26 +255,20 @@ def test_decode_attention_equals_sdpa(masked):
     torch.testing.assert_close(decode_attention(q, k, v, mask), ref, atol=1e-6, rtol=0)
 
 
-def needs_packing(dtype: torch.dtype):
-    """Skip unless this CPU packs `dtype` weights (bf16: oneDNN's bf16 path runs; float32: MKL's packed
-    sgemm runs)."""
-    off = os.environ.get("NANOGRPO_PACKED") == "0"
-    why = "NANOGRPO_PACKED=0" if off else f"no {dtype} packing on this CPU: {cpu_capability()}"
-    return pytest.mark.skipif(not packing_supported(torch.zeros(1, dtype=dtype)), reason=why)
-
-
 BF16, FP32 = torch.bfloat16, torch.float32
 # bf16 results are compared within bf16 rounding, float32 ones within float32 rounding
 TOL = {BF16: dict(atol=0.05, rtol=0.02), FP32: dict(atol=1e-5, rtol=1e-5)}
-DTYPES = [pytest.param(BF16, marks=needs_packing(BF16)), pytest.param(FP32, marks=needs_packing(FP32))]
+PACKINGS = packing_params()  # (dtype, packer): bf16 for oneDNN, float32 for oneDNN and for MKL
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_packed_linear_equals_linear(dtype):
-    """Any number of rows gives x W^T + b: oneDNN's packed bf16 weight serves any count; MKL's float32 one
-    serves its own count, fewer rows padded up to it, and other counts through the plain modules."""
-    from nanogrpo.packed import _fused
+@pytest.mark.parametrize("dtype, packer", PACKINGS)
+def test_packed_linear_equals_linear(dtype, packer, monkeypatch):
+    """Any number of rows gives x W^T + b: oneDNN's packed weight (bf16 or float32) serves any count; MKL's
+    float32 one serves its own count, fewer rows padded up to it, and other counts through the plain
+    modules."""
+    from nanogrpo.packed import MklPackedLinear, PackedLinear, _fused
 
+    use_packer(monkeypatch, packer)
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(64, 96).to(dtype)
     with torch.no_grad():
@@ -282,12 +276,13 @@ def test_packed_linear_equals_linear(dtype):
         lin.bias.copy_(torch.randn(96, generator=g))
         ref = lambda x: F.linear(x.double(), lin.weight.double(), lin.bias.double())  # noqa: E731
         packed = _fused([lin], dtype, batch_hint=10)
+        assert isinstance(packed, MklPackedLinear if packer == "mkl" else PackedLinear)
         for shape in [(2, 5, 64), (10, 64), (7, 64), (6, 64), (5, 64), (1, 64), (33, 64)]:
             x = torch.randn(shape, generator=g).to(dtype)
             got = packed(x)
             assert got.shape == (*shape[:-1], 96) and got.dtype == dtype
             torch.testing.assert_close(got.double(), ref(x), atol=0.1 if dtype == BF16 else 1e-4, rtol=0.02)
-        if dtype == FP32:
+        if packer == "mkl":
             assert packed.rows == 10
             packed.shrunk(6, steps_left=100)  # more than half of 10: padded, not packed again
             assert packed.rows == 10
@@ -302,9 +297,10 @@ def test_packed_linear_equals_linear(dtype):
             assert packed.rows == 4
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_packed_weights_fold_lora_and_restore(tiny_dir, dtype):
+@pytest.mark.parametrize("dtype, packer", PACKINGS)
+def test_packed_weights_fold_lora_and_restore(tiny_dir, dtype, packer, monkeypatch):
     """Inside the block each projection applies W + BA (one packed matmul); after it, the plain modules."""
+    use_packer(monkeypatch, packer)
     model = lora_model(tiny_dir, dtype=dtype)
     x = torch.randn(4, model.config.hidden_size).to(dtype)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -329,11 +325,12 @@ def test_packed_weights_fold_lora_and_restore(tiny_dir, dtype):
     torch.testing.assert_close(base.float(), proj.base_layer(xo).float(), **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_packed_lm_head_follows_the_weight_and_is_freed_on_exit(tiny_dir, dtype):
+@pytest.mark.parametrize("dtype, packer", PACKINGS)
+def test_packed_lm_head_follows_the_weight_and_is_freed_on_exit(tiny_dir, dtype, packer, monkeypatch):
     """The LM head is packed from its weight at every call, frozen (as under LoRA) or not: after an in-place
     update the next call computes with the new values; and on the way out the copies are freed even when
     the caller still holds what was yielded (they would otherwise stay live through the training pass)."""
+    use_packer(monkeypatch, packer)
     model = Transformer.from_pretrained(tiny_dir, dtype=dtype)
     model.lm_head_weight.requires_grad_(False)  # frozen, as under LoRA
     x = torch.randn(4, model.config.hidden_size).to(dtype)
@@ -354,7 +351,7 @@ def test_packing_hands_free_pages_back_as_it_opens_and_closes(tiny_dir, monkeypa
     import nanogrpo.packed as packed_mod
 
     model = Transformer.from_pretrained(tiny_dir, dtype=torch.float32)
-    applies = packing_supported(model.lm_head_weight)  # float32: where MKL's packed sgemm runs
+    applies = packing_supported(model.lm_head_weight)  # float32: where oneDNN's or MKL's packing runs
     calls = []
     monkeypatch.setattr(packed_mod, "release_free_heap", lambda: calls.append("trim"))
     with torch.no_grad(), packed_weights(model, batch_hint=4) as packed:
@@ -388,11 +385,12 @@ def test_release_free_heap_gives_freed_pages_back():
     del keep
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype):
+@pytest.mark.parametrize("dtype, packer", PACKINGS)
+def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype, packer):
     """The packed weights (+ the float32 cache for bf16) sample what the plain path samples (greedy: the
     same tokens; sampled: log-probs within rounding), with LoRA on, and with an EOS that ends rows early so
-    the batch shrinks (and float32 weights are packed again for it)."""
+    the batch shrinks (and MKL's float32 weights are packed again for it)."""
+    use_packer(monkeypatch, packer)
     model = lora_model(tiny_dir, dtype=dtype)
     # ends: the greedy tokens of prompts 0 and 1 (6 of the 9 rows end at once, so the batch drops to 3 and
     # float32 weights are packed again) and one id in nine (sampled rows end at random steps)
@@ -425,11 +423,12 @@ def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype):
         assert same.all(), "float32: the packed path draws the same tokens"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_projections_keep_biases(dtype):
+@pytest.mark.parametrize("dtype, packer", PACKINGS)
+def test_fused_projections_keep_biases(dtype, packer, monkeypatch):
     """q|k|v fused: Qwen2's q/k/v biases (and a missing bias as zeros) land in the right columns."""
     from nanogrpo.packed import _fused
 
+    use_packer(monkeypatch, packer)
     torch.manual_seed(0)
     mods = [torch.nn.Linear(32, n, bias=b).to(dtype) for n, b in [(32, True), (16, False), (16, True)]]
     x = torch.randn(3, 32).to(dtype)
@@ -439,17 +438,18 @@ def test_fused_projections_keep_biases(dtype):
     torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
 
 
-def test_float32_sampling_without_mkl_packing(tiny_dir, monkeypatch):
-    """Where MKL's packed sgemm does not run (a torch without MKL, as on ARM), float32 samples on the plain
-    weights, the same tokens."""
+def test_float32_sampling_without_float32_packing(tiny_dir, monkeypatch):
+    """Where neither oneDNN's nor MKL's float32 packing runs (a torch without MKL and oneDNN), float32
+    samples on the plain weights, the same tokens."""
     from nanogrpo import cpu
 
     model = lora_model(tiny_dir)
     want = generate(model, PROMPTS, group_size=G, max_new_tokens=6, temperature=0.0, pad_id=0)
     cpu.cpu_capability.cache_clear()
     monkeypatch.setattr(cpu.torch.backends.mkl, "is_available", lambda: False)
+    monkeypatch.setattr(cpu.torch.backends.mkldnn, "is_available", lambda: False)
     try:
-        assert not cpu.cpu_capability().mkl_packed_fp32 and not packing_supported(torch.zeros(1))
+        assert cpu.cpu_capability().fp32_packing is None and not packing_supported(torch.zeros(1))
         with torch.no_grad(), packed_weights(model, batch_hint=9) as packed:
             assert packed is None
         got = generate(model, PROMPTS, group_size=G, max_new_tokens=6, temperature=0.0, pad_id=0)
@@ -459,12 +459,13 @@ def test_float32_sampling_without_mkl_packing(tiny_dir, monkeypatch):
 
 
 @pytest.mark.slow
-@needs_packing(FP32)
-def test_float32_packed_sampling_is_the_plain_path_on_smollm2(smollm2_dir, monkeypatch):
-    """SmolLM2 in float32: 4 chat prompts x 2 greedy rows with its EOS, packed for MKL (the batch shrinks as
-    answers end) and plain, give the same tokens."""
+@pytest.mark.parametrize("dtype, packer", [p for p in PACKINGS if p.values[0] == FP32])
+def test_float32_packed_sampling_is_the_plain_path_on_smollm2(smollm2_dir, monkeypatch, dtype, packer):
+    """SmolLM2 in float32: 4 chat prompts x 2 greedy rows with its EOS, packed for oneDNN or for MKL (the
+    batch shrinks as answers end) and plain, give the same tokens."""
     from transformers import AutoTokenizer
 
+    use_packer(monkeypatch, packer)
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     questions = ["What is 2 + 3?", "Name a color.", "What is the capital of Italy?", "Say hi."]
     chats = [[{"role": "user", "content": q}] for q in questions]

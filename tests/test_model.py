@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
 import torch
+from helpers import packing_params, use_packer
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -381,25 +381,24 @@ def test_smollm2_matches_transformers(smollm2_dir):
     assert ours.config.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype, packer", packing_params())
 @pytest.mark.parametrize("name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused"])
-def test_packed_sampling_weights_keep_each_architecture(name, dtype, tmp_path, monkeypatch):
+def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp_path, monkeypatch):
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
-    plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: MKL's, within float32
-    rounding), and the plain modules come back after the block."""
-    from nanogrpo.cpu import cpu_capability
-    from nanogrpo.packed import packed_weights, packing_supported
+    plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: oneDNN's or MKL's, within
+    float32 rounding), and the plain modules come back after the block."""
+    from nanogrpo.packed import packed_weights
 
-    if not packing_supported(torch.zeros(1, dtype=dtype)):
-        off = os.environ.get("NANOGRPO_PACKED") == "0"
-        pytest.skip("NANOGRPO_PACKED=0" if off else f"no {dtype} packing on this CPU: {cpu_capability()}")
+    use_packer(monkeypatch, packer)
     _save(CONFIGS[name], tmp_path)
     m = Transformer.from_pretrained(tmp_path, dtype=dtype)
     ids = _ids((2, 7), seed=3)
-    calls = []
-    if dtype == torch.float32:  # count MKL's packed matmuls
-        mkl_linear = torch.ops.mkl._mkl_linear
-        monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", lambda *a: calls.append(1) or mkl_linear(*a))
+    calls = []  # the packed matmuls that ran
+    ops, op_name = (
+        (torch.ops.mkl, "_mkl_linear") if packer == "mkl" else (torch.ops.mkldnn, "_linear_pointwise")
+    )
+    op = getattr(ops, op_name)
+    monkeypatch.setattr(ops, op_name, lambda *a: calls.append(1) or op(*a))
     with torch.no_grad():
         plain = m(ids).float()  # (2, 7, V)
         with packed_weights(m, batch_hint=14) as packs:  # 2 x 7 rows: the count MKL's copies are packed for
@@ -413,4 +412,4 @@ def test_packed_sampling_weights_keep_each_architecture(name, dtype, tmp_path, m
         err.mean(),
     )
     layers = m.config.num_hidden_layers
-    assert len(calls) == (0 if dtype == torch.bfloat16 else 4 * layers), "float32: every projection packed"
+    assert len(calls) == 4 * layers, "every projection packed"

@@ -29,6 +29,7 @@ from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
+from nanogrpo.heap import keep_freed_memory
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
@@ -56,6 +57,8 @@ def main(cfg: TrainConfig) -> dict:
     check_config(cfg)
     Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
     device, dtype = resolve_device_dtype(cfg.model)
+    if device.type == "cpu":  # glibc: a step's freed blocks serve the next step (nanogrpo/heap.py)
+        keep_freed_memory()
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()
     if cfg.prompts_per_step % world:

@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanogrpo.cpu import cpu_capability  # noqa: E402
+from nanogrpo.heap import keep_freed_memory  # noqa: E402
 from nanogrpo.model import ModelArgs, Transformer  # noqa: E402
 from nanogrpo.model_zoo import random_config, random_transformer, resolve_model  # noqa: E402
 from nanogrpo.packed import packing_supported  # noqa: E402
@@ -212,6 +213,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu":  # as train.py and eval.py run on a CPU; the transformers side gets it too
+        keep_freed_memory()
     dtype = getattr(torch, args.dtype)
     P, G, N = args.prompts, args.group, args.new_tokens
     if args.roofline == "auto":

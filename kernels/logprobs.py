@@ -14,12 +14,15 @@ float32 logits [N, V] and a log-softmax of the same size, 2 * 4 * N * V bytes (4
   grad for the hidden states and add its share of the grad for the weight. Peak extra memory: one
   [C, V] tile (C * V <= `chunk_elems`), never N x V.
 - `logprobs_torch` (the CPU path and the test oracle) walks the tokens in chunks of C rows with the same
-  contract: a few [C, V] float32 tiles at a time, logits recomputed in the backward, not saved.
+  contract: a few [C, V] float32 tiles at a time, logits recomputed in the backward, not saved; except
+  that a batch whose whole log-softmax is small (N * V <= `keep_elems`, 128 MiB of float32: a CPU run's
+  few hundred completion tokens) keeps it for the backward instead of recomputing it.
 
-Both paths save only the per-token log-sum-exp for the backward (the recomputation costs one more
-matmul). Entropy is a metric, returned detached, unless `entropy_grad=True` (an entropy bonus): then its
-gradient dH/dz_j = -(1/T) q_j (log q_j + H), q = softmax(z / T), joins the softmax gradient in the same
-backward pass (saving the entropy too); without it the backward is unchanged.
+Both paths otherwise save only the per-token log-sum-exp for the backward (the recomputation costs one
+more matmul: on a CPU ~5% of a training pass on SmolLM2 at 512 tokens, which the kept log-softmax saves).
+Entropy is a metric, returned detached, unless `entropy_grad=True` (an entropy bonus): then its gradient
+dH/dz_j = -(1/T) q_j (log q_j + H), q = softmax(z / T), joins the softmax gradient in the same backward
+pass (saving the entropy too); without it the backward is unchanged.
 
 Autocast (a full fine-tune: float32 weights, forward under `torch.autocast(..., torch.bfloat16)`): the
 logits matmul is one autocast runs in bf16, but autocast is usually off by the time the backward runs, so
@@ -38,8 +41,12 @@ import torch
 
 from kernels import interpreting, tl, triton, use_triton
 
-# Reference path: at most this many float32 logits per chunk (2**24 elements = 64 MiB).
-DEFAULT_CHUNK_ELEMS = 1 << 24
+# Reference path: at most this many float32 logits per chunk (2**22 elements = 16 MiB: under glibc's
+# largest mmap threshold, so a process that keeps its freed memory (nanogrpo/heap.py) reuses the tiles
+# instead of faulting fresh pages in for each; 2**21-2**24 ran within 3% of each other otherwise), and the
+# largest whole log-softmax kept for the backward instead of recomputed (2**25 elements = 128 MiB).
+DEFAULT_CHUNK_ELEMS = 1 << 22
+DEFAULT_KEEP_ELEMS = 1 << 25
 
 
 def _chunk_rows(n: int, v: int, chunk_elems: int) -> int:
@@ -57,15 +64,18 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> 
 
 
 class LogprobsTorchFunction(torch.autograd.Function):
-    """Chunked reference: forward saves only the per-token log-sum-exp, backward recomputes logits."""
+    """Chunked reference: forward saves the per-token log-sum-exp, backward recomputes the logits; or, for
+    a batch of at most `keep_elems` logits that needs a gradient, forward keeps the log-softmax itself."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_elems, entropy_grad=False):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_elems, entropy_grad=False, keep_elems=0):
         n, v = hidden.shape[0], weight.shape[0]
         acc = _acc_dtype(hidden.dtype)
         logp = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
         entropy = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
         lse = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
+        keep = any(ctx.needs_input_grad[:2]) and n * v <= keep_elems
+        kept = torch.empty(n, v, dtype=acc, device=hidden.device) if keep else None  # (N, V) log-softmax
         c = _chunk_rows(n, v, chunk_elems)
         for s in range(0, n, c):
             z = _chunk_logits(hidden[s : s + c], weight, temperature)  # (C, V)
@@ -75,8 +85,11 @@ class LogprobsTorchFunction(torch.autograd.Function):
             # H = -sum p log p: a sum of non-negative terms (lse - sum p z would cancel in float32)
             entropy[s : s + c] = -(logq.exp() * logq).sum(-1)
             lse[s : s + c] = lse_c
+            if kept is not None:
+                kept[s : s + c] = logq
             del z, logq
         _save(ctx, hidden, weight, targets, lse, entropy, temperature, chunk_elems, entropy_grad)
+        ctx.kept = kept  # not in save_for_backward: no autograd tensor, freed with the graph
         return logp, entropy
 
     @staticmethod
@@ -91,28 +104,32 @@ class LogprobsTorchFunction(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         c = _chunk_rows(n, v, ctx.chunk_elems)
         # a backward called inside an autocast block would run under it: the logits must be the forward's
+        kept = ctx.kept
         with _autocast_off(hidden):
             for s in range(0, n, c):
-                z = _chunk_logits(hidden[s : s + c], weight, t)  # (C, V)
+                if kept is None:  # recompute the log-softmax, into a tile this loop may overwrite
+                    logq = _chunk_logits(hidden[s : s + c], weight, t).sub_(lse[s : s + c, None])  # (C, V)
+                else:  # the forward's, read only (a second backward, with retain_graph, reads it again)
+                    logq = kept[s : s + c]  # (C, V)
                 # d logp / d logits_raw = (onehot(y) - softmax) / T, scaled by the incoming gradient
                 g = grad_logp[s : s + c].to(acc) / t  # (C,)
                 if entropy is None:
-                    dz = z.sub_(lse[s : s + c, None]).exp_().mul_(-g[:, None])  # (C, V)
+                    q = logq.exp_() if kept is None else logq.exp()  # (C, V)
+                    dz = q.mul_(-g[:, None])  # (C, V)
                 else:  # + g_H dH/dz: dz = -q (g + g_H (log q + H)) / T, and + g / T at the target below
-                    logq = z.sub_(lse[s : s + c, None])  # (C, V)
                     q = logq.exp()  # (C, V)
                     g_h = grad_entropy[s : s + c].to(acc) / t  # (C,)
-                    dz = logq.add_(entropy[s : s + c, None]).mul_(g_h[:, None]).add_(g[:, None])  # (C, V)
+                    dz = logq.add(entropy[s : s + c, None]).mul_(g_h[:, None]).add_(g[:, None])  # (C, V)
                     dz = dz.mul_(q).neg_()
                 dz.scatter_add_(1, targets[s : s + c, None], g[:, None])
                 if need_h:
                     grad_h[s : s + c] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
                 if need_w:
                     grad_w += dz.T @ hidden[s : s + c].to(acc)
-                del z, dz
+                del logq, q, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def _save(ctx, hidden, weight, targets, lse, entropy, temperature, chunk_elems, entropy_grad) -> None:
@@ -130,14 +147,28 @@ def logprobs_torch(
     temperature: float = 1.0,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
     entropy_grad: bool = False,
+    keep_elems: int = DEFAULT_KEEP_ELEMS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked PyTorch log-probs and entropies; same contract as `token_logprobs` (autocast included)."""
+    """Chunked PyTorch log-probs and entropies; same contract as `token_logprobs` (autocast included).
+    keep_elems: keep the log-softmax for the backward when it has at most this many entries (0: never)."""
     _check_inputs(hidden, weight, targets, temperature)
     hidden, weight = _autocast_inputs(hidden, weight)
     with _autocast_off(hidden):
         return LogprobsTorchFunction.apply(
-            hidden, weight, targets, float(temperature), int(chunk_elems), bool(entropy_grad)
+            hidden,
+            weight,
+            targets,
+            float(temperature),
+            int(chunk_elems),
+            bool(entropy_grad),
+            _keep(keep_elems),
         )
+
+
+def _keep(keep_elems: int) -> int:
+    """The log-softmax is worth keeping only for a backward: none runs after a forward under no_grad (the
+    old policy's and the reference's log-probs), where the Function still sees inputs that require grad."""
+    return int(keep_elems) if torch.is_grad_enabled() else 0
 
 
 def _autocast_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -400,5 +431,5 @@ def token_logprobs(
             hidden, weight = hidden.contiguous(), weight.contiguous()
             args = (float(temperature), TRITON_CHUNK_ELEMS, bool(entropy_grad))
             return LogprobsFunction.apply(hidden, weight, targets.contiguous(), *args)
-        args = (float(temperature), DEFAULT_CHUNK_ELEMS, bool(entropy_grad))
+        args = (float(temperature), DEFAULT_CHUNK_ELEMS, bool(entropy_grad), _keep(DEFAULT_KEEP_ELEMS))
         return LogprobsTorchFunction.apply(hidden, weight, targets, *args)

@@ -16,9 +16,11 @@ W + BA in the weights' dtype.
 Memory: glibc keeps freed memory in its heaps, and the packed copies of one call and the training pass's
 activations around it do not fit into each other's holes, so a GRPO step on SmolLM2 in float32 peaked
 0.3-0.5 GiB higher with packing than without, while its live memory was only ~0.1 GiB higher (the LM head's
-copy, which was then kept across steps). So the block hands glibc's free pages back to the system as it
-opens (the training pass's) and as it closes (the sampler's), and packs the head at every call (~35 ms):
-the step then peaks where the unpacked one does, for ~0.1-0.2 s of page faults in the next training pass.
+copy, which was then kept across steps). So the block packs the head at every call (~35 ms), and hands
+glibc's free pages back to the system as it opens (the training pass's) and as it closes (the sampler's):
+the step then peaks where the unpacked one does, for the page faults of everything the next pass touches
+again. A process that keeps its freed memory (heap.keep_freed_memory, as train.py does on the CPU) trades
+the other way: no trims, ~0.2 GiB more at the peak, steps 20-30% faster.
 
 oneDNN's packed weight serves any number of rows. MKL's packed float32 weight serves one row count:
 a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain
@@ -38,8 +40,6 @@ NANOGRPO_PACKED=0 turns packing off.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .cpu import cpu_capability
+from .heap import release_free_heap
 from .lora import LoraLinear
 
 
@@ -210,24 +211,6 @@ def _packed_head(head: torch.Tensor, batch_hint: int) -> PackedLinear | MklPacke
     if head.dtype == torch.bfloat16 or cpu_capability().fp32_packing == "onednn":
         return PackedLinear(head, None, batch_hint)
     return MklPackedLinear(lambda: head, None, batch_hint, lambda h: h @ head.T)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
-    try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except (OSError, TypeError):  # no C library to open this way (Windows)
-        return None
-
-
-def release_free_heap() -> bool:
-    """Give the pages of freed memory in glibc's heaps back to the system (malloc_trim(0)): the process's
-    resident memory falls to what is live. False where the C library cannot (then nothing happens)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-    return trim is not None
 
 
 @dataclass

@@ -23,15 +23,18 @@ import torch
 
 from . import dist
 from .cpu import cpu_capability
+from .heap import keeps_freed_memory
 from .metrics import replace_atomically
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout nanogrpo runs from (a git work tree, or not)
 PACKAGES = ("nanogrpo", "torch", "transformers", "tokenizers", "numpy", "triton", "peft")
 # set in the environment, these change which kernels run or how many threads they use (nanogrpo/cpu.py),
-# or, glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds
+# or, NANOGRPO_KEEP_FREED and glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds (nanogrpo/heap.py)
 ENV_VARS = (
     "NANOGRPO_KERNELS",
     "NANOGRPO_PACKED",
+    "NANOGRPO_PACKED_FP32",
+    "NANOGRPO_KEEP_FREED",
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
     "MKL_ENABLE_INSTRUCTIONS",
@@ -80,6 +83,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
         "world_size": dist.world(),
         "cpu": str(cpu_capability()),
         "torch_threads": torch.get_num_threads(),
+        "heap_kept": keeps_freed_memory(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": {p: version(p) for p in PACKAGES} | {"cuda": torch.version.cuda},

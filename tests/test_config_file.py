@@ -10,6 +10,7 @@ import torch
 from test_resume import TINY, saved_run
 from test_train import ROOT, metrics, run_train
 
+from nanogrpo import heap
 from nanogrpo.config import TrainConfig
 from nanogrpo.cpu import cpu_capability
 from nanogrpo.provenance import git_state
@@ -31,6 +32,7 @@ def test_a_rerun_from_config_json_reproduces_the_run(tmp_path):
     assert env["versions"]["torch"] == torch.__version__ and env["versions"]["transformers"]
     assert env["versions"]["nanogrpo"] and env["python"] and env["cpu"] == str(cpu_capability())
     assert "--config" in env["argv"] and "earlier" not in env
+    assert env["heap_kept"] == bool(heap._glibc("mallopt") and heap._glibc("malloc_trim"))  # a CPU run, glibc
 
 
 def test_flags_override_the_config(tmp_path):

@@ -1,8 +1,6 @@
 """The speed-ups must not change results: shared-prompt training forward, packed CPU sampling weights, the
 float32 sampling cache and the single-query decode attention, each against the plain path."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,7 +21,7 @@ from nanogrpo.logprobs import (
 )
 from nanogrpo.model import Transformer
 from nanogrpo.model_zoo import resolve_model
-from nanogrpo.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported, release_free_heap
+from nanogrpo.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
 from nanogrpo.sampling import generate
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
@@ -361,28 +359,6 @@ def test_packing_hands_free_pages_back_as_it_opens_and_closes(tiny_dir, monkeypa
     with torch.no_grad(), packed_weights(model, batch_hint=4) as packed:
         assert packed is None
     assert len(calls) == 2 * applies
-
-
-def test_release_free_heap_gives_freed_pages_back():
-    """Freed blocks in the middle of glibc's heap stay resident until malloc_trim hands their pages back:
-    the resident memory falls by most of what was freed (what keeps the packed copies of one call and the
-    activations of the next from adding up in the step's peak)."""
-    if not release_free_heap():
-        pytest.skip("this C library has no malloc_trim")
-
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    release_free_heap()
-    # 200 MiB of 64 KiB blocks: under glibc's mmap threshold, so from the heap
-    blocks = [bytearray(b"\x01") * (64 * 1024) for _ in range(3200)]
-    keep = blocks[::64]  # a few live blocks across the range: the heap's top cannot simply shrink
-    del blocks
-    before = rss()
-    release_free_heap()
-    assert before - rss() > 150 * 2**20, (before, rss())
-    del keep
 
 
 @pytest.mark.parametrize("dtype, packer", PACKINGS)

@@ -278,8 +278,8 @@ def test_never_materialises_n_by_v(path):
         pytest.skip("Triton kernels cannot run in this process")
     n, h, v, chunk = 64, 32, 4097, 16  # N * V is twice the weight, so an [N, V] tensor would stand out
     hidden, weight, targets = make(n, h, v, device=DEV if path == "triton" else "cpu")
-    if path == "torch":
-        fn = lambda h_, w_, t_: logprobs_torch(h_, w_, t_, chunk_elems=chunk * v)
+    if path == "torch":  # a batch one logit over the budget for keeping its log-softmax
+        fn = lambda h_, w_, t_: logprobs_torch(h_, w_, t_, chunk_elems=chunk * v, keep_elems=n * v - 1)
     else:
         fn = lambda h_, w_, t_: LogprobsFunction.apply(h_, w_, t_, 1.0, chunk * v)
     rows, max_elems = peak_vocab_rows(fn, hidden, weight, targets)
@@ -288,6 +288,32 @@ def test_never_materialises_n_by_v(path):
     # the same probe sees the naive path's [N, V] logits: the assertion above can fail
     naive = lambda h_, w_, t_: ((h_ @ w_.T).float().log_softmax(-1).gather(1, t_[:, None]).squeeze(1), None)
     assert peak_vocab_rows(naive, hidden, weight, targets)[0] == n
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_kept_log_softmax_gives_the_recomputed_gradient(entropy_grad):
+    """A batch within keep_elems keeps its [N, V] log-softmax for the backward instead of recomputing the
+    logits: the same gradients, bit for bit (twice, with retain_graph: the kept copy is read, not
+    written), and nothing kept under no_grad or one logit over the budget."""
+    n, h, v, chunk = 24, 16, 301, 7
+    hidden, weight, targets = make(n, h, v)
+    coef = torch.linspace(-1, 1, n)  # (N,) a gradient that differs per token
+
+    def grads(keep):
+        hd, wd = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        logp, ent = logprobs_torch(hd, wd, targets, 0.7, chunk * v, entropy_grad, keep_elems=keep)
+        loss = (logp * coef).sum() + (0.3 * ent.sum() if entropy_grad else 0)
+        first = torch.autograd.grad(loss, (hd, wd), retain_graph=True)
+        return first, torch.autograd.grad(loss, (hd, wd))
+
+    recomputed, kept = grads(0), grads(n * v)
+    for a, b in zip(recomputed[0] + recomputed[1], kept[0] + kept[1]):
+        assert torch.equal(a, b)
+    fn = lambda h_, w_, t_: logprobs_torch(h_, w_, t_, 0.7, chunk * v, entropy_grad, keep_elems=n * v)
+    assert peak_vocab_rows(fn, hidden, weight, targets)[0] == n  # the [N, V] copy: the probe sees it
+    with LargestAllocation() as mode, torch.no_grad():
+        fn(hidden.clone().requires_grad_(), weight.clone().requires_grad_(), targets)
+    assert max(s[0] for s in mode.shapes if len(s) == 2 and s[1] == v) <= chunk
 
 
 def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):

@@ -29,7 +29,10 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("kl", ["none", "loss"])
 def test_fsdp_two_ranks_equal_one_process(tmp_path, tiny_model_dir, kl):
     beta = ["--grpo.beta", "0.5"] if kl != "none" else []  # train.py refuses a beta that has no effect
-    common = [*FULL, *LR, "--steps", "3", "--grpo.kl-placement", kl, *beta]
+    # two steps: the second runs the KL term against a policy that has moved. A third would sample from
+    # weights that differ by the rounding of the rank sum (~1e-7), and a T=1 draw whose uniform falls that
+    # close to a token's edge picks another token (seen on an AMD EPYC at step 3): the runs then part ways
+    common = [*FULL, *LR, "--steps", "2", "--grpo.kl-placement", kl, *beta]
     _run([*common, "--out-dir", str(tmp_path / "one")])
     r = _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
     assert "the policy sharded with FSDP2" in r.stdout

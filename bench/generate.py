@@ -3,6 +3,10 @@
 Both sample P prompts x G completions x N new tokens (temperature 1, no top-k/top-p, EOS off by default so
 every completion has exactly N tokens and both sides do the same work). transformers expands the prompts
 to P*G rows before its prefill (num_return_sequences); nanogrpo prefills P rows and expands the cache.
+The two take turns (one call each, --repeats times, after a warm-up call each), so a machine whose speed
+drifts (a shared VM: 20% between minutes here) slows both alike; the table shows the medians and each
+turn's ratio. On a CPU the process keeps its freed memory, as train.py does (nanogrpo/heap.py); the
+transformers side runs with that too.
 
     python bench/generate.py --model smollm2 --prompts 4 --group 8 --new-tokens 64 --dtype bfloat16
     python bench/generate.py --model random:qwen2.5-1.5b --device cuda --roofline 1,64 --json gen.json
@@ -99,18 +103,28 @@ def model_args(path: Path) -> ModelArgs:
 def timed(fn, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
     """Wall-clock and process CPU seconds of each repeat. CPU time is the steadier number on a shared
     machine (with one thread it is the compute actually spent); wall time is what a user waits."""
+    return taking_turns({"fn": fn}, warmup, repeats)["fn"][0]
+
+
+def taking_turns(samplers: dict, warmup: int, repeats: int) -> dict[str, tuple[tuple[list, list], object]]:
+    """`timed` for several calls (name -> fn) taking turns, A B A B ..., so that a machine whose speed
+    drifts over the minutes (a shared VM) slows each alike. Returns name -> ((wall seconds, CPU seconds)
+    of each repeat, what its last call returned)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    wall, cpu = [], []
+    for fn in samplers.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: ([], []) for name in samplers}
+    last = dict.fromkeys(samplers)
     for _ in range(repeats):
-        sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        sync()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return wall, cpu
+        for name, fn in samplers.items():
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            last[name] = fn()
+            sync()
+            times[name][0].append(time.perf_counter() - t0)
+            times[name][1].append(time.process_time() - c0)
+    return {name: (times[name], last[name]) for name in samplers}
 
 
 def copy_bandwidth_gbs(device: str) -> float:
@@ -200,7 +214,9 @@ def main() -> None:
     ap.add_argument("--eos", action="store_true", help="stop at EOS (lengths then differ between the two)")
     ap.add_argument("--greedy", action="store_true", help="temperature 0 instead of 1")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per sampler (the median is shown)")
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="timed calls per sampler, taking turns (median shown)"
+    )
     ap.add_argument("--only", choices=["nanogrpo", "transformers"], default=None, help="run one side only")
     ap.add_argument(
         "--roofline",
@@ -239,36 +255,23 @@ def main() -> None:
             sys.exit("--only transformers: transformers is not installed (or the model has no folder)")
         notes.append("transformers side skipped: transformers is not installed (pip install transformers)")
         only = "nanogrpo"
-    results: dict[str, tuple[tuple[list[float], list[float]], int]] = {}
     roofline: list[dict] = []
     ceilings: dict = {}
     peak, peak_from = args.peak_gbs, "--peak-gbs"
 
+    samplers = {}  # name -> one call of that sampler, returning the tokens it generated
     if only != "transformers":
         model = load_ours(args.model, path, dtype, args.device)
         gen = torch.Generator(args.device).manual_seed(0)
-        ntok = []
 
-        def ours():
+        def ours() -> int:
             g = generate(
                 model, prompts[:P], group_size=G, max_new_tokens=N, temperature=temperature,
                 eos_ids=eos, generator=gen, pad_id=pad,
             )  # fmt: skip
-            ntok.append(int(g.mask.sum()))
+            return int(g.mask.sum())
 
-        results["nanogrpo"] = (timed(ours, args.warmup, args.repeats), ntok[-1])
-        if batches:
-            if not peak and args.device.startswith("cuda"):
-                peak, peak_from = copy_bandwidth_gbs(args.device), "measured device copy"
-            elif not peak:
-                peak, peak_from = cpu_copy_gbs(), "measured CPU copy"
-            rate = matmul_gflops(dtype, args.device)
-            ceilings = {"copy_GBps": peak, "matmul_GFLOPs": rate, "dtype": args.dtype}
-            if args.device == "cpu":
-                other = torch.float32 if dtype != torch.float32 else torch.bfloat16
-                ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
-            roofline = [decode_roofline(model, prompts, b, args, pad, peak) for b in batches]
-        del model
+        samplers["nanogrpo"] = ours
 
     if only != "nanogrpo":
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -287,9 +290,8 @@ def main() -> None:
             eos_token_id=eos or None,
             pad_token_id=pad,
         )
-        ntok = []
 
-        def theirs():
+        def theirs() -> int:
             torch.manual_seed(0)
             with torch.inference_mode():
                 out = hf.generate(input_ids=ids, attention_mask=attn, generation_config=gcfg)
@@ -297,14 +299,26 @@ def main() -> None:
             if eos:  # count up to and including the first EOS, as our mask does
                 is_eos = torch.isin(new, torch.tensor(eos, device=new.device))
                 done = is_eos.long().cumsum(1)
-                ntok.append(int(((done == 0) | ((done == 1) & is_eos)).sum()))
-            else:
-                assert new.shape == (P * G, N), (
-                    f"transformers returned {tuple(new.shape)}, wanted {(P * G, N)}"
-                )
-                ntok.append(new.numel())
+                return int(((done == 0) | ((done == 1) & is_eos)).sum())
+            assert new.shape == (P * G, N), f"transformers returned {tuple(new.shape)}, wanted {(P * G, N)}"
+            return new.numel()
 
-        results["transformers"] = (timed(theirs, args.warmup, args.repeats), ntok[-1])
+        samplers["transformers"] = theirs
+
+    results = taking_turns(samplers, args.warmup, args.repeats)
+    if "nanogrpo" in samplers:
+        if batches:
+            if not peak and args.device.startswith("cuda"):
+                peak, peak_from = copy_bandwidth_gbs(args.device), "measured device copy"
+            elif not peak:
+                peak, peak_from = cpu_copy_gbs(), "measured CPU copy"
+            rate = matmul_gflops(dtype, args.device)
+            ceilings = {"copy_GBps": peak, "matmul_GFLOPs": rate, "dtype": args.dtype}
+            if args.device == "cpu":
+                other = torch.float32 if dtype != torch.float32 else torch.bfloat16
+                ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
+            roofline = [decode_roofline(model, prompts, b, args, pad, peak) for b in batches]
+        del model
 
     lens = [len(p) for p in prompts[:P]]
     c = margs
@@ -334,6 +348,8 @@ def main() -> None:
         print(
             f"{'ratio':<14}{'':>9}{'':>9}{'':>8}{ow / tw:>11.2f}x{oc / tc:>10.2f}x  (nanogrpo / transformers)"
         )
+        turns = [t / o for o, t in zip(results["nanogrpo"][0][0], results["transformers"][0][0])]
+        print(f"each turn's wall ratio: {', '.join(f'{r:.2f}x' for r in turns)} (the calls took turns)")
     if roofline:
         where = f"peak {peak:.0f} GB/s ({peak_from})" if peak else "no peak bandwidth: pass --peak-gbs"
         print(f"\ndecode vs the bandwidth roofline (weights + KV cache read per step), {where}")

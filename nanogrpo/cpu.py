@@ -5,15 +5,15 @@ choices depend on it: the dtype that `--model.dtype auto` picks (bf16 only where
 natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and how the sampler
 packs its weights (packed.py): bf16 ones for oneDNN; float32 ones for MKL's packed sgemm on Intel CPUs and
 for oneDNN on the others. MKL picks its fastest code by the CPU's vendor: on an AMD EPYC its packed sgemm
-ran the decode step's matmuls 1.5-2x slower than oneDNN's packed float32 (slower even than its own plain
-sgemm), while on a Xeon it was 5-10% faster than oneDNN's (docs/BENCHMARKS.md).
+took 1.3-1.8x oneDNN's time for the decode step's matmuls (and more than its own plain sgemm), while on a
+Xeon it took 3-12% less than oneDNN's (docs/BENCHMARKS.md).
 
 Why a probe and not the flags alone: /proc/cpuinfo says what the silicon has, not what oneDNN will run.
 oneDNN's bf16 path needs avx_ne_convert or AVX512 (bw, vl, dq): on an AVX2-only CPU its bf16 weight reorder
 raises "bf16 path needs the cpu support ...", and ONEDNN_MAX_CPU_ISA caps it below what the flags say. So
 the packed path is decided by packing a tiny bf16 weight and running one linear on it; when that raises,
-everything runs on the plain path; oneDNN's and MKL's float32 packing are tried the same way. The ISA level is the one
-torch's own kernels run at, so it honours ATEN_CPU_CAPABILITY too:
+everything runs on the plain path; oneDNN's and MKL's float32 packing are tried the same way. The ISA
+level is the one torch's own kernels run at, so it honours ATEN_CPU_CAPABILITY too:
 `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2` makes any Intel x86 machine
 behave as an AVX2-only one (float32 by default, no bf16 packing, AVX2 matmuls), which is how the tests check
 that machine's paths. All three are needed for its speed: without the last, MKL's float32 matmuls still

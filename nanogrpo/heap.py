@@ -9,8 +9,9 @@ on a 2-core AMD EPYC VM 15% of `make demo`'s CPU time went to the kernel.
 
 `keep_freed_memory()`, which train.py and eval.py call for a CPU run, sets the mmap threshold to its
 32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: there, a
-step 20-30% faster and a peak resident memory 0.1-0.2 GiB higher (docs/BENCHMARKS.md). Blocks over 32 MiB
-still come from the system each time; the log-prob head's tiles stay under it (kernels/logprobs.py).
+GRPO step took ~30% less time in float32 and ~12% less in bf16, and peaked 0-0.1 GiB higher (0.2 GiB with
+MKL's packing; docs/BENCHMARKS.md). Blocks over 32 MiB still come from the system each time; the log-prob
+head's tiles stay under it (kernels/logprobs.py).
 `release_free_heap()` is the opposite (malloc_trim): the free pages back to the system, so that the
 resident memory falls to what is live; it does nothing in a process that keeps its memory.
 

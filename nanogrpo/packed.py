@@ -6,7 +6,7 @@ NANOGRPO_PACKED_FP32=mkl|onednn picks one).
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain `F.linear`
 re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-30% faster matmuls on
 SmolLM2's shapes; float32 on a Xeon, MKL's: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512;
-float32 on an AMD EPYC, oneDNN's: 25-70% at M = 1-160 with AVX2 code), folding the LoRA update
+float32 on an AMD EPYC, oneDNN's: 20-70% at M = 1-160 with AVX2 code), folding the LoRA update
 into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
 read the same input saves a few percent more. The packed modules are swapped in for the model's own and
 put back on the way out; the copies, the LM head's included, live only for the duration of the `with`
@@ -20,7 +20,7 @@ copy, which was then kept across steps). So the block packs the head at every ca
 glibc's free pages back to the system as it opens (the training pass's) and as it closes (the sampler's):
 the step then peaks where the unpacked one does, for the page faults of everything the next pass touches
 again. A process that keeps its freed memory (heap.keep_freed_memory, as train.py does on the CPU) trades
-the other way: no trims, ~0.2 GiB more at the peak, steps 20-30% faster.
+the other way: no trims, a peak 0-0.2 GiB higher, a float32 step on SmolLM2 ~30% shorter.
 
 oneDNN's packed weight serves any number of rows. MKL's packed float32 weight serves one row count:
 a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain

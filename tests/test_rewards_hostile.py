@@ -82,6 +82,12 @@ ROW = {
 }
 
 
+# A linear grader scores these megabytes in 0.02-0.8 s on a 2-core VM (the heaviest: `exact` on a megabyte
+# of `1 `), a quadratic one in minutes: 3 s tells them apart on a slow or loaded CI machine, where 1 s did
+# not (`exact` took 1.02 s there once)
+BUDGET_S = 3.0
+
+
 def timed_call(grader, completion: str, row: dict) -> tuple[float | None, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     scores = grader([Sample("p", completion, 0, row)])
@@ -106,9 +112,9 @@ def test_hostile_completions_score_fast(name):
     for case, text in HOSTILE.items():
         score, took = timed_call(grader, text, ROW)
         assert _in_range(score), (case, score)
-        if took >= 1.0:
+        if took >= BUDGET_S:
             slow[case] = round(took, 2)
-    assert not slow, f"{name}: over 1 s on 1 MB: {slow}"
+    assert not slow, f"{name}: over {BUDGET_S} s on 1 MB: {slow}"
 
 
 @pytest.mark.parametrize("name", ["style", "keywords", "numbers", "rouge_l", "concepts"])
@@ -121,9 +127,9 @@ def test_hostile_references_score_fast(name):
         for completion in ("Start heparin at 12%. **a**", text):
             score, took = timed_call(grader, completion, row)
             assert _in_range(score), (case, score)
-            if took >= 1.0:
+            if took >= BUDGET_S:
                 slow[case] = round(took, 2)
-    assert not slow, f"{name}: over 1 s with a 1 MB reference: {slow}"
+    assert not slow, f"{name}: over {BUDGET_S} s with a 1 MB reference: {slow}"
 
 
 # ----------------------------------------------------------------------------- exact numbers
@@ -185,4 +191,4 @@ def test_a_million_digits_scores_without_raising(name, where):
     if where == "completion":
         row = {"answer": "1.5%", "labels": ["1.5%"], "reference": "1.5%"}
     score, took = timed_call(BUILT[name], text if where == "completion" else "1.5%", row)
-    assert _in_range(score) and took < 1.0
+    assert _in_range(score) and took < BUDGET_S

@@ -54,3 +54,50 @@ def test_length_groups_bench_runs_on_the_tiny_model():
     assert "length groups:" in res.stdout and "4 group(s)" in res.stdout, res.stdout
     # one 16-token straggler among 2-5-token completions: it runs in a group of its own
     assert "in 2 groups: 31x4, 1x15" in res.stdout, res.stdout
+
+
+@pytest.mark.slow
+def test_cpu_check_runs_the_three_targets_and_tables_them(tmp_path):
+    """bench/cpu_check.py --smoke: the sampler bench, the step bench and train.py at tiny shapes on the AVX2
+    code paths, each row of the table from its own JSON (the check's verdicts mean nothing at these sizes)."""
+    res = subprocess.run(
+        [sys.executable, "bench/cpu_check.py", str(tmp_path), "--smoke", "--avx2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["avx2_paths"] and set(summary["steps"]) == {"generate", "step", "demo"}
+    measures = [r["measure"].strip() for r in summary["rows"]]
+    assert measures[:3] == [
+        "sampler / transformers, float32",
+        "GRPO step, float32",
+        "make demo (python train.py), wall",
+    ]
+    assert "held-out em" in measures
+    assert "nanogrpo alone (--smoke)" in summary["rows"][1]["value"]
+    assert "AVX2 (" in (tmp_path / "generate.log").read_text()  # the children ran the AVX2 code paths
+    assert summary["steps"]["demo"]["peak_rss_gib"] > 0.1
+    assert (tmp_path / "summary.txt").read_text().startswith("CPU targets, ")
+
+
+def test_cpu_check_verdicts_follow_the_targets():
+    """The table's verdicts: sampler >= 2x transformers (medians), step <= 0.4x TRL, exact match's CI > 0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cpu_check", ROOT / "bench" / "cpu_check.py")
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
+    side = lambda tps, walls: {"tok_per_s_wall": tps, "wall_s": walls}  # noqa: E731
+    gen = {"samplers": {"nanogrpo": side(200.0, [1.0, 2.0]), "transformers": side(100.0, [2.5, 3.0])}}
+    assert cc.sampler_row(gen)["met"] and "turns 1.50-2.50x" in cc.sampler_row(gen)["value"]
+    gen["samplers"]["transformers"]["tok_per_s_wall"] = 101.0
+    assert cc.sampler_row(gen)["met"] is False
+    run = lambda t: {"t_step": t, "peak_rss_gib": 1.0}  # noqa: E731
+    rows = cc.step_rows({"runs": [{"nanogrpo": run([3.0, 5.0]), "trl": run([10.0, 10.0])}]}, "")
+    assert rows[0]["met"] and rows[0]["value"].startswith("0.40x")
+    rows = cc.step_rows({"runs": [{"nanogrpo": run([4.2]), "trl": run([10.0])}]}, "")
+    assert rows[0]["met"] is False
+    assert cc.step_rows({"runs": [{"nanogrpo": run([4.2])}]}, "why")[0]["met"] is None

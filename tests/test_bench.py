@@ -1,7 +1,8 @@
 """The benchmarks still run: bench/gpu_check.sh --cpu-smoke runs every bench of bench/ at tiny shapes on the
 CPU (kernels, a random model, the sampler against the roofline, one GRPO step through train.py against the
 memory plan, length groups in the training forward), and bench/cpu_check.py --smoke its table of the CPU
-targets. Benchmarks are not tests and their timings gate nothing; this only catches a bench that no longer runs against the code it measures."""
+targets. Benchmarks are not tests and their timings gate nothing; this only catches a bench that no longer
+runs against the code it measures."""
 
 import json
 import os

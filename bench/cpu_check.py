@@ -61,9 +61,8 @@ def run_step(name: str, cmd: list[str], out: Path, env: dict) -> dict:
     t0 = time.perf_counter()
     with log.open("w") as f:
         proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(
-            proc.pid, 0
-        )  # this child's own resource usage, its waited-for ones included
+        # this child's own resource usage, its waited-for ones included
+        _, status, usage = os.wait4(proc.pid, 0)
     rc = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     print(f"{name}: {'ok' if rc == 0 else f'exit {rc}'} in {wall:.0f} s", flush=True)
@@ -143,6 +142,9 @@ def main() -> None:
     cpu = cpu_line() + (" | AVX2 code paths (--avx2)" if a.avx2 else "")
     t_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"{t_start} | {cpu}", flush=True)
+    # TRL is not a dependency: without it (and in a smoke run) the step bench runs nanogrpo's side alone
+    trl_side = importlib.util.find_spec("trl") is not None and not a.smoke
+    why_alone = "--smoke" if a.smoke else "TRL is not installed: pip install trl to compare"
     steps, rows = {}, []
     for name in only:
         cmd, smoke = STEPS[name]
@@ -151,10 +153,7 @@ def main() -> None:
             "generate": ["--json", str(out / "generate.json")],
             "step": ["--json", str(out / "step.json")],
         }.get(name, ["--out-dir", str(out / "demo")])
-        # TRL is not a dependency: without it, nanogrpo's side alone
-        has_trl = importlib.util.find_spec("trl") is not None
-        why_alone = "--smoke" if a.smoke else "TRL is not installed: pip install trl to compare"
-        if name == "step" and (a.smoke or not has_trl):
+        if name == "step" and not trl_side:
             cmd += ["--side", "nanogrpo"]
         steps[name] = res = run_step(name, cmd, out, env)
         if res["rc"] != 0:

@@ -121,7 +121,9 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     ValueError (with the fix) for a file that would need pickle; the error of torch.load for a damaged one."""
     file = path / STATE
     try:
-        state = torch.load(file, weights_only=True)
+        # onto the host: a state saved from cuda:0 would otherwise load onto cuda:0 on every rank; the
+        # optimizer's load_state_dict moves its tensors to their parameters' device
+        state = torch.load(file, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         raise ValueError(
             f"{file} would need pickle to load (it is a trainer state written by an older nanogrpo, or not by "

@@ -96,9 +96,11 @@ def assemble(
         for i, r in enumerate(rows)
         for j in range(G)
     ]
-    p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], pad_id)
-    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (N, Tp)
-    batch = make_batch(p_ids, p_mask, completion_ids, cmask).to(device)
+    # the prompts are padded on the host; everything meets on `device` before it is combined
+    p_ids, p_mask = (
+        t.repeat_interleave(G, 0).to(device) for t in pad_left([r["_prompt_ids"] for r in rows], pad_id)
+    )
+    batch = make_batch(p_ids, p_mask, completion_ids.to(device), cmask.to(device))  # (N, Tp+Tc)
     sampler_logp = logp.float().to(device) * batch.mask  # (N, Tc)
     return Rollout(rows, texts, samples, batch, sampler_logp, lengths, truncated, 0.0)
 

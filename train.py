@@ -30,6 +30,7 @@ from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, to
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.heap import keep_freed_memory
+from nanogrpo.memory import fit_to_memory
 from nanogrpo.metrics import Logger, console_line, plot_metrics
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
@@ -65,6 +66,7 @@ def main(cfg: TrainConfig) -> dict:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, tok, reward_fn = training_data(cfg)  # read, checked and tokenized before the model loads
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
+    cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
     out = Path(cfg.out_dir)
     # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
     prepare_run_dir(cfg, write=dist.is_main())

@@ -9,29 +9,16 @@
 qwen2.5-0.5b, qwen2.5-1.5b, llama-3-8b) or an HF folder with a config.json. `bench/step.py --plan` runs
 this on the config.json of the model it trains and prints the prediction next to the measured CUDA peak.
 
-The parts (bf16 frozen weights, float32 LoRA adapters with AdamW; bytes per element in brackets):
-- weights: every parameter of the base model [2];
-- LoRA: adapter weights [4] + grads [4] + AdamW moments [8];
-- KV cache while sampling: 2 x layers x kv_heads x head_dim x (P x prompt + P*G x max_new_tokens) [2]
-  (each prompt's keys once, shared by its G completions: nanogrpo.kvcache.GroupedKVCache);
-- activations of one training micro-batch of M completions (whole groups): each prompt runs once for its
-  group (nanogrpo.kvcache.PrefixKV), so a micro-batch is Tm = M/G x prompt + M x max_new_tokens tokens.
-  With activation checkpointing each layer keeps its input [Tm, H] [2] and one layer at a time is
-  recomputed (q, k, v, o, the MLP's three [Tm, I] tensors, norms: ~ (4H + 3I + 2H) per token [2]), LoRA
-  inputs included; without checkpointing every layer keeps its recompute set. The completions' attention
-  also keeps the prompt keys/values expanded to the M rows, per layer [2];
-- log-probs: the Triton kernel keeps no vocabulary-sized tensor in the forward; its backward writes dz in
-  chunks of C = 2^28 / V rows (`TRITON_CHUNK_ELEMS` in kernels/logprobs.py) x V [2], instead of the naive
-  [M x max_new_tokens, V] float32 logits plus their log_softmax (two such tensors).
-The reference pass runs without grad and needs no more than the policy's forward.
-It prints a table, and the sum is compared with the card's memory. Measured peaks: docs/SCALING.md.
+The arithmetic is nanogrpo/memory.py's (`plan`, `plan_fsdp`: what each part counts, bytes per element, and
+where it approximates), the same plan train.py checks at start-up (--memory-check); this prints it for a
+GPU in bf16 with the Triton log-prob kernel. The first table is LoRA (r = --lora-r) on one GPU: weights,
+adapters with their AdamW state, the sampler's KV cache, one training micro-batch's activations and the
+log-prob kernel's backward chunk, next to the naive log-probs ([micro-batch x new tokens, V] float32 logits
+plus their log_softmax) for comparison; sampling and training do not overlap, so the peak is the larger
+phase on top of the weights. The sum is compared with the card's memory (--card-gb).
 
-A second table (--fsdp-ranks N, 0 = skip) is a full fine-tune sharded with FSDP2 over N GPUs, per rank:
-float32 weights [4] + grads [4] + AdamW moments [8], and the bf16 KL reference [2], all divided by N;
-while training, two decoder blocks unsharded in bf16 (the running one and the prefetched one, weights and
-gradients [2 + 2]) and the root group (embeddings, LM head, final norm: unsharded from forward to
-backward, weights and gradients [2 + 2]); while sampling, the whole model gathered in bf16 [2] and this
-rank's share (1/N) of the KV cache.
+A second table (--fsdp-ranks N, 0 = skip) is a full fine-tune sharded with FSDP2 over N GPUs, per rank,
+KL reference included, and the same full fine-tune unsharded on one GPU.
 """
 
 from __future__ import annotations
@@ -39,15 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nanogrpo import memory  # noqa: E402
 from nanogrpo.model_zoo import RANDOM_SHAPES, random_config  # noqa: E402
 
-TRITON_CHUNK_ELEMS = 1 << 28  # kernels/logprobs.py (not imported: that module needs triton)
-
-GB = 1024**3
+GB = memory.GiB
 
 # the two configs of the plan (shapes only): Llama-3-8B as nanogrpo.model_zoo's random model has it, Qwen2.5-7B
 # copied from its config.json
@@ -58,97 +45,67 @@ KNOWN = {
         num_attention_heads=28, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False,
     ),
 }  # fmt: skip
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def load_config(name_or_path: str) -> dict:
+    """A known name's shapes, 'random:SHAPE' (nothing built), or a folder's config.json."""
     if name_or_path in KNOWN:
         return dict(KNOWN[name_or_path])
     if name_or_path.startswith("random:"):
-        cfg = random_config(name_or_path.removeprefix("random:"))
-        cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-        return cfg
-    cfg = json.loads((Path(name_or_path) / "config.json").read_text())
-    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    return cfg
+        return memory.with_defaults(random_config(name_or_path.removeprefix("random:")))
+    return memory.with_defaults(json.loads((Path(name_or_path) / "config.json").read_text()))
 
 
-def linear_shapes(c: dict) -> dict[str, tuple[int, int]]:
-    """(in, out) of each projection of one layer."""
-    H, I, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    return {
-        "q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
-        "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H),
-    }  # fmt: skip
+def step_of(a: argparse.Namespace, ranks: int = 1, reference: bool = False) -> memory.Step:
+    """The flags as nanogrpo.memory's Step: bf16 on a GPU, the Triton log-prob kernel; P split over ranks."""
+    return memory.Step(
+        prompts=-(-a.prompts_per_step // ranks), group=a.group_size, prompt_len=a.prompt_len,
+        new_tokens=a.max_new_tokens, micro_batch=a.micro_batch, checkpointing=a.checkpointing,
+        lora_r=a.lora_r, reference=reference, logprob_chunk=a.logprob_chunk,
+    )  # fmt: skip
 
 
 def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
-    H, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    shapes = linear_shapes(c)
-    layer_params = sum(i * o for i, o in shapes.values()) + 2 * H
-    n_params = L * layer_params + V * H * (1 if c.get("tie_word_embeddings") else 2) + H
-    lora_params = L * sum(a.lora_r * (i + o) for name, (i, o) in shapes.items() if name in TARGETS)
-    N = a.prompts_per_step * a.group_size  # completions per step
-    M = a.micro_batch or N
-    kv_per_token = 2 * L * c["num_key_value_heads"] * c["head_dim"] * 2  # k and v of every layer, bf16
-    kv = kv_per_token * (a.prompts_per_step * a.prompt_len + N * a.max_new_tokens)
-    per_token_layer = (4 * H + 3 * I + 2 * H) * 2 + sum(
-        i for n, (i, o) in shapes.items()
-    ) * 2  # recompute set
-    Tm = -(-M // a.group_size) * a.prompt_len + M * a.max_new_tokens  # tokens of one micro-batch
-    keep = Tm * H * 2 * L  # checkpointed layer inputs
-    acts = keep + Tm * per_token_layer if a.checkpointing else Tm * per_token_layer * L
-    acts += kv_per_token * M * a.prompt_len  # the prompt's keys/values expanded to the completions
-    tok = M * a.max_new_tokens  # completion tokens through the LM head
-    rows = a.logprob_chunk or max(128, (TRITON_CHUNK_ELEMS // V) // 128 * 128)  # the kernel's dz chunk
-    fused = min(tok, rows) * V * 2  # dz in bf16, the only vocabulary-sized tensor
-    naive = tok * V * 4 * 2  # logits + log_softmax, float32
+    """GiB per part of a LoRA step on one GPU (nanogrpo.memory.plan), with the naive log-probs beside."""
+    s = step_of(a)
+    p = memory.plan(c, s)
     parts = {
-        "weights (bf16)": n_params * 2,
-        "LoRA + grads + AdamW (fp32)": lora_params * 16,
-        "KV cache (sampling)": kv,
-        "activations (train micro-batch)": acts,
-        "log-probs, fused": fused,
+        "weights (bf16)": p.parts["weights"],
+        "LoRA + grads + AdamW (fp32)": p.parts["trained state"],
+        "KV cache (sampling)": p.parts["KV cache"],
+        "activations (train micro-batch)": p.parts["activations"],
+        "log-probs, fused": p.parts["log-probs"],
     }
+    naive = memory.naive_logprob_bytes(c, s)
     out = {k: v / GB for k, v in parts.items()}
     out["total, fused"] = sum(parts.values()) / GB
     out["log-probs, naive (for reference)"] = naive / GB
-    out["total, naive log-probs"] = (sum(parts.values()) - fused + naive) / GB
-    out["params (B)"] = n_params / 1e9
-    out["LoRA params (M)"] = lora_params / 1e6
+    out["total, naive log-probs"] = (sum(parts.values()) - parts["log-probs, fused"] + naive) / GB
+    out["params (B)"] = p.notes["params"] / 1e9
+    out["LoRA params (M)"] = p.notes["lora params"] / 1e6
     # sampling and training do not overlap: the KV cache is freed before the loss pass
-    out["peak, fused (sampling and training apart)"] = (
-        parts["weights (bf16)"] + parts["LoRA + grads + AdamW (fp32)"] + max(kv, acts + fused)
-    ) / GB
+    out["peak, fused (sampling and training apart)"] = p.peak / GB
     return out
 
 
 def plan_fsdp(c: dict, a: argparse.Namespace, ranks: int) -> dict[str, float]:
-    """Per-rank GiB of a full fine-tune sharded over `ranks` GPUs (see the module docstring)."""
-    H, V = c["hidden_size"], c["vocab_size"]
-    base = plan(c, a)  # activations, log-prob tile and KV cache are the same shapes as with LoRA
-    n_params = base["params (B)"] * 1e9
-    layer_params = sum(i * o for i, o in linear_shapes(c).values()) + 2 * H
-    root_params = V * H * (1 if c.get("tie_word_embeddings") else 2) + H
-    parts = {
-        "weights + grads + AdamW (fp32) / N": n_params * 16 / ranks,
-        "KL reference (bf16) / N": n_params * 2 / ranks,
-        "2 unsharded blocks (bf16 w + g)": 2 * layer_params * 4,
-        "root: embeddings + LM head (bf16 w + g)": root_params * 4,
-        "activations (train micro-batch)": base["activations (train micro-batch)"] * GB,
-        "log-probs, fused": base["log-probs, fused"] * GB,
-        "sampling: full model gathered (bf16)": n_params * 2,
-        "sampling: KV cache / N": base["KV cache (sampling)"] * GB / ranks,
+    """Per-rank GiB of a full fine-tune sharded over `ranks` GPUs (nanogrpo.memory.plan_fsdp)."""
+    s = replace(step_of(a, ranks, reference=True), lora_r=0)
+    p = memory.plan_fsdp(c, s, ranks)
+    names = {
+        "weights + grads + AdamW (fp32) / N": "weights + grads + AdamW (fp32) / N",
+        "reference / N": "KL reference (bf16) / N",
+        "2 unsharded blocks (w + g)": "2 unsharded blocks (bf16 w + g)",
+        "root: embeddings + LM head (w + g)": "root: embeddings + LM head (bf16 w + g)",
+        "activations": "activations (train micro-batch)",
+        "log-probs": "log-probs, fused",
+        "sampling: full model gathered": "sampling: full model gathered (bf16)",
+        "sampling: KV cache": "sampling: KV cache / N",
     }
-    out = {k: v / GB for k, v in parts.items()}
-    sharded = parts["weights + grads + AdamW (fp32) / N"] + parts["KL reference (bf16) / N"]
-    train = sum(parts[k] for k in list(parts)[2:6])
-    sample = parts["sampling: full model gathered (bf16)"] + parts["sampling: KV cache / N"]
-    out["peak per rank (sampling and training apart)"] = (sharded + max(train, sample)) / GB
+    out = {names[k]: v / GB for k, v in p.parts.items()}
+    out["peak per rank (sampling and training apart)"] = p.peak / GB
     # one GPU runs the reference as a float32 copy under the policy's autocast (the same path: KL 0 at step 0)
-    out["unsharded, one GPU: weights+grads+AdamW+ref"] = n_params * 20 / GB
+    out["unsharded, one GPU: weights+grads+AdamW+ref"] = memory.plan(c, replace(s, prompts=1)).resident / GB
     return out
 
 

@@ -260,6 +260,12 @@ class TrainConfig:
     """P: prompts per step (SFT, DPO: rows; CPT: windows); a GRPO step sees P x G completions."""
     micro_batch: int = 0
     """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
+    memory_check: Literal["fit", "refuse", "off"] = "fit"
+    """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/memory.py) against the
+    device's free memory (CPU: MemAvailable) less 10% and 1 GiB. 'fit': a run that does not fit gets the
+    largest --micro-batch of whole groups that fits (only when it is 0: one given is kept) and, if needed,
+    --model.activation-checkpointing, printed in one line and saved in config.json; 'refuse': stop, naming
+    the flags that fit; 'off': no check. SFT and DPO are not planned; --resume changes nothing."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
     out_dir: str = "runs/demo"

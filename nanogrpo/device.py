@@ -32,6 +32,8 @@ def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     if cfg.dtype != "auto":
         return device, getattr(torch, cfg.dtype)
     if device.type == "cuda":
+        # float32 matmuls (LoRA adapters, the value head, a --model.dtype float32 run) on tensor cores (TF32)
+        torch.set_float32_matmul_precision("high")
         return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     # bf16 only where it is fast: native bf16 units that oneDNN's bf16 path runs on (tried, see cpu.py)
     return device, torch.bfloat16 if cpu_capability().bf16 else torch.float32

@@ -194,12 +194,19 @@ def generate(
     tokenizer=None,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     pad_id: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> Generation:
     """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout.
 
     `generator` is one torch.Generator for the batch, or one per prompt: then a prompt's completions
     depend only on its own generator, not on which other prompts share the batch (what lets torchrun
     ranks reproduce a single-process run).
+
+    `autocast`: the compute dtype of a float32 model (a full fine-tune's master weights, trained under
+    autocast). On an accelerator the sampler then runs in it too: autocast casts each weight once per call
+    (its cache holds that copy, 2 bytes a parameter in bf16, until the call returns) and the KV cache is
+    kept in it, so a decode step reads half the bytes it would in float32 and samples from the trainer's
+    own numerics. On the CPU it is ignored: the packed float32 weights are faster there (packed.py).
     """
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
         raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
@@ -220,21 +227,25 @@ def generate(
     model.eval()  # LoRA dropout off while sampling
     try:
         # on the CPU: packed weights with LoRA folded in, for the duration of this call (packed.py)
-        with packed_weights(model, batch_hint=len(prompts) * group_size) as packed:
+        amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
+        with (
+            packed_weights(model, batch_hint=len(prompts) * group_size) as packed,
+            torch.autocast(model.lm_head_weight.device.type, dtype=amp, enabled=amp is not None),
+        ):
             return _generate(
                 model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                eos_ids, stop_strings, tokenizer, generator, pad_id,
+                eos_ids, stop_strings, tokenizer, generator, pad_id, amp,
             )  # fmt: skip
     finally:
         model.train(was_training)
 
 
-def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad_id: int):
+def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad_id: int, amp=None):
     """Run the P prompts once, left-padded into one batch, and expand them to their groups.
 
     Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
     and values once, shared by their G completions, their padding kept, so decode steps pass no attention
-    mask) and each row's position of the first new token (N, 1).
+    mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's.
     """
     dev = model.lm_head_weight.device
     P = len(prompts)
@@ -254,7 +265,7 @@ def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad
     # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
     # without casting the whole cache at every step
     W = model.lm_head_weight
-    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else None
+    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else amp
     cache = model.new_kv_cache(P, L, dtype=cache_dtype)
     h = model(ids, position_ids=pos, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, L, H)
     logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
@@ -263,13 +274,14 @@ def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad
 
 
 def _generate(
-    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id
+    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
+    amp=None,
 ) -> Generation:  # fmt: skip
     W = model.lm_head_weight  # (V, H)
     lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     dev = W.device
     N = len(prompts) * G
-    logits, cache, next_pos = _prefill(model, lm_head, prompts, G, max_new, pad_id)  # (N, V), ...
+    logits, cache, next_pos = _prefill(model, lm_head, prompts, G, max_new, pad_id, amp)  # (N, V), ...
 
     tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
     logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)

@@ -89,18 +89,6 @@ def _register() -> None:
 
 _register()
 DEVICE = torch.device(NAME, 0)
-# ops that reach the device's own dispatch key, below Python's (the tensor constructors exclude Python
-# dispatch: `torch.tensor(data, device=...)` allocates with empty_strided and copies into it)
-_kernels = torch.library.Library("aten", "IMPL")
-for _name in (
-    "empty_strided",
-    "empty.memory_format",
-    "copy_",
-    "_copy_from",
-    "_copy_from_and_resize",
-    "_to_copy",
-):
-    _kernels.impl(_name, lambda *args, _n=_name, **kwargs: _run(_overload(_n), args, kwargs), "PrivateUse1")
 
 
 class StandIn(torch.Tensor):
@@ -253,6 +241,43 @@ def standin_device() -> Iterator[torch.device]:
             m.load_file = _real_load_file
 
 
+# ------------------------------------------------------------------------ kernels at the device's keys
+# Ops that reach the device's own dispatch key, below Python's (the tensor constructors exclude Python
+# dispatch: `torch.tensor(data, device=...)` allocates with empty_strided and copies into it).
+_KERNELS = (
+    "empty_strided",
+    "empty.memory_format",
+    "copy_",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "_to_copy",
+)
+# Autocast on the device, as CUDA's: the floating inputs of these ops cast (to the autocast dtype, or to
+# float32), above autograd so the backward sees the casts; every other op passes through.
+_LOWER = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "einsum", "scaled_dot_product_attention")
+_FP32 = ("exp", "log", "rsqrt", "softmax.int", "log_softmax.int", "logsumexp", "cumsum", "layer_norm")
+
+
+def _autocast_kernel(name: str, lower: bool):
+    op = _overload(name)
+
+    def kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype(NAME) if lower else torch.float32
+        cast = lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        with torch._C._DisableAutocast():
+            return op(*tree_map(cast, args), **tree_map(cast, kwargs))
+
+    return kernel
+
+
+_libs = [torch.library.Library("aten", "IMPL"), torch.library.Library("_", "IMPL")]
+for _name in _KERNELS:
+    _libs[0].impl(_name, lambda *args, _n=_name, **kwargs: _run(_overload(_n), args, kwargs), "PrivateUse1")
+for _name in _LOWER + _FP32:
+    _libs[0].impl(_name, _autocast_kernel(_name, _name in _LOWER), "AutocastPrivateUse1")
+_libs[1].fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+
+
 # ------------------------------------------------------------------------------ the training paths on it
 def stage_configs(root) -> dict:
     """The runs tests/test_standin.py makes on the standin device: every stage and the paths that place or
@@ -272,8 +297,10 @@ def stage_configs(root) -> dict:
     text = root / "text.txt"
     text.write_text(" ".join(["the river runs past the old mill and the quiet town"] * 12))
 
-    def cfg(name, **kw):
-        return replace(t, out_dir=str(root / name), steps=2, model=replace(t.model, device=NAME), **kw)
+    def cfg(name, dtype="float32", **kw):
+        return replace(
+            t, out_dir=str(root / name), steps=2, model=replace(t.model, device=NAME, dtype=dtype), **kw
+        )
 
     return {
         "grpo": cfg("grpo", eval_prompts=3),  # + the final base-vs-trained eval on the demo task
@@ -281,8 +308,9 @@ def stage_configs(root) -> dict:
             "grpo-dynamic", grpo=replace(t.grpo, dynamic_sampling=True, max_resample_rounds=2)
         ),
         "grpo-kl-reward": cfg("grpo-kl-reward", grpo=replace(t.grpo, kl_placement="reward", beta=0.1)),
-        "grpo-full-kl-loss": cfg(
+        "grpo-full-kl-loss": cfg(  # float32 masters under bf16 autocast: the sampler samples under it too
             "grpo-full-kl-loss",
+            dtype="bfloat16",
             lora=replace(t.lora, r=0),
             grpo=replace(t.grpo, kl_placement="loss", beta=0.1),
         ),
@@ -326,17 +354,29 @@ def run_stages(root) -> dict:
     import traceback
     from dataclasses import replace
 
+    import nanogrpo.sampling
     from train import main
 
+    caches = []  # the KV cache's dtype of each sampler call: the sampler's compute dtype
+    prefill = nanogrpo.sampling._prefill
+
+    def spy(*args, **kwargs):
+        out = prefill(*args, **kwargs)
+        caches.append(str(out[1].k.dtype))
+        return out
+
+    nanogrpo.sampling._prefill = spy
     results = {"_self_check": self_check()}
     cfgs = stage_configs(root)
     cfgs["grpo-resume"] = replace(cfgs["grpo"], steps=3, resume=True, eval_prompts=0)
     for name, cfg in cfgs.items():
         StandInGenerator.made.clear()
+        caches.clear()
         try:
             with standin_device():
                 main(cfg)
-            results[name] = {"ok": True, "generators": sorted({str(d) for d in StandInGenerator.made})}
+            gens = sorted({str(d) for d in StandInGenerator.made})
+            results[name] = {"ok": True, "generators": gens, "kv_cache": sorted(set(caches))}
         except Exception as e:  # the test prints the error; the traceback goes to stderr
             traceback.print_exc()
             results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}

@@ -178,6 +178,22 @@ def test_seeded_sample_is_reproducible(lively):
     assert len({tuple(r) for r in a.completion_ids[:4].tolist()}) > 1
 
 
+def test_autocast_is_for_accelerators_only(lively):
+    """generate(autocast=bf16) on the CPU samples exactly as without it (the packed float32 weights are the
+    fast path there); on an accelerator it samples under autocast (tests/test_standin.py)."""
+    model, _, prompts = lively
+    run = lambda amp: generate(
+        model,
+        prompts,
+        group_size=2,
+        max_new_tokens=6,
+        generator=torch.Generator().manual_seed(3),
+        autocast=amp,
+    )
+    a, b = run(None), run(torch.bfloat16)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logp, b.logp)
+
+
 def test_eos_ends_completion_and_mask(lively):
     model, _, prompts = lively
     plain = completions(generate(model, prompts, max_new_tokens=16, temperature=0, group_size=2))

@@ -48,6 +48,15 @@ def test_each_stage_runs_on_a_device_that_is_not_the_cpu(runs, stage):
         assert res["generators"] and all(d.startswith("standin") for d in res["generators"]), res
 
 
+def test_a_full_fine_tune_samples_in_its_compute_dtype(runs):
+    """float32 master weights trained under bf16 autocast: the sampler runs under it too (a bf16 KV cache),
+    not in float32 (twice the bytes a decode step, and a larger sampler-trainer gap); LoRA runs of the tiny
+    float32 model keep their float32 cache."""
+    results = runs[1]
+    assert results["grpo-full-kl-loss"]["kv_cache"] == ["torch.bfloat16"], results["grpo-full-kl-loss"]
+    assert results["grpo"]["kv_cache"] == ["torch.float32"], results["grpo"]
+
+
 def test_the_final_eval_ran_on_it(runs):
     ev = json.loads((runs[0] / "grpo" / "eval.json").read_text())
     assert ev["n"] == 3 and {"em", "rouge_l"} <= set(ev["metrics"]), ev  # base and trained, scored

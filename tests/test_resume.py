@@ -154,3 +154,20 @@ def test_a_config_saved_with_adv_std_norm_loads_as_scale_rewards(tmp_path, old, 
     (tmp_path / "config.json").write_text(json.dumps({**saved, "grpo": {**grpo, "adv_std_norm": old}}))
     assert load_config(tmp_path) == replace(cfg, grpo=replace(cfg.grpo, scale_rewards=scale))
     assert cli(["--out-dir", str(tmp_path), "--resume"]).grpo.scale_rewards == scale
+
+
+def test_the_trainer_state_loads_onto_the_host(tmp_path, monkeypatch):
+    """A state saved from cuda:0 loads where the load puts it: without map_location every torchrun rank
+    would put its optimizer state on cuda:0. The load is to the host; the optimizer moves each tensor to its
+    parameter's device (load_state_dict)."""
+    import torch
+
+    from nanogrpo import checkpoint as ckpt
+
+    main(replace(PRESETS["tiny"][1], out_dir=str(tmp_path), steps=1))
+    seen = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k) or load(*a, **k))
+    state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "ckpt"))
+    assert seen and all(k.get("map_location") == "cpu" for k in seen), seen
+    assert state["step"] == 1

@@ -26,7 +26,8 @@ class ModelConfig:
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     attn: Literal["sdpa", "flash"] = "sdpa"
-    """Attention implementation: PyTorch SDPA, or flash-attn when it is installed."""
+    """Attention implementation: PyTorch SDPA (on a GPU, padded GQA calls reach a fused kernel), or flash-attn
+    (installed, a CUDA GPU, fp16/bf16 compute; float32 calls run SDPA): docs/SCALING.md."""
     kernels: Literal["auto", "triton", "torch"] = "auto"
     """Kernel backend: 'auto' (NANOGRPO_KERNELS, else Triton for CUDA tensors and the PyTorch reference on
     the CPU), or force 'triton' / 'torch'."""
@@ -309,6 +310,10 @@ def updates_per_step(cfg: TrainConfig) -> int:
 
 def check_config(cfg: TrainConfig) -> None:
     """Refuse, before any model loads, settings the trainer would get wrong or silently ignore."""
+    if cfg.model.attn == "flash":
+        from .attention import check_flash
+
+        check_flash(cfg.model.device, cfg.model.dtype)
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return

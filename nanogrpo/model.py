@@ -11,7 +11,8 @@ sequences shorter than the window (4096+ in the released configs); 'dynamic' NTK
 the longest position of the current call (transformers keeps the largest seen so far); like 'longrope' (which
 picks short or long factors the same way) it means a KV cache that grows past the original context holds
 keys rotated with the old frequencies (transformers re-encodes the prompt at that point). With `attn="flash"`
-a call with an attention_mask (left padding) runs SDPA instead, since flash_attn_func takes no mask.
+a block of left-padded rows (an attention_mask, T > 1) runs flash-attn's varlen kernel on the real tokens,
+and a float32 call runs SDPA (flash-attn has no float32 kernel): nanogrpo/attention.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .attention import varlen
 from .kvcache import NO_CACHE, KVCache
 from .rope import apply_rope, rope_inv_freq, rope_tables
 
@@ -218,16 +220,21 @@ class Transformer(nn.Module):
         self.set_attn(attn)
 
     def set_attn(self, attn: str) -> None:
+        self.check_attn(attn)
+        self.attn = attn
+
+    @staticmethod
+    def check_attn(attn: str) -> None:
         if attn not in ("sdpa", "flash"):
             raise ValueError(f"attn={attn!r}: use 'sdpa' or 'flash'")
         if attn == "flash":
             try:
                 import flash_attn  # noqa: F401
-            except ImportError as e:
+            except (ImportError, OSError) as e:  # OSError: a wheel built against another torch or CUDA
                 raise ValueError(
-                    "attn='flash' needs flash-attn: pip install 'nanogrpo[gpu]', or use attn='sdpa'"
+                    f"attn='flash' needs flash-attn, which does not import here ({e}): pip install "
+                    "'nanogrpo[gpu]' on a CUDA machine, or use attn='sdpa'"
                 ) from e
-        self.attn = attn
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -278,8 +285,9 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         cos, sin = self._rope(position_ids, x.dtype)
 
-        # mask: "flash" (no padding), "causal" (SDPA, no padding, no cache), None (one new token sees all), or
-        # a boolean (B, 1, T, S) tensor; each query also sees itself so pad rows are never fully masked (NaN)
+        # mask: "flash" (no padding), "causal" (SDPA, no padding, no cache), None (one new token sees all), a
+        # boolean (B, 1, T, S) tensor, or with flash-attn a Varlen holding one (left padding, T > 1: decode
+        # steps keep the tensor); each query also sees itself so pad rows are never fully masked (NaN)
         if self.attn == "flash" and attention_mask is None:
             mask = "flash"
         elif attention_mask is None and past == 0:
@@ -292,6 +300,8 @@ class Transformer(nn.Module):
             mask = (kpos <= qpos)[None, None]  # (1, 1, T, S)
             if attention_mask is not None:
                 mask = (mask & attention_mask.bool()[:, None, None, :]) | (kpos == qpos)  # (B, 1, T, S)
+                if self.attn == "flash" and T > 1:
+                    mask = varlen(attention_mask, T, mask)  # once per forward: one host sync
 
         ckpt = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.model.layers):
@@ -316,6 +326,7 @@ class Transformer(nn.Module):
         from safetensors.torch import load_file
 
         path = Path(path)
+        cls.check_attn(attn)  # before any weight is read
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} has no config.json: pass an HF model folder, 'tiny' or 'smollm2'")
         cfg = json.loads((path / "config.json").read_text())

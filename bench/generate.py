@@ -46,6 +46,8 @@ from nanogrpo.model_zoo import random_config, random_transformer, resolve_model 
 from nanogrpo.packed import packing_supported  # noqa: E402
 from nanogrpo.sampling import generate  # noqa: E402
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 QUESTIONS = [
     "What is the capital of France?",
     "Name three primary colors and explain briefly why they are called primary.",
@@ -172,6 +174,13 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
     t_full = statistics.median(timed(lambda: run(N), a.warmup, a.repeats)[0])
     t_one = statistics.median(timed(lambda: run(1), a.warmup, a.repeats)[0])
     t_step = max(t_full - t_one, 1e-9) / (N - 1)
+    # what one decode step dispatches, by the same difference: ATen ops on the host, kernels on the GPU
+    (aten_n, kern_n), (aten_1, kern_1) = (
+        op_counts(lambda: run(N), a.device),
+        op_counts(lambda: run(1), a.device),
+    )
+    aten_step, kern_step = (aten_n - aten_1) / (N - 1), (kern_n - kern_1) / (N - 1)
+    launches = kern_step if a.device.startswith("cuda") else aten_step
     c, w = model.config, model.lm_head.weight
     tied = w is model.model.embed_tokens.weight
     params = {id(p): p for p in model.parameters()}.values()
@@ -188,18 +197,47 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
     return {
         "batch": batch, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
         "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
+        "aten_ops_step": aten_step, "kernels_step": kern_step,
+        "us_per_launch": t_step * 1e6 / launches if launches > 0 else None,
         "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
         "utilisation": gbs / peak if peak else None, "flops_step": flops, "GFLOPs": flops / t_step / 1e9,
     }  # fmt: skip
 
 
-def load_ours(name: str, path: Path | None, dtype: torch.dtype, device: str) -> Transformer:
-    """The model frozen, as eval.py and a LoRA run's base are (the sampler keeps a frozen LM head packed)."""
+def op_counts(fn, device: str) -> tuple[int, int]:
+    """(ATen ops dispatched on the host, kernels run on the GPU) in one call of fn, counted by the profiler
+    (nested ops count: aten::linear and the aten::addmm it calls are two)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    aten = sum(1 for e in events if e.name.startswith("aten::") and e.device_type == DeviceType.CPU)
+    return aten, sum(1 for e in events if e.device_type == DeviceType.CUDA)
+
+
+def load_ours(name: str, path: Path | None, dtype: torch.dtype, device: str, lora_r: int = 0) -> Transformer:
+    """The model frozen, as eval.py and a LoRA run's base are (the sampler keeps a frozen LM head packed).
+    lora_r > 0: float32 LoRA adapters (alpha 2r) on every projection, trainable, as a training run's policy
+    has them when it samples (a random B, so they change the outputs as a trained adapter does)."""
     if path is None:
         model = random_transformer(name, device=device, dtype=dtype)
     else:
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
-    return model.requires_grad_(False)
+    model.requires_grad_(False)
+    if lora_r > 0:
+        from nanogrpo import lora
+
+        lora.inject_lora(model, r=lora_r, alpha=2.0 * lora_r, dropout=0.0, targets=LORA_TARGETS)
+        with torch.no_grad():
+            for name_, p in model.named_parameters():
+                if "lora_B" in name_:
+                    p.normal_(0, 1e-3)
+    return model.eval()
 
 
 def main() -> None:
@@ -224,6 +262,12 @@ def main() -> None:
         help="decode batches to time against the roofline, e.g. 1,64 ('auto': P x G on a CPU, off on a GPU; '' off)",
     )
     ap.add_argument("--peak-gbs", type=float, default=0.0, help="peak bandwidth (0: measure a copy on CUDA)")
+    ap.add_argument(
+        "--lora-r",
+        type=int,
+        default=0,
+        help="nanogrpo side: LoRA adapters of rank R on every projection, as training samples",
+    )
     ap.add_argument("--json", default="", help="also write every measurement to this file")
     args = ap.parse_args()
 
@@ -261,7 +305,11 @@ def main() -> None:
 
     samplers = {}  # name -> one call of that sampler, returning the tokens it generated
     if only != "transformers":
-        model = load_ours(args.model, path, dtype, args.device)
+        model = load_ours(args.model, path, dtype, args.device, args.lora_r)
+        if args.lora_r:
+            notes.append(
+                f"nanogrpo samples with LoRA r={args.lora_r} on every projection (transformers: none)"
+            )
         gen = torch.Generator(args.device).manual_seed(0)
 
         def ours() -> int:
@@ -367,7 +415,8 @@ def main() -> None:
                 f"{(rate or 0):.0f} GFLOP/s{', ' + rates if rates else ''} (1024x2048 @ 2048x2048)"
             )
         head = f"{'batch':>6}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}{'of peak':>9}"
-        print(head + f"{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}")
+        launch = "kernels" if args.device.startswith("cuda") else "aten ops"
+        print(head + f"{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{launch + '/step':>15}{'us/launch':>11}")
         for r in roofline:
             util = f"{100 * r['utilisation']:.0f}%" if r["utilisation"] is not None else "-"
             mb = (r["weight_bytes"] + r["kv_bytes_mean"]) / 1e6
@@ -380,6 +429,8 @@ def main() -> None:
             print(
                 f"{r['batch']:>6}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
                 f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{floor:>10.1f}"
+                f"{r['kernels_step' if args.device.startswith('cuda') else 'aten_ops_step']:>15.0f}"
+                f"{r['us_per_launch'] or 0:>11.1f}"
             )
     print("reproduce: python " + " ".join(shlex.quote(a) for a in ["bench/generate.py", *sys.argv[1:]]))
     if args.json:

@@ -151,6 +151,9 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         "prompt_len_max": max(prompt_max),
         "micro_batch": a.micro_batch,
         "reward": statistics.mean(s["reward"] for s in timed),
+        # how far the trainer's log-probs of the sampled tokens are from the sampler's (metrics.jsonl)
+        "sampler_abs_diff": statistics.mean(s["sampler_abs_diff"] for s in timed),
+        "sampler_kl": statistics.mean(s["sampler_kl"] for s in timed),
         "checkpointing": cfg.model.activation_checkpointing,
         **mem.result(),
     }
@@ -245,6 +248,7 @@ def fmt_table(a: argparse.Namespace, runs: list[dict[str, dict]], hardware: str)
         row("prompt tokens (mean)", r, lambda x: x["prompt_len"], 1, ratio=False)
         row("completion tokens (mean)", r, lambda x: x["len_mean"], 1, ratio=False)
         row("reward (mean ROUGE-L)", r, lambda x: x["reward"], 3, ratio=False)
+        row("sampler-trainer |dlogp| / token", r, lambda x: x.get("sampler_abs_diff", "-"), 5, ratio=False)
     return "\n".join(lines)
 
 

@@ -46,7 +46,10 @@ REPLY_FORMAT = """Reply with only a JSON object that maps each of the {n} answer
 {example}"""
 
 _DIGIT = re.compile(r"""[\s:="'{},]*([0-9])[\s:="'{},]*""")
-_BEFORE_MARK = re.compile(r"""answer\s*(\d{1,9})\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
+# answer k, a quote, a colon, a quote, with any spaces between, at the end of the text before a mark. Each
+# run of spaces is one \s*: '\s*["\']?\s*' would split every run of spaces between its two \s* (a reply
+# whose mark token holds 64 KB of spaces: minutes), '\s*(?:["\']\s*)?' takes the same texts in one pass
+_BEFORE_MARK = re.compile(r"""answer\s*(\d{1,9})\s*(?:["']\s*)?[:=]\s*(?:["']\s*)?$""", re.I)
 
 
 def marks_schema(n: int) -> dict:
@@ -77,16 +80,16 @@ def mark_distributions(tokens: list[TokenLogprob], n: int) -> tuple[list[list[fl
     """
     found: dict[int, list[list[float] | None]] = {}  # answer k -> what each of its mark tokens gave
     mass: list[float] = []
-    text = ""
+    text = ""  # the last 200 characters of the reply so far: a hostile reply may be long
     for t in tokens:
         d = _digit(t.token)
         if d is not None:
             lead = t.token[: t.token.index(str(d))]
-            m = _BEFORE_MARK.search(text[-200:] + lead)  # the tail: a hostile reply may be long
+            m = _BEFORE_MARK.search(text + lead)
             k = int(m.group(1)) if m else 0
             if 1 <= k <= n:
                 found.setdefault(k, []).append(_distribution(t, d))
-        text += t.token
+        text = (text + t.token)[-200:]  # bounded, so the reply costs linear time however many tokens
     out: list[list[float] | None] = [None] * n
     for k, dists in found.items():
         if len(dists) == 1 and dists[0] is not None:  # a mark written twice is ambiguous: None

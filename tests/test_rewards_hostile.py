@@ -9,12 +9,19 @@ processes share the cores, the second when a grader runs threads, and a quadrati
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import time
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rewards import RewardConfig, Sample, known, make
+from rewards.judge import fenced_blocks
+from rewards.judge_entropy import _BEFORE_MARK
+from rewards.match import unfenced
 from rewards.text import MAX_DIGITS, canonical, figures, normalize
 
 LOCAL = ["exact", "contains", "label", "json", "format", "think", "rouge_l", "numbers", "consistency"]
@@ -66,6 +73,8 @@ HOSTILE = {
     "backticks": "`" * MB,
     "fences": "```\n" + "``` " * (MB // 4),
     "an open fence of brackets": "```json\n" + "[" * MB,
+    "a fence and spaces": "```json" + " " * MB,
+    "a fence, spaces, a fence": "```" + " " * MB + "```x",
     "table rules": "|" + "---|" * (MB // 4),
     "a colon and dashes": ":" + "-" * MB,
     "markdown": "**a** _b_ `c` # d\n- e\n" * (MB // 21),
@@ -192,3 +201,160 @@ def test_a_million_digits_scores_without_raising(name, where):
         row = {"answer": "1.5%", "labels": ["1.5%"], "reference": "1.5%"}
     score, took = timed_call(BUILT[name], text if where == "completion" else "1.5%", row)
     assert _in_range(score) and took < BUDGET_S
+
+
+# ----------------------------------------------------------------------------- fences, braces, judge replies
+#
+# Every parser of text that a policy or a judge server writes, on the shapes that once took seconds to
+# minutes: a code fence followed by a long run of one character (the fence regex of `json` retried every
+# split of the run: 4.6 s for a fence and 16,000 spaces, 30 s for 64 KB; the judges' reply parser took
+# 3 s on 16 KB and did not finish on 64 KB), unclosed fences, nested braces. Each case must take under
+# CASE_CPU_S of CPU time (time.process_time: not inflated by other processes sharing the cores).
+
+KB64 = 1 << 16
+CASE_CPU_S = 1.0
+FENCED = {
+    "a fence and 16,000 spaces": "```" + " " * 16_000,
+    "a fence and 64 KB of spaces": "```" + " " * KB64,
+    "a json fence and spaces": "```json" + " " * KB64,
+    "a json fence, a newline and spaces": "```json\n" + " " * KB64,
+    "a fence and newlines": "```" + "\n" * KB64,
+    "a fence, tabs, a letter": "```" + "\t" * KB64 + "x",
+    "a fence and letters": "```" + "a" * KB64,
+    "a fence and dashes": "```" + "-" * KB64,
+    "a fence and backslashes": "```" + "\\" * KB64,
+    "spaces after a closed fence": '```json\n{"a": 1}\n```' + " " * KB64 + "x",
+    "spaces inside a closed fence": "```" + " " * KB64 + "```x",
+    "an unclosed fence and a brace": "```json\n{" + " " * KB64,
+    "an unclosed fence and quotes": '```json\n{"reason": "' + " " * KB64,
+    "spaces, then a fence": " " * KB64 + "```",
+    "fences": "```" * (KB64 // 3),
+    "fences and spaces": "``` " * (KB64 // 4),
+    "fences and newlines": "```\n" * (KB64 // 4),
+    "two backticks and spaces": "``" + " " * KB64,
+    "nested braces": "{" * KB64,
+    "nested objects": '{"a":' * (KB64 // 5),
+    "nested brackets": "[" * KB64,
+    "braces open then closed": "{" * (KB64 // 2) + "}" * (KB64 // 2),
+    "braces closed then open": "}" * (KB64 // 2) + "{" * (KB64 // 2),
+    "a fenced answer tag": "<answer>```" + " " * KB64 + "</answer>",
+    "a valid reply, then 64 KB of spaces": '{"answers": []}' + " " * KB64,
+    "64 KB of reason": '{"answers": [{"answer": 1, "reason": "' + "x " * (KB64 // 2) + '"}]}',
+}
+
+
+def cpu_s(fn, *args) -> float:
+    """CPU seconds of fn(*args) in this process."""
+    t = time.process_time()
+    fn(*args)
+    return time.process_time() - t
+
+
+def _slow_cases(fn) -> dict[str, float]:
+    slow = {}
+    for case, text in FENCED.items():
+        took = cpu_s(fn, text)
+        if took >= CASE_CPU_S:
+            slow[case] = round(took, 2)
+    return slow
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_fences_and_braces_score_fast(name):
+    grader = BUILT[name]
+    grader([Sample("p", "warm up: 12 heparin", 0, ROW)])
+    scores = {}
+
+    def one(text):
+        scores[text[:20]] = grader([Sample("p", text, 0, ROW)])[0]
+
+    slow = _slow_cases(one)
+    assert all(_in_range(s) for s in scores.values()), scores
+    assert not slow, f"{name}: over {CASE_CPU_S} s of CPU: {slow}"
+
+
+def _entropy_tokens(text: str) -> list:
+    """A reply's tokens where the mark token of answer 1 carries, before its digit, the text's spaces,
+    quotes, colons and braces: what the mark reader looks back through."""
+    from rewards.llm_client import TokenLogprob
+
+    lead = "".join(c for c in text if c in " \t\n:=\"'{},")
+    return [TokenLogprob('{"Answer 1', -0.1), TokenLogprob(lead + "3", -0.1, {"3": -0.1, "4": -2.0})]
+
+
+def _untrusted_parsers() -> dict:
+    """Every reader of text from a policy or a judge server that is not a grader of LOCAL."""
+    from nanogrpo.build.llm import read_json_object
+    from rewards import judge, judge_entropy, llm_client, rubric, style, text
+
+    entropy = judge_entropy.EntropyJudge(dataclasses.replace(CFG.judge, model="m"))
+    return {
+        "judge.extract_json": judge.extract_json,
+        "judge.parse_group_marks": lambda t: judge.parse_group_marks(t, 4),
+        "build.read_json_object": read_json_object,  # the reward-data builder's reader (extract_json)
+        "judge_entropy.read": lambda t: entropy.read(llm_client.Reply(t, tokens=_entropy_tokens(t)), 4),
+        "judge_entropy.mark_distributions": lambda t: judge_entropy.mark_distributions(_entropy_tokens(t), 4),
+        "rubric.parse_yes_no": rubric.parse_yes_no,
+        "llm_client.read_chat": lambda t: llm_client.read_chat(
+            json.dumps({"choices": [{"message": {"content": t}, "logprobs": {"content": [{"token": t}]}}]})
+        ),
+        "style.text_style": style.text_style,
+        "text.strip_think": text.strip_think,
+        "text.think_content": text.think_content,
+        "text.extract": lambda t: text.extract(t, "answer"),
+        "text.normalize": text.normalize,
+        "text.figures": text.figures,
+    }
+
+
+@pytest.mark.parametrize("name", list(_untrusted_parsers()))
+def test_judge_replies_and_text_parsers_are_fast(name):
+    fn = _untrusted_parsers()[name]
+    slow = _slow_cases(fn)
+    assert not slow, f"{name}: over {CASE_CPU_S} s of CPU: {slow}"
+
+
+# The linear parsers read what the regular expressions they replaced read: compared on short texts
+# built from the characters that matter to them (where the old patterns are fast).
+PIECES = [
+    "`",
+    "```",
+    " ",
+    "\n",
+    "\t",
+    "\r",
+    "\x85",
+    "\u3000",
+    "a",
+    "-",
+    "_",
+    "é",
+    "{",
+    "}",
+    "1",
+    "json",
+    "JSON",
+]
+OLD_FENCE = re.compile(r"^\s*```[\w-]*[ \t]*\n?(.*?)\n?```\s*$", re.S)
+OLD_BLOCKS = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+OLD_BEFORE_MARK = re.compile(r"""answer\s*(\d{1,9})\s*["']?\s*[:=]\s*["']?\s*$""", re.I)
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14).map("".join))
+def test_fence_readers_match_the_old_patterns(text):
+    m = OLD_FENCE.match(text)
+    assert unfenced(text) == (m.group(1) if m else None)
+    assert fenced_blocks(text) == OLD_BLOCKS.findall(text)
+
+
+@settings(max_examples=800, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["answer", "Answer", " ", "\n", '"', "'", ":", "=", "1", "12", "x"]), max_size=12
+    )
+)
+def test_the_mark_reader_matches_the_old_pattern(pieces):
+    text = "".join(pieces)
+    old, new = OLD_BEFORE_MARK.search(text), _BEFORE_MARK.search(text)
+    assert (old and (old.group(1), old.span())) == (new and (new.group(1), new.span()))

@@ -38,8 +38,9 @@ the root group (embeddings, LM head, final norm, unsharded from forward to backw
 sampling, the whole model gathered [D] and this rank's KV cache.
 
 Where it approximates. The activation count is generous: k and v are counted at H each (GQA makes them
-smaller) and some tensors autograd shares are counted twice; on SmolLM2's shapes a count tensor by tensor
-comes to ~75% of it. Not counted: biases and QK norms among the parameters; attention score matrices (the
+smaller) and some tensors autograd shares are counted twice (on SmolLM2's shapes, counted tensor by tensor,
+what a layer keeps is ~75% of it); and every completion is counted at --sampling.max-new-tokens, where the
+training forward pads each group of similar lengths to its own longest. Not counted: biases and QK norms among the parameters; attention score matrices (the
 fused SDPA kernels keep none; a fallback to the math kernel does); the no-grad passes (the reference's and
 the old policy's log-probs run without a graph, a layer at a time); the sampler's [N, V] logits and the
 prefill's activations; on the CPU the float32 copies of bf16 queries and keys the attention makes; the
@@ -53,6 +54,7 @@ memory (CUDA: torch.cuda.mem_get_info; CPU: MemAvailable from /proc/meminfo, cap
 less the margin. 'fit' chooses --micro-batch and --model.activation-checkpointing so that the run fits and
 prints one line saying so; 'refuse' raises, naming the flags that fit; 'off' skips it. GRPO, PPO and CPT
 are planned; SFT and DPO are not (their targets' lengths are only known when a step tokenizes its rows).
+Devices other than CUDA and the CPU give no figure: the run starts unchecked, with a note.
 """
 
 from __future__ import annotations
@@ -361,7 +363,7 @@ def available_memory(device) -> tuple[int, str] | None:
 
         free, _total = torch.cuda.mem_get_info(device)
         return int(free), f"{device} has {{}} free"
-    avail = host_available()
+    avail = host_available() if device.type == "cpu" else None  # other devices: no figure here
     return None if avail is None else (avail, "the host has {} available (MemAvailable)")
 
 
@@ -477,7 +479,7 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
         avail = -int(dist.max_floats({"m": -float(avail)})["m"])
     if avail < 0:
         if dist.is_main():
-            print("note: --memory-check skipped: this system does not say how much memory is free")
+            print(f"note: --memory-check skipped: no figure of the free memory on {device}")
         return cfg
     procs = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if device.type == "cpu" else 1
     budget = usable(avail) // max(1, procs)  # CPU ranks of one host share its memory

@@ -23,8 +23,8 @@ path made that same copy itself (it runs enable_gqa as a repeat_interleave) and 
 fused call holds strictly less. Same results to rounding: the kernels differ, the arithmetic does not.
 
 flash-attn (`--model.attn flash`) runs fp16/bf16 only: under autocast the call is cast to autocast's dtype
-first (as SDPA's autocast does), and a call that is still float32 (a full fine-tune's sampler, which runs
-the float32 weights without autocast) runs SDPA instead. Left-padded rows run its varlen kernel on the real
+first (as SDPA's autocast does), and a call that is still float32 (float32 weights without autocast, as
+only direct use of the model makes) runs SDPA instead. Left-padded rows run its varlen kernel on the real
 tokens only (`Varlen`, built once per forward); pad positions then get zeros instead of their own value,
 which nothing reads (their logits are never used, and no real token attends to them). `check_flash` refuses
 at start-up what could never run it: no flash-attn, a CPU run, float32 compute.

@@ -288,9 +288,9 @@ def test_flash_after_a_prefix(flash_calls):
 
 
 def test_flash_float32_calls_run_sdpa(flash_calls):
-    """flash-attn has no float32 kernel: a float32 call (a full fine-tune's sampler: float32 weights, no
-    autocast) runs SDPA with the same mask, bit for bit the sdpa model's; under autocast the call is cast
-    to autocast's dtype (as SDPA's autocast would) and runs flash-attn."""
+    """flash-attn has no float32 kernel: a float32 call (float32 weights without autocast) runs SDPA with
+    the same mask, bit for bit the sdpa model's; under autocast (a full fine-tune: float32 weights) the
+    call is cast to autocast's dtype, as SDPA's autocast would, and runs flash-attn."""
     model = small_model(torch.float32)
     ids, am = left_padded([9, 6, 2], 9)
     with torch.no_grad():

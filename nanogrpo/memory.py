@@ -27,7 +27,8 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
   2^25 entries, that log-softmax kept for the backward [4]. A full fine-tune also accumulates the LM
   head's gradient in float32 [V, H] [4].
 - a full fine-tune in bf16 runs its forward under autocast, which keeps a cast copy of each weight it
-  used until the backward [D].
+  used until the backward [D]; off the CPU its sampler runs under the same autocast, with the same copy
+  for the whole call (on the CPU it samples the packed float32 weights instead).
 Sampling and training never overlap (the KV cache is freed before the loss pass), so the peak is the larger
 of the two phases on top of what stays all run long (weights, trained state, reference).
 
@@ -280,6 +281,8 @@ def plan(c: dict, s: Step) -> Plan:
     }
     resident = parts["weights"] + parts["trained state"] + parts["reference"]
     sampling = resident + parts["KV cache"] + parts["packed sampling weights"]
+    if s.device != "cpu":  # a full fine-tune samples under its autocast off the CPU (sampling.generate)
+        sampling += parts["autocast weight copies"]
     train = ("activations", "log-probs", "autocast weight copies", "LM head gradient")
     training = resident + sum(parts[k] for k in train)
     return Plan(parts, resident, sampling, training, {"params": n, "lora params": lora})

@@ -155,6 +155,30 @@ def test_refuse_names_the_flags_that_fit_and_off_reads_nothing(monkeypatch):
     assert memory.fit_to_memory(sft, torch.device("cuda"), torch.bfloat16, rows) is sft and not asked
 
 
+def test_the_plan_counts_full_fine_tunes_and_the_cpu_paths():
+    c = memory.model_config(QWEN)
+    n, V, H = memory.param_count(c), c["vocab_size"], c["hidden_size"]
+    s = memory.Step(prompts=4, group=4, prompt_len=64, new_tokens=64, micro_batch=4, lora_r=0, reference=True)
+    gpu = memory.plan(c, s)
+    assert gpu.resident == n * (4 + 12 + 4)  # float32 weights, grads + AdamW, the float32 reference
+    assert gpu.parts["autocast weight copies"] == 2 * n and gpu.parts["LM head gradient"] == V * H * 4
+    assert gpu.sampling == gpu.resident + gpu.parts["KV cache"] + 2 * n  # samples under the autocast copy
+    assert gpu.parts["log-probs"] == 4 * 64 * V * 2  # 256 rows: one bf16 dz chunk, under the 2^28 / V rows
+    cpu = memory.plan(c, replace(s, device="cpu", logprobs="torch", cpu_packing=True, dtype_bytes=4))
+    assert cpu.parts["autocast weight copies"] == 0 and cpu.parts["packed sampling weights"] > 0
+    assert cpu.sampling == cpu.resident + cpu.parts["KV cache"] + cpu.parts["packed sampling weights"]
+    rows = (
+        memory.TORCH_CHUNK_ELEMS // V
+    )  # the reference's chunk; 256 x V is over the kept log-softmax's limit
+    assert cpu.parts["log-probs"] == memory.TORCH_TILES * rows * V * 4
+    small = memory.plan(c, replace(s, device="cpu", logprobs="torch", micro_batch=1, new_tokens=8))
+    kept = 8 * V * 4  # 8 rows: the whole log-softmax is kept for the backward
+    assert small.parts["log-probs"] == memory.TORCH_TILES * 8 * V * 4 + kept
+    lora = memory.plan(c, replace(s, lora_r=16))
+    assert lora.parts["reference"] == 0 and lora.parts["weights"] == 2 * n  # the reference is adapters off
+    assert memory.plan(c, replace(s, checkpointing=True)).peak < gpu.peak
+
+
 # ---------------------------------------------------------------------------- train.main, before the model loads
 
 

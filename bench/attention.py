@@ -46,7 +46,7 @@ def inputs(a, dev: torch.device):
     row i left-padded by i * pad * T / (B - 1) tokens, each query seeing itself (pad rows never empty)."""
     g = torch.Generator().manual_seed(0)
     dt = getattr(torch, a.dtype)
-    make = lambda h: torch.randn(a.batch, h, a.seq, a.head_dim, generator=g).to(dev, dt).requires_grad_()  # noqa: E731
+    make = lambda h: torch.randn(a.batch, h, a.seq, a.head_dim, generator=g).to(dev, dt).requires_grad_()
     q, k, v = make(a.heads), make(a.kv_heads), make(a.kv_heads)
     T = a.seq
     pads = [int(i * a.pad * T / max(a.batch - 1, 1)) for i in range(a.batch)]
@@ -163,8 +163,8 @@ def main() -> None:
     ]
     if dev.type != "cuda":
         lines.append(
-            "on the CPU SDPA's efficient and cuDNN kernels do not exist (refused above) and 'flash' is its CPU "
-            "kernel: the GPU's kernel choice needs a GPU run"
+            "on the CPU SDPA's efficient and cuDNN kernels do not exist (refused above) and 'flash' is its "
+            "CPU kernel: the GPU's kernel choice needs a GPU run"
         )
     cmd = "python bench/attention.py --cpu-smoke" if a.cpu_smoke else (
         f"python bench/attention.py --device {a.device} --batch {a.batch} --seq {a.seq} --heads {a.heads} "

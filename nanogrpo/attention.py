@@ -62,7 +62,7 @@ def varlen(attention_mask: torch.Tensor, T: int, mask: torch.Tensor) -> Varlen:
     real_q = real_k[:, real_k.shape[1] - T :]  # (B, T)
     n_q, n_k = real_q.sum(1), real_k.sum(1)  # (B,)
     max_q, max_k = torch.stack([n_q.max(), n_k.max()]).tolist()
-    cu = lambda n: F.pad(n.cumsum(0), (1, 0)).to(torch.int32)  # noqa: E731  (B + 1,)
+    cu = lambda n: F.pad(n.cumsum(0), (1, 0)).to(torch.int32)  # (B + 1,)
     return Varlen(
         mask, real_q.flatten().nonzero().squeeze(1), real_k.flatten().nonzero().squeeze(1),
         cu(n_q), cu(n_k), int(max_q), int(max_k),

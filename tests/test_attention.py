@@ -65,7 +65,7 @@ def padding_mask(lens: list[int], T: int, S: int, device="cpu") -> torch.Tensor:
 
 def qkv(B, nh, nkv, T, S, D, dtype=torch.float64, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
-    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()  # noqa: E731
+    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
     return make(B, nh, T, D), make(B, nkv, S, D), make(B, nkv, S, D)
 
 
@@ -426,8 +426,7 @@ def test_model_training_forward_on_fused_kernels():
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]):
         prefix = PrefixKV(2)
         h = model(ids[:, :64], attention_mask=am[:, :64], position_ids=pos[:, :64], kv_cache=prefix)
-        rest = model(
-            ids[:, 64:], attention_mask=am, position_ids=pos[:, 64:], kv_cache=prefix.expand(torch.arange(4)),
-        )  # fmt: skip
+        rows = torch.arange(4, device="cuda")  # each row its own prompt
+        rest = model(ids[:, 64:], attention_mask=am, position_ids=pos[:, 64:], kv_cache=prefix.expand(rows))
         (h.float().logsumexp(-1).sum() + rest.float().logsumexp(-1).sum()).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

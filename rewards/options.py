@@ -138,6 +138,9 @@ class RewardConfig:
     allow_user_code: bool = False
     """Required to run your own Python code: graders from a file, 'file.py:function:weight' in --reward.spec
     (docs/GRADERS.md, 'Your own grader'), and --reward.style-user-checks."""
+    user_timeout_s: float = 300.0
+    """Seconds one call of a grader from your file may take; past it the run stops (exit 2) with one line
+    naming the file, the function and the rows; 0 = no limit."""
     aggregate: Literal["sum", "normalize-then-sum"] = "sum"
     """How the graders' scores become one reward: 'sum' (the weighted sum of --reward.spec) or
     'normalize-then-sum' (GDPO: each grader's scores z-scored within their group first, so a wide-range

@@ -185,6 +185,12 @@ def load_check(path: str) -> UserCheck:
         raise ValueError(
             f"--reward.style-user-checks {path!r}: cannot import it ({e}); is the module on PYTHONPATH?"
         ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # an error or sys.exit() in the module: one line, never a quiet exit
+        raise ValueError(
+            f"--reward.style-user-checks {path!r}: importing {mod} failed: {type(e).__name__}: {e}"
+        ) from e
     if not callable(f):
         raise ValueError(f"--reward.style-user-checks {path!r} is not a function")
     return f
@@ -233,7 +239,9 @@ class Style(Grader):
         try:
             v = self.user[name](answer, ref, row)
             return None if v is None else min(1.0, max(0.0, float(v)))
-        except Exception:  # a user check's bug must not stop training; it is counted and logged
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # a user check's bug (sys.exit() too) must not stop training; counted, logged
             self.user_errors += 1
             return 0.0
 

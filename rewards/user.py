@@ -19,7 +19,21 @@ None means "does not apply to this row", as for every grader. The numbers are us
 clipped to [0, 1]: a TRL penalty of -1 stays -1) and NaN counts as None. An exception in your code, a
 list of the wrong length or a value that is not a number stops the run with one line naming the file,
 the function and the row (its `_line` and `id`) where it can be told: `UserGraderError`, a ValueError,
-which train.py prints without a traceback (NANOGRPO_DEBUG=1 shows it).
+which train.py prints without a traceback (NANOGRPO_DEBUG=1 shows it), exiting 2.
+
+Your code cannot end or stall the run without a word:
+- `sys.exit()` (SystemExit, and any BaseException but KeyboardInterrupt) at import or in a call is that
+  same one-line error, never a quiet exit with your status; Ctrl-C (KeyboardInterrupt) still stops the
+  run as Ctrl-C does.
+- each call has a time limit, --reward.user-timeout-s (DEFAULT_TIMEOUT_S; 0 = none): past it the run
+  stops with the one line, naming the rows of the call. On the main thread (train.py, eval.py) a timer
+  signal interrupts your function where it is (a BaseException, so `except Exception` in your code does
+  not swallow it); elsewhere (another thread, or a SIGALRM timer already in use) the call runs in a
+  thread of its own and is abandoned at the limit: a Python thread cannot be killed, so a hung call
+  keeps its thread (a daemon thread, gone when the process exits) while the run stops with the error.
+  A call stuck inside C code that never releases the GIL (a catastrophic regular expression) can be
+  stopped by neither: keep such work bounded in your code. The import itself is not limited: it runs
+  once, at start-up, and may load a model.
 """
 
 from __future__ import annotations
@@ -31,7 +45,9 @@ import math
 import numbers
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,9 +60,86 @@ _REF = re.compile(r"(?P<path>.+?\.py):(?P<func>[A-Za-z_][A-Za-z0-9_]*)")
 _TRL_FIXED = ("prompts", "completions")
 
 
+DEFAULT_TIMEOUT_S = RewardConfig.user_timeout_s
+"""The default time limit of one call of a user grader (--reward.user-timeout-s): long enough for a
+batch that calls a service or runs tests, short enough that a hung grader stops the run within minutes."""
+
+
 class UserGraderError(ValueError):
-    """A user grader failed: raised, or returned something that is not one score per completion. A
-    ValueError, so train.py prints it as one line and exits 2."""
+    """A user grader failed: raised, exited, took too long, or returned something that is not one score
+    per completion. A ValueError, so train.py prints it as one line and exits 2."""
+
+
+class _Overtime(BaseException):
+    """Raised inside a user grader at its time limit: a BaseException, so the grader's own
+    `except Exception` does not swallow it."""
+
+
+def _can_alarm() -> bool:
+    """A SIGALRM timer can interrupt the call: on the main thread, where nobody else's timer runs."""
+    return (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+    )
+
+
+def _with_alarm(fn: Callable[[], Any], limit_s: float) -> Any:
+    fired = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        fired.append(signum)
+        raise _Overtime
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    # the timer repeats: a grader whose bare `except:` swallows one _Overtime gets another a second later
+    signal.setitimer(signal.ITIMER_REAL, limit_s, min(1.0, limit_s))
+    try:
+        value = fn()
+    finally:
+        while True:  # the timer may fire once more before it is stopped: stop it whatever happens
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+                break
+            except _Overtime:
+                continue
+    if fired:  # it caught the signal and went on: it still took longer than its limit
+        raise _Overtime
+    return value
+
+
+def _in_thread(fn: Callable[[], Any], limit_s: float) -> Any:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # SystemExit too: it must reach the caller, not end this thread quietly
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="nanogrpo-user-grader", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        raise _Overtime  # abandoned: a Python thread cannot be killed (see the module docstring)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def call_with_limit(fn: Callable[[], Any], limit_s: float) -> Any:
+    """fn() stopped at `limit_s` seconds (0: no limit) by raising _Overtime; see the module docstring."""
+    if limit_s <= 0:
+        return fn()
+    return _with_alarm(fn, limit_s) if _can_alarm() else _in_thread(fn, limit_s)
+
+
+def _raised(e: BaseException) -> str:
+    """'KeyError: 'score'', 'SystemExit: 3', 'SystemExit' for an exception that says nothing."""
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def split_ref(text: str) -> tuple[str, str, str] | None:
@@ -67,6 +160,12 @@ def _row_label(sample: Sample, i: int) -> str:
     return "row " + (", ".join(parts) if parts else f"{i + 1} of the batch")
 
 
+def _rows(batch: list[Sample]) -> str:
+    """'on row line 3, id 'q1'', or 'on a batch of ...' naming each row of the batch."""
+    labels = sorted({_row_label(s, i) for i, s in enumerate(batch)})
+    return "on a batch of " + "; ".join(labels) if len(labels) > 1 else "on " + labels[0]
+
+
 def _load(path: str, func: str, flag: str) -> Callable[..., Any]:
     """Import `path` (a fresh module each time) and return its callable `func`; ValueError with the fix."""
     file = Path(path).expanduser()
@@ -84,9 +183,11 @@ def _load(path: str, func: str, flag: str) -> Callable[..., Any]:
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # sys.exit() at import too: one line, not a quiet exit with its status
         sys.modules.pop(name, None)
-        raise ValueError(f"{where}: importing {path} failed: {type(e).__name__}: {e}") from e
+        raise ValueError(f"{where}: importing {path} failed: {_raised(e)}") from e
     fn = getattr(module, func, None)
     if not callable(fn):
         have = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_"))
@@ -110,7 +211,17 @@ def is_batch_style(fn: Callable[..., Any]) -> bool:
 class UserGrader(Grader):
     """A function from a user's file as a grader (see the module docstring)."""
 
-    def __init__(self, path: str, func: str, fn: Callable[..., Any], flag: str = "--reward.spec"):
+    def __init__(
+        self,
+        path: str,
+        func: str,
+        fn: Callable[..., Any],
+        flag: str = "--reward.spec",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        if not timeout_s >= 0:
+            raise ValueError(f"--reward.user-timeout-s must be >= 0 seconds (0 = no limit), got {timeout_s}")
+        self.timeout_s = timeout_s
         self.name, self.path, self.func, self.fn = func, path, func, fn
         self.where = f"{path}:{func}"
         self.batch_style = is_batch_style(fn)
@@ -131,6 +242,9 @@ class UserGrader(Grader):
         self.requires = tuple(p.name for p in named if p.default is kinds.empty)
 
     def _call(self, batch: list[Sample]) -> Any:
+        return call_with_limit(lambda: self._call_unlimited(batch), self.timeout_s)
+
+    def _call_unlimited(self, batch: list[Sample]) -> Any:
         if self.batch_style:
             return self.fn(batch)
         rows = [s.row if isinstance(s.row, dict) else {} for s in batch]
@@ -149,8 +263,15 @@ class UserGrader(Grader):
     def score(self, batch: list[Sample]) -> list[float | None]:
         try:
             out = self._call(batch)
-        except Exception as e:
-            raise self._fail(f"raised {type(e).__name__}: {e} ({self._culprit(batch)})", e) from e
+        except _Overtime:  # not run again row by row: each try of a hung grader costs the whole limit
+            raise self._fail(
+                f"took longer than {self.timeout_s:g} s ({_rows(batch)}); make it faster, or raise "
+                "--reward.user-timeout-s (0 = no limit)"
+            ) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # SystemExit too: the run stops with this line, never quietly
+            raise self._fail(f"raised {_raised(e)} ({self._culprit(batch)})", e) from e
         try:
             out = list(out)
         except TypeError:
@@ -177,15 +298,16 @@ class UserGrader(Grader):
         return scores
 
     def _culprit(self, batch: list[Sample]) -> str:
-        """The first row that raises alone (the batch is scored again one row at a time), else the batch."""
+        """The first row that fails alone (the batch is scored again one row at a time), else the batch."""
         if len(batch) > 1:
             for i, s in enumerate(batch):
                 try:
                     self._call([s])
-                except Exception:
+                except KeyboardInterrupt:
+                    raise
+                except BaseException:  # _Overtime and SystemExit too: that row fails alone
                     return "on " + _row_label(s, i)
-        labels = sorted({_row_label(s, i) for i, s in enumerate(batch)})
-        return "on a batch of " + "; ".join(labels) if len(labels) > 1 else "on " + labels[0]
+        return _rows(batch)
 
     def __call__(self, batch: list[Sample]) -> list[float | None]:
         return self.score(batch)  # checked in score; not clipped to [0, 1] as the built-ins are
@@ -201,4 +323,8 @@ def make_user_grader(ref: str, cfg: RewardConfig, flag: str = "--reward.spec") -
             f"{flag} '{ref}' runs your Python code (it imports {path} and calls {func}); "
             f"add {ALLOW_FLAG} to allow it"
         )
-    return UserGrader(path, func, _load(path, func, flag), flag)
+    if not cfg.user_timeout_s >= 0:  # before the file is imported
+        raise ValueError(
+            f"--reward.user-timeout-s must be >= 0 seconds (0 = no limit), got {cfg.user_timeout_s}"
+        )
+    return UserGrader(path, func, _load(path, func, flag), flag, cfg.user_timeout_s)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ import pytest
 import train
 from rewards import RewardConfig, Sample, build_reward
 from rewards.registry import parse_spec, spec_entries
-from rewards.user import UserGraderError
+from rewards.user import DEFAULT_TIMEOUT_S, UserGraderError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,6 +168,117 @@ def test_user_code_failures_are_one_clean_error(tmp_path):
         reward(path, "word")(batch(*rows))
 
 
+# ------------------------------------------------------------------------------------- exits and hangs
+
+ENDS = """
+import sys, time
+
+def exits(prompts, completions, **columns):
+    sys.exit(0)
+
+def hangs(prompts, completions, **columns):
+    while True:
+        try:
+            time.sleep(3)  # finite: a hang abandoned in a thread ends with the test run
+        except Exception:  # what a grader guarding its own code does: the time limit gets through
+            pass
+
+def swallows(prompts, completions, **columns):
+    while True:
+        try:
+            time.sleep(3)
+        except BaseException:  # even this: the call still passed its limit
+            return [1.0] * len(completions)
+
+def interrupted(prompts, completions, **columns):
+    raise KeyboardInterrupt
+"""
+ROW = {"id": "q1", "_line": 1}
+
+
+def _timer_is_free() -> bool:
+    return signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (
+        0,
+        0,
+    )
+
+
+def test_sys_exit_in_a_call_is_one_error_line(tmp_path):
+    path = user_file(tmp_path, ENDS)
+    with pytest.raises(UserGraderError) as e:
+        reward(path, "exits")(batch(ROW))
+    assert str(e.value) == f"user grader {path}:exits: raised SystemExit: 0 (on row line 1, id 'q1')"
+    assert isinstance(e.value, ValueError)  # train.py: the line, exit 2
+
+
+def test_sys_exit_at_import_is_one_error_line(tmp_path):
+    path = user_file(tmp_path, "import sys\nsys.exit(3)\n\ndef f(prompts, completions):\n    return []\n")
+    with pytest.raises(ValueError) as e:
+        reward(path, "f")
+    assert str(e.value) == f"--reward.spec '{path}:f': importing {path} failed: SystemExit: 3"
+
+
+@pytest.mark.parametrize("func", ["hangs", "swallows"])
+def test_a_hung_call_stops_at_the_time_limit(tmp_path, func):
+    path = user_file(tmp_path, ENDS)
+    fn = reward(path, func, user_timeout_s=0.5)
+    with pytest.raises(UserGraderError) as e:
+        fn(batch(ROW))
+    assert str(e.value) == (
+        f"user grader {path}:{func}: took longer than 0.5 s (on row line 1, id 'q1'); make it faster, "
+        "or raise --reward.user-timeout-s (0 = no limit)"
+    )
+    assert _timer_is_free(), "the timer signal is left as it was found"
+
+
+def test_off_the_main_thread_a_hung_call_is_abandoned_in_its_thread(tmp_path):
+    path = user_file(tmp_path, ENDS)
+    fn = reward(path, "hangs", user_timeout_s=0.5)
+    got: list[BaseException] = []
+
+    def score():
+        try:
+            fn(batch(ROW, {"id": "q2", "_line": 2}))
+        except BaseException as e:
+            got.append(e)
+
+    worker = threading.Thread(target=score)
+    worker.start()
+    worker.join(30)
+    assert isinstance(got[0], UserGraderError), got
+    assert str(got[0]).endswith("took longer than 0.5 s (on a batch of row line 1, id 'q1'; row line 2, id "
+                                "'q2'); make it faster, or raise --reward.user-timeout-s (0 = no limit)")  # fmt: skip
+
+
+def test_sys_exit_in_a_style_user_check_is_an_error_not_an_exit(tmp_path, monkeypatch):
+    from rewards.style import Style
+
+    user_file(
+        tmp_path, "import sys\n\ndef quits(completion, reference, row):\n    sys.exit(0)\n", "quitter.py"
+    )
+    user_file(tmp_path, "import sys\nsys.exit(3)\n", "exits_at_import.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = RewardConfig(style_weights="length:1", allow_user_code=True)
+    g = Style(dataclasses.replace(cfg, style_user_checks=("quitter.quits",)))
+    assert g([Sample("p", "an answer", 0, {"reference": "an answer"})]) == [0.5]  # the check scores 0
+    assert g.metrics() == {"user_check_errors": 1.0}
+    with pytest.raises(
+        ValueError, match="'exits_at_import.f': importing exits_at_import failed: SystemExit: 3"
+    ):
+        Style(dataclasses.replace(cfg, style_user_checks=("exits_at_import.f",)))
+
+
+def test_the_time_limit_default_ctrl_c_and_a_timely_call(tmp_path):
+    path = user_file(tmp_path, ENDS + TRL)
+    assert RewardConfig().user_timeout_s == DEFAULT_TIMEOUT_S > 0
+    assert reward(path, "brevity", user_timeout_s=5)(batch({"reference": "r"}))[1]["brevity"] == [1 / 3]
+    assert _timer_is_free()
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C stays Ctrl-C
+        reward(path, "interrupted")(batch(ROW))
+    with pytest.raises(ValueError, match="user-timeout-s must be >= 0"):
+        reward(path, "brevity", user_timeout_s=-1)
+
+
 # ------------------------------------------------------------------------------------- train.py
 
 
@@ -201,3 +315,18 @@ def test_a_failing_user_grader_stops_train_py_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: user grader {path}:f: raised ZeroDivisionError: division by zero (on ")
+
+
+@pytest.mark.parametrize("func", ["exits", "hangs"])
+def test_a_user_grader_that_exits_or_hangs_stops_train_py_with_one_line(tmp_path, func):
+    path = user_file(tmp_path, ENDS)
+    args = [sys.executable, str(ROOT / "train.py"), "tiny", "--out-dir", str(tmp_path / "run"), "--steps", "1",
+            "--reward.spec", f"{path}:{func}:1", "--reward.allow-user-code", "--reward.user-timeout-s", "0.5"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NANOGRPO_DEBUG", None)
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    what = "raised SystemExit: 0 (on " if func == "exits" else "took longer than 0.5 s (on "
+    assert last.startswith(f"error: user grader {path}:{func}: {what}"), last

@@ -38,6 +38,7 @@ SAFE: dict[str, str] = {
     "save_every": "when checkpoints are written; writing one only reads the state",
     "log_samples_every": "what samples.jsonl shows; the samples are drawn and scored either way",
     "eval_prompts": "the held-out comparison after the last step; training never sees it",
+    "memory_check": "the start-up memory check: a resume keeps the saved --micro-batch whatever it says",
     "data.eval": "the held-out rows of that comparison",
     "wandb": "where the metrics are also sent",
     "tensorboard": "where the metrics are also sent",

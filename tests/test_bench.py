@@ -31,11 +31,20 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     status = {line.split()[0]: line for line in (out / "status.txt").read_text().splitlines() if line.strip()}
-    assert set(status) == {"kernels", "model", "generate", "step", "groups"}, status
+    trains = {"train-grpo", "train-dynamic", "train-ppo", "train-full"}
+    assert set(status) == {*trains, "tests", "model", "generate", "attention", "step", "groups", "kernels"}
+    assert status["tests"].split()[1] == "skipped"  # the CPU suite is what runs them here
     for name, line in status.items():
-        assert line.split()[1] == "ok", (
+        assert name == "tests" or line.split()[1] == "ok", (
             f"bench step {name} did not run: {line}\n" + (out / f"{name}.log").read_text()[-2000:]
         )
+    for name in trains:  # a user's first run, two steps of each stage that samples, printed in the table
+        assert f"{name}: step 2 | " in res.stdout, res.stdout[-3000:]
+    gen = json.loads((out / "generate.json").read_text())
+    assert [r["batch"] for r in gen["roofline"]] == [1, 4]  # with LoRA, ops and time per launch counted
+    assert gen["args"]["lora_r"] == 4 and all(
+        r["aten_ops_step"] > 0 and r["us_per_launch"] for r in gen["roofline"]
+    )
     step = json.loads((out / "step.json").read_text())
     assert step, "bench/step.py wrote no measurements"
     assert "machine ceilings" in (out / "generate.log").read_text()  # the roofline's ceilings are printed

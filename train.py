@@ -13,6 +13,7 @@ loop reads top to bottom; the pieces live in nanogrpo/ (docs/ARCHITECTURE.md). T
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -125,6 +126,10 @@ def main(cfg: TrainConfig) -> dict:
         t_step = time.perf_counter() - t0
         m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
         logger.log(m)
+        if bad := {k: m[k] for k in ("loss", "grad_norm") if k in m and not math.isfinite(m[k])}:
+            logger.close()
+            release_run_dir(out)
+            raise NonFiniteStep(step + 1, bad, ckpt.latest_checkpoint(out / "ckpt"))
         if dist.is_main():
             line = console_line(m)
             bar.set_postfix_str(line.split(" | ")[1])  # the reward (or the SFT loss)
@@ -154,6 +159,21 @@ def main(cfg: TrainConfig) -> dict:
     return summary
 
 
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or gradient norm is not finite: the weights it stepped to are not saved, the run
+    stops (train.py exits 3), and the last checkpoint on disk is one of finite weights."""
+
+    def __init__(self, step: int, bad: dict, last: Path | None):
+        what = ", ".join(f"{k} {v}" for k, v in bad.items())
+        kept = (
+            f"the last checkpoint, {last}, holds finite weights" if last else "no checkpoint was written yet"
+        )
+        super().__init__(
+            f"step {step}: {what} is not finite, so the run stops before saving it; {kept}. Look at this "
+            "step in metrics.jsonl (rewards out of range? a learning rate too high?), then --resume or start again"
+        )
+
+
 def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction | None]:
     """The training rows (CPT: windows of the text), the tokenizer and, for GRPO and PPO, the reward; every
     row checked, naming file and line, and every prompt tokenized, before any model loads."""
@@ -162,6 +182,8 @@ def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction 
         tok = prompt_budget(cfg)[0]
         return cpt.load_windows(cfg.data, tok), tok, None
     rows, source = load_task(cfg.data.train, "train", column_map(cfg.data))  # --data.*-field: renamed columns
+    # --data.eval is read and checked now too: a bad or missing file must not wait for the run's end
+    held_out = load_task(cfg.data.eval, "eval", column_map(cfg.data)) if cfg.data.eval else None
     reward_fn = None
     if cfg.algo in ("grpo", "ppo"):
         # a judge keeps its cache in the run folder, so a resumed run does not pay twice
@@ -169,6 +191,8 @@ def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction 
         reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.sampling.max_new_tokens)
         reward_fn = build_reward(reward_cfg)
         reward_fn.validate(rows, source)
+        if held_out is not None and cfg.eval_prompts > 0:  # the final eval scores it with these graders
+            reward_fn.validate(held_out[0][: cfg.eval_prompts], held_out[1])
     elif cfg.algo == "dpo":
         dpo.check_rows(rows, source)  # chosen/rejected, or options + answer
     else:
@@ -307,6 +331,8 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
             print(f"note: --resume continues {cfg.out_dir}/config.json; the '{name}' preset is not applied")
         saved = load_config(cfg.out_dir)
         cfg = tyro.cli(TrainConfig, default=saved, args=argv, description=description)
+    if os.environ.get("NANOGRPO_ALLOW_USER_CODE") == "1":  # as --reward.allow-user-code (README: Security)
+        cfg = replace(cfg, reward=replace(cfg.reward, allow_user_code=True))
     beta_given = any(a == "--grpo.beta" or a.startswith("--grpo.beta=") for a in argv)
     if beta_given and cfg.grpo.kl_placement == "none":
         raise ValueError(
@@ -321,8 +347,8 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
 if __name__ == "__main__":
     try:
         main(cli())
-    except ValueError as e:  # bad flags or data: one line that says what to fix (NANOGRPO_DEBUG=1: traceback)
+    except (ValueError, NonFiniteStep) as e:  # one line that says what to fix (NANOGRPO_DEBUG=1: traceback)
         if os.environ.get("NANOGRPO_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(3 if isinstance(e, NonFiniteStep) else 2)  # 2: bad flags or data, before training

@@ -6,6 +6,7 @@ frozen; derived values are properties. The resolved config is saved as config.js
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -308,8 +309,24 @@ def updates_per_step(cfg: TrainConfig) -> int:
     return cfg.grpo.num_iterations if cfg.algo == "grpo" else 1
 
 
+def _non_finite(obj, prefix: str = "") -> list[str]:
+    """The flags of every float field (nested configs included) set to inf or NaN."""
+    bad = []
+    for f in dataclasses.fields(obj):
+        v, name = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            bad += _non_finite(v, name + ".")
+        elif isinstance(v, float) and not math.isfinite(v):
+            bad.append(f"--{name.replace('_', '-')} {v}")
+    return bad
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Refuse, before any model loads, settings the trainer would get wrong or silently ignore."""
+    if bad := _non_finite(cfg):  # an infinite lr or beta trains to NaN; no option means 'no limit' by inf
+        raise ValueError(f"{', '.join(bad)}: every number must be finite; give a finite value")
+    if not cfg.out_dir.strip():
+        raise ValueError("--out-dir '': name the run's folder (e.g. --out-dir runs/my-run)")
     if cfg.model.attn == "flash":
         from .attention import check_flash
 

@@ -23,12 +23,15 @@ import socket
 import sys
 import time
 import typing
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nanogrpo.config import TrainConfig
 from nanogrpo.metrics import replace_atomically
+
+# RewardConfig's fields that let a run import and call the user's Python: never read from a file
+CODE_SETTINGS = ("allow_user_code", "style_allow_user_code")
 
 # Fields a resumed run may change, and why each leaves the trained weights exactly as a straight run's.
 # Anything else is refused. `steps` is the one conditional field: see _unsafe_reason.
@@ -39,6 +42,8 @@ SAFE: dict[str, str] = {
     "log_samples_every": "what samples.jsonl shows; the samples are drawn and scored either way",
     "eval_prompts": "the held-out comparison after the last step; training never sees it",
     "memory_check": "the start-up memory check: a resume keeps the saved --micro-batch whatever it says",
+    "reward.allow_user_code": "permission to run the graders' own code: typed on each command line",
+    "reward.style_allow_user_code": "permission to run the style checks' own code: typed on each command line",
     "data.eval": "the held-out rows of that comparison",
     "wandb": "where the metrics are also sent",
     "tensorboard": "where the metrics are also sent",
@@ -115,11 +120,18 @@ def read_config(path: str | Path, what: str, hint: str = "") -> TrainConfig:
         raise ValueError(f"{what}: {path} does not exist (or is not a file)")
     try:
         saved = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError as e:  # a 100,000-deep array: Python's parser recurses
+        raise ValueError(
+            f"{path}: nested too deeply to be a config; {what} needs a TrainConfig as JSON"
+        ) from e
+    except ValueError as e:  # not JSON, not UTF-8, or a number past Python's 4,300-digit limit
         raise ValueError(f"{path}: not valid JSON ({e}); {what} needs a TrainConfig as JSON") from e
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: {what} needs a JSON object of options, not {type(saved).__name__}")
-    return from_dict(TrainConfig, renamed_options(saved, str(path)), str(path), hint=hint)
+    cfg = from_dict(TrainConfig, renamed_options(saved, str(path)), str(path), hint=hint)
+    # settings that run code are never taken from a file: a folder someone else made cannot run its own
+    # Python through --resume or --config; the flag typed on the command line gives them (train.cli)
+    return replace(cfg, reward=replace(cfg.reward, **dict.fromkeys(CODE_SETTINGS, False)))
 
 
 def load_config(out_dir: str | Path) -> TrainConfig:

@@ -48,6 +48,12 @@ def cosine_torch(
     return out.clamp(0.0, 1.0) if clip else out
 
 
+# One program per row, BLOCK_D = D rounded up to a power of two, at most MAX_BLOCK_D (longer rows loop);
+# bench/kernels_aot.py compiles the largest block for sm_80/89/90.
+MAX_BLOCK_D = 1024
+NUM_WARPS = 4
+
+
 @triton.jit
 def _cosine_fwd_kernel(
     g_ptr, r_ptr, b_ptr, out_ptr,  # gen (N, D), ref (N, D) or stride 0, baseline likewise, out (N,)
@@ -101,10 +107,10 @@ def cosine_triton(
     ref = ref.contiguous()
     base = ref if baseline is None else baseline.contiguous()
     stride = lambda x: 0 if x.dim() == 1 else x.stride(0)
-    block = min(1024, max(16, triton.next_power_of_2(d)))
+    block = min(MAX_BLOCK_D, max(16, triton.next_power_of_2(d)))
     _cosine_fwd_kernel[(n,)](
         gen, ref, base, out, d, gen.stride(0), stride(ref), stride(base), float(scale),
-        HAS_BASELINE=baseline is not None, CLIP=clip, BLOCK_D=block,
+        HAS_BASELINE=baseline is not None, CLIP=clip, BLOCK_D=block, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out
 

@@ -4,6 +4,7 @@ memory plan, length groups in the training forward), and bench/cpu_check.py --sm
 targets. Benchmarks are not tests and their timings gate nothing; this only catches a bench that no longer
 runs against the code it measures."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -50,6 +51,22 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     assert "machine ceilings" in (out / "generate.log").read_text()  # the roofline's ceilings are printed
     assert "length groups:" in (out / "groups.log").read_text()
     assert "length groups:" in res.stdout  # and in the table printed last
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra)")
+def test_kernels_bench_tables_the_triton_lcs_row():
+    """bench/kernels.py --cpu-smoke runs the LCS kernel in Triton's interpreter and tables its row: the
+    results a CUDA run writes and reads, on the CPU."""
+    res = subprocess.run(
+        [sys.executable, "bench/kernels.py", "--cpu-smoke", "--only", "lcs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "triton (interpreter)" in res.stdout and "(matches: True)" in res.stdout, res.stdout
+    assert "NOT MEASURED" not in res.stdout, res.stdout
 
 
 def test_length_groups_bench_runs_on_the_tiny_model():

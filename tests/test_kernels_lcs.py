@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kernels
+from kernels import lcs as lcs_mod
 from kernels.lcs import lcs_lengths, lcs_rapidfuzz, lcs_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,6 +90,23 @@ def test_triton_padded_tensors_with_garbage_padding():
     # the public function on CPU tensors goes to rapidfuzz (auto backend) and returns a tensor
     got = lcs_lengths(pa, pb, la, lb)
     assert isinstance(got, torch.Tensor) and got.tolist() == want
+
+
+@needs_triton
+def test_tiled_kernel_matches_dp():
+    """b longer than the register row walks a DP row in global memory, tile by tile: forced here with
+    16-id tiles, so that rows of up to 40 ids span three tiles (and prefix maxima cross tile edges)."""
+    a, b = cases()
+    want = [lcs_dp(x, y) for x, y in zip(a, b)]
+    (pa, la), (pb, lb) = lcs_mod._pad(a, DEV), lcs_mod._pad(b, DEV)
+    assert lcs_triton(pa, la, pb, lb, max_block=16).tolist() == want
+
+
+def test_long_inputs_go_to_the_tiled_kernel():
+    config, longest, tile = lcs_mod.lcs_launch_config, lcs_mod.LCS_MAX_BLOCK, lcs_mod.LCS_TILE
+    assert config(100)["kernel"] == "rows" and config(longest)["kernel"] == "rows"
+    assert config(longest + 1)["kernel"] == "tiled" and config(longest + 1)["BLOCK_B"] == tile
+    assert config(1 << 20)["BLOCK_B"] == tile  # any length, the same tile
 
 
 def test_full_rows_without_lengths_and_errors():

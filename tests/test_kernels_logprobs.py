@@ -16,7 +16,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import kernels
-from kernels.logprobs import CPU_CONFIG, LogprobsFunction, logprobs_torch, token_logprobs
+from kernels.logprobs import (
+    CPU_CONFIG,
+    GPU_CONFIGS,
+    LogprobsFunction,
+    gpu_config,
+    logprobs_torch,
+    token_logprobs,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_HERE = kernels.HAS_TRITON and (DEV == "cuda" or kernels.interpreting())
@@ -214,6 +221,22 @@ def test_triton_grad_of_one_input_only(which):
     got, want = (h.grad, gh) if which == "hidden" else (w.grad, gw)
     assert (h.grad is None) == (which != "hidden") and (w.grad is None) == (which != "weight")
     assert (got.double().cpu() - want).abs().max() < 1e-5
+
+
+def test_gpu_tiles_follow_dtype_and_compute_capability():
+    """GPU tiles come from the input width and the GPU generation (bench/kernels_aot.py compiles each for
+    sm_80, sm_89 and sm_90): fp16 takes bf16's tiles, GPUs after sm_90 sm_90's, those before sm_80's."""
+    for kernel in ("fwd", "bwd"):
+        sm80, sm90 = GPU_CONFIGS[kernel, "16bit", "sm80"], GPU_CONFIGS[kernel, "16bit", "sm90"]
+        assert gpu_config(kernel, torch.float16, (8, 9)) == gpu_config(kernel, torch.bfloat16, (8, 0)) == sm80
+        assert (
+            gpu_config(kernel, torch.bfloat16, (9, 0)) == gpu_config(kernel, torch.bfloat16, (12, 0)) == sm90
+        )
+        assert gpu_config(kernel, torch.float32, (7, 5)) == GPU_CONFIGS[kernel, "fp32", "sm80"]
+    assert GPU_CONFIGS["fwd", "16bit", "sm80"] != GPU_CONFIGS["fwd", "16bit", "sm90"]  # sm_80 spills sm_90's
+    cfg = gpu_config("fwd", torch.bfloat16, (9, 0))
+    cfg["BLOCK_N"] = 1  # a copy: the caller may change it
+    assert GPU_CONFIGS["fwd", "16bit", "sm90"]["BLOCK_N"] == 128
 
 
 def test_dispatch_follows_backend_and_device():

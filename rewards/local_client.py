@@ -31,6 +31,7 @@ from typing import Any
 
 from rewards.llm_client import ChatRequest, Reply, Slot, TokenLogprob
 from rewards.options import JudgeConfig
+from rewards.text import well_formed
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
@@ -121,7 +122,8 @@ class LocalClient:
         return self.model.lm_head_weight.device
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.tokenizer(render_chat(self.tokenizer, messages), add_special_tokens=False)["input_ids"]
+        text = well_formed(render_chat(self.tokenizer, messages))  # a lone surrogate made the tokenizer raise
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def chat(self, reqs: list[ChatRequest]) -> list[Reply]:
         # one at a time: judge prompts differ a lot in length, and padding would cost more than it saves

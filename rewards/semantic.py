@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from rewards.base import Grader, Sample, check_text_field
 from rewards.options import RewardConfig
 from rewards.registry import register
-from rewards.text import reply_text
+from rewards.text import reply_text, well_formed
 
 if TYPE_CHECKING:
     import torch  # imported when the grader runs: `import rewards` stays fast
@@ -103,7 +103,7 @@ class Semantic(Grader):
             return torch.zeros(0, 0)
         with torch.no_grad():
             emb = self.model.encode(
-                texts,
+                [well_formed(t) for t in texts],  # a lone surrogate made the tokenizer raise TypeError
                 batch_size=self.cfg.semantic_batch_size,
                 convert_to_tensor=True,
                 normalize_embeddings=True,

@@ -31,6 +31,19 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+def well_formed(text: str) -> str:
+    """The text as valid Unicode: each lone surrogate ('\\ud800'..'\\udfff', which no UTF-8 encoder takes,
+    so a tokenizer raises TypeError on it) becomes U+FFFD, and a surrogate pair written as two code
+    points becomes its character. Any other text comes back as it is, the same object."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 # ----------------------------------------------------------------------------- tags
 
 

@@ -115,6 +115,27 @@ def test_any_text_scores_in_range(grader, completions, ref):
         assert s is None or 0.0 <= s <= 1.0
 
 
+def test_lone_surrogates_are_scored_not_raised(grader):
+    # the Python API takes any str; the tokenizer raised TypeError on a lone surrogate
+    batch = [
+        Sample("p", "\ud800", 0, {"reference": REFS[0]}),
+        Sample("p", "Water boils at 100 degrees Celsius at sea level.\udfff", 0, {"reference": REFS[0]}),
+        Sample("p", REFS[2], 0, {"reference": "Paris is the capital \udc80of France."}),
+        Sample("p", "a pair as two code points \ud83d\ude00", 0, {"reference": "\ud83d"}),
+    ]
+    got = grader(batch)
+    assert all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in got), got
+    assert got[1] > 0.9 and got[2] > 0.8  # the rest of the text still counts
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.text(st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010, exclude_categories=()), max_size=20))
+def test_any_text_with_surrogates_scores_in_range(grader, text):
+    assert all(
+        s is None or 0.0 <= s <= 1.0 for s in grader([Sample("p", text, 0, {"reference": text or "r"})])
+    )
+
+
 def test_enormous_text(grader):
     out = grader(
         [Sample("p", t, 0, {"reference": REFS[0]}) for t in ["word " * 100_000, "é中🙂" * 50_000, ""]]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rewards import agreement
+from rewards.text import well_formed
 
 if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays light
     import torch
@@ -108,7 +109,7 @@ class FrozenLM:
 
         out = []
         for i in range(0, len(rows), batch_size):
-            texts = [self.text(r) for r in rows[i : i + batch_size]]
+            texts = [well_formed(self.text(r)) for r in rows[i : i + batch_size]]  # lone surrogates: U+FFFD
             enc = self.tokenizer(
                 texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_len
             )

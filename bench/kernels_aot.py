@@ -154,10 +154,12 @@ def _ptxas_log(compiled, arch: int) -> str:
     """ptxas -v on the kernel's PTX, for a Triton whose own ptxas log could not be captured."""
     import triton
 
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    ptxas = bin_dir / (
-        "ptxas-blackwell" if arch >= 90 and (bin_dir / "ptxas-blackwell").exists() else "ptxas"
-    )
+    try:  # the ptxas Triton itself runs for this arch (some versions ship a second one for newer GPUs)
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = Path(get_ptxas(arch).path)
+    except (ImportError, AttributeError):
+        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"

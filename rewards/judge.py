@@ -14,7 +14,9 @@ Where this departs from the guide in seed 001:
   6 are not clamped, they are no mark), and an answer marked twice in one reply has no mark;
 - marks are cached per (prompt, reference, completion, judge settings), in a JSONL file when
   --reward.judge.cache is set (`with_run_dir` puts it in the run folder), so a resumed run or a
-  second evaluation does not pay twice.
+  second evaluation does not pay twice;
+- a reason that holds the API key or a key-shaped string (a judge echoing its request) has it
+  replaced by '[redacted]' before it is stored or cached (`redact_details`).
 
 The per-answer marks and reason of the last call are in `grader.last_details` (one dict or None per
 sample, aligned with the batch) for samples.jsonl and the run page; `metrics()` reports the tokens,
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.base import Grader, Sample
-from rewards.llm_client import ChatRequest, Reply, Slot, check_endpoint, make_client
+from rewards.llm_client import ChatRequest, Reply, Slot, api_key, check_endpoint, make_client, redact
 from rewards.options import JudgeConfig, RewardConfig
 from rewards.registry import Mix, make, register
 
@@ -181,12 +183,18 @@ def parse_group_marks(text: str, n: int) -> tuple[list[dict | None], str]:
         mean = sum(marks.values()) / len(marks)
         why = item.get("reason", "")
         why = why if isinstance(why, str) else str(why) if isinstance(why, (int, float)) else ""
-        reason = " ".join(why.split())[:300]
+        reason = redact(" ".join(why.split()))[:300]  # key-shaped strings out before it is stored
         out[k - 1] = {"marks": marks, "reason": reason, "score": (mean - 1) / 4}
     out = [None if seen[k] > 1 else d for k, d in enumerate(out, 1)]
     missing = [str(k + 1) for k, d in enumerate(out) if d is None]
     problem = f"no valid marks (integers 1-5 for {', '.join(CRITERIA)}) for answer(s) {', '.join(missing)}"
     return out, problem if missing else ""
+
+
+def redact_details(details: dict, key: str = "") -> dict:
+    """A judgement's details with every text in them redacted (rewards.llm_client.redact): the key of
+    the judge server, and key-shaped strings, never reach samples.jsonl, the run page or the cache."""
+    return {k: redact(v, key) if isinstance(v, str) else v for k, v in details.items()}
 
 
 class JudgeCache:
@@ -321,13 +329,14 @@ class GroupJudge(Grader):
             groups.setdefault(s.group, []).append(i)
         details: list[dict | None] = [None] * len(batch)
         fp = self.fingerprint()
+        secret = api_key(self.cfg)  # a client handed in may not redact it: every judge does, here
         keys = [self.key(s, fp) for s in batch]
         jobs: list[_Job] = []
         for idxs in groups.values():
             hits = [self.cache.get(keys[i]) for i in idxs]
             if all(h is not None for h in hits):
                 for i, h in zip(idxs, hits):
-                    details[i] = dict(h, cached=True)
+                    details[i] = redact_details(dict(h, cached=True), secret)  # a cache of an older version
                 self.counts["cached"] += len(idxs)
                 continue
             s0 = batch[idxs[0]]  # the group shares its prompt and reference: judge it as a whole again
@@ -364,7 +373,7 @@ class GroupJudge(Grader):
                 if d is None:
                     self.counts["failed" if r.text is None else "unparsable"] += 1
                     continue
-                details[i] = dict(d, position=pos + 1)
+                details[i] = redact_details(dict(d, position=pos + 1), secret)
                 fresh[keys[i]] = details[i]
         self.cache.put(fresh)
         self.counts["seconds"] += time.perf_counter() - t0

@@ -14,8 +14,10 @@ byte a second is cut off there); timeouts, connection errors, 408, 429 and 5xx a
 exponential backoff, honouring a Retry-After header. Redirects are never followed: the API key is
 read from the environment variable named by `JudgeConfig.api_key_env` at request time and sent, in
 the Authorization header only, to --reward.judge.base-url and nowhere else; it is scrubbed from
-every error message: never logged, never stored in a sample and never in a saved config. Proxies
-named by http_proxy / https_proxy (and no_proxy) are used as urllib would.
+every error message: never logged, never stored in a sample and never in a saved config. A server
+that echoes it (or any key-shaped string: sk-..., Bearer ..., see `redact`) in a reply has it replaced
+by '[redacted]' before the reply reaches a judge, the reward-data builder or a cache. Proxies named by
+http_proxy / https_proxy (and no_proxy) are used as urllib would.
 
 A reply that is not a chat completion, or whose content is not text, is an error of that try (it is
 retried); `usage` of the wrong shape counts 0 tokens. What the judges cannot read in a good reply
@@ -37,6 +39,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +62,36 @@ class JudgeServerError(ValueError):
     """The judge server refused the request in a way no retry can fix (wrong URL, model or key).
 
     A ValueError, like every mistake of configuration: train.py and eval.py print its one line, exit 2."""
+
+
+REDACTED = "[redacted]"
+MIN_KEY_CHARS = 8
+"""A configured key shorter than this (a placeholder such as 'EMPTY' for a local server) is not looked
+for in replies: replacing it would garble them and it guards nothing."""
+# Common shapes of API keys and tokens (OpenAI/Anthropic 'sk-', Hugging Face, GitHub, Google, AWS,
+# Groq, xAI, an HTTP bearer token), each a literal prefix and one run of key characters: linear time.
+_KEY_SHAPES = re.compile(
+    r"\b(?:sk|rk|pk)-[\w-]{20,}"
+    r"|\bhf_[A-Za-z0-9]{20,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_\w{20,}"
+    r"|\bAIza[\w-]{30,}|\bAKIA[0-9A-Z]{16}\b"
+    r"|\bgsk_\w{20,}|\bxai-[\w-]{20,}"
+    r"|\b[Bb]earer\s+[\w.~+/=-]{20,}"
+)
+
+
+def api_key(cfg: JudgeConfig) -> str:
+    """The API key of `cfg`, read from its environment variable now ('' when unset)."""
+    return os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+
+
+def redact(text: str, key: str = "") -> str:
+    """`text` with the API key `key` (MIN_KEY_CHARS or longer) and every key-shaped string replaced by
+    '[redacted]': what a judge server writes is stored (reasons in samples.jsonl, the run page, the
+    caches), and a server may echo the key it was sent."""
+    if key and len(key) >= MIN_KEY_CHARS and key in text:
+        text = text.replace(key, REDACTED)
+    return _KEY_SHAPES.sub(REDACTED, text)
 
 
 def _one_line(text: str, n: int = 300) -> str:
@@ -242,7 +275,7 @@ class OpenAIClient:
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
 
     def _key(self) -> str:
-        return os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
+        return api_key(self.cfg)
 
     def _scrub(self, text: str) -> str:
         key = self._key()
@@ -333,7 +366,7 @@ class OpenAIClient:
                     if status == 200:
                         try:
                             text, p_tok, c_tok, tokens = read_chat(body)
-                            return Reply(text, p_tok, c_tok, tokens, retries=attempt)
+                            return Reply(redact(text, self._key()), p_tok, c_tok, tokens, retries=attempt)
                         except ValueError as e:  # the body is not a chat completion
                             error = f"malformed response body ({e})"
                     elif 300 <= status < 400:

@@ -297,6 +297,53 @@ def test_api_key_never_leaks(server, monkeypatch, caplog, capsys, tmp_path):
         assert KEY not in text, f"the API key leaked into the {where}"
 
 
+def test_a_judge_that_echoes_the_key_in_its_reasons_has_it_redacted(server, monkeypatch, tmp_path):
+    monkeypatch.setenv("NANOGRPO_TEST_JUDGE_KEY", KEY)
+    other = "sk-proj-" + "Zq8" * 10  # any key-shaped string, not only the configured key
+
+    def script(p, n):  # a hostile or confused judge quotes its request headers in each reason
+        auth = srv.requests[n]["headers"].get("Authorization", "")
+        marks = good_marks(p)
+        for item in marks["answers"]:
+            item["reason"] = f"key {KEY}, header {auth!r}, also {other}; {item['reason']}"
+        return 200, {}, chat_body(json.dumps(marks)), 0
+
+    srv = server(script)
+    cache = tmp_path / "judge_cache.jsonl"
+    judge = Judge(cfg_for(srv, cache=str(cache)))
+    assert judge(batch_of(GROUPS[:1])) == EXPECTED[:4]
+    stored = {"details": json.dumps(judge.last_details), "cache": cache.read_text()}
+    for where, text in stored.items():
+        assert KEY not in text and other not in text, f"a key in the {where}"
+    reason = judge.last_details[0]["reason"]
+    assert reason.startswith("key [redacted], header 'Bearer [redacted]', also [redacted]; it is")
+
+    # a client handed in (a stub, the local backend) does not redact: the judge does, key and shapes
+    secret = "my-own-secret-0123456789"  # not key-shaped: found because it is the configured key
+    monkeypatch.setenv("NANOGRPO_TEST_JUDGE_KEY", secret)
+
+    def echo(req):
+        from rewards.llm_client import Reply
+
+        marks = good_marks({"messages": req.messages})
+        for item in marks["answers"]:
+            item["reason"] = f"{secret} and {KEY}"
+        return Reply(json.dumps(marks))
+
+    stubbed = Judge(cfg_for(srv, cache=str(tmp_path / "stub_cache.jsonl")), client=ScriptedClient(echo))
+    stubbed(batch_of(GROUPS[1:]))
+    stored = json.dumps(stubbed.last_details) + (tmp_path / "stub_cache.jsonl").read_text()
+    assert secret not in stored and KEY not in stored
+    assert stubbed.last_details[0]["reason"] == "[redacted] and [redacted]"
+
+    # a cache written before redaction is redacted as it is read back
+    old_cache = tmp_path / "stub_cache.jsonl"
+    old_cache.write_text(old_cache.read_text().replace("[redacted]", secret))
+    again = Judge(cfg_for(srv, cache=str(tmp_path / "stub_cache.jsonl")), client=ScriptedClient(None))
+    again(batch_of(GROUPS[1:]))
+    assert again.last_details[0]["cached"] and again.last_details[0]["reason"] == "[redacted] and [redacted]"
+
+
 def test_cache_persists_across_instances(server, tmp_path):
     srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
     cfg = cfg_for(srv, cache=str(tmp_path / "cache.jsonl"))

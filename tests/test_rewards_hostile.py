@@ -240,6 +240,8 @@ FENCED = {
     "a fenced answer tag": "<answer>```" + " " * KB64 + "</answer>",
     "a valid reply, then 64 KB of spaces": '{"answers": []}' + " " * KB64,
     "64 KB of reason": '{"answers": [{"answer": 1, "reason": "' + "x " * (KB64 // 2) + '"}]}',
+    "a key prefix and a long run": "sk-" + "a-" * (KB64 // 2) + "!",
+    "bearer and spaces": "Bearer" + " " * KB64 + "x",
 }
 
 
@@ -295,6 +297,7 @@ def _untrusted_parsers() -> dict:
         "judge_entropy.read": lambda t: entropy.read(llm_client.Reply(t, tokens=_entropy_tokens(t)), 4),
         "judge_entropy.mark_distributions": lambda t: judge_entropy.mark_distributions(_entropy_tokens(t), 4),
         "rubric.parse_yes_no": rubric.parse_yes_no,
+        "llm_client.redact": lambda t: llm_client.redact(t, "sk-test-5f3a9c1e7b2d4e6f"),
         "llm_client.read_chat": lambda t: llm_client.read_chat(
             json.dumps({"choices": [{"message": {"content": t}, "logprobs": {"content": [{"token": t}]}}]})
         ),

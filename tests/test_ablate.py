@@ -100,13 +100,17 @@ def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
                  "--grpo.no-kl-is-weight", "--lora.r 4"):  # fmt: skip
         assert part in s, part
     assert s.index("--lora.r 0") < s.index("--lora.r 4")  # flags after `--` come last: they win
-    # no KL is an in-loss KL with beta 0, so the KL from the reference is still computed and logged
-    none = " ".join(
-        ablate_lm.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate_lm.LMSettings())
-    )
+    # no KL is KL off, a command train.py's start-up checks accept (a KL with beta 0 is refused there)
+    from nanogrpo.config import check_config
+    from train import cli
+
+    none_cmd = ablate_lm.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate_lm.LMSettings())
+    none = " ".join(none_cmd)
     assert (
-        "--grpo.kl-placement loss" in none and "--grpo.beta 0.0" in none and "--grpo.num-iterations 1" in none
+        "--grpo.kl-placement none" in none and "--grpo.beta" not in none and "--grpo.num-iterations 1" in none
     )
+    check_config(cli(none_cmd[2:]))
+    check_config(cli(cmd[2:]))
     assert ablate_lm.cell_name(ablate.Run("none", 0.2, 0, False, True)) == "none_s0_on_std"  # shared by betas
     # a finished run folder (summary.json written) is read back, not re-run
     rd = tmp_path / "out" / "runs" / "k2-seq-loss_b0.02_s3_off_nostd"

@@ -100,15 +100,15 @@ def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float, thre
 def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
     """The train.py command line of one grid cell (tyro flags of nanogrpo.config.GRPOConfig)."""
     g = run.grpo(GRPOConfig(), s.mu)
-    # no KL runs as an in-loss KL with beta 0: the same loss, but train.py then computes the reference's
-    # log-probs, so these runs log their KL from the reference too
-    placement, beta = (g.kl_placement, g.beta) if g.kl_placement != "none" else ("loss", 0.0)
+    # no KL is KL off (train.py refuses a KL with beta 0, which would compute a reference for nothing): these
+    # cells log no KL
+    beta = [] if g.kl_placement == "none" else ["--grpo.beta", str(g.beta)]
     flag = lambda name, on: f"--grpo.{'' if on else 'no-'}{name}"  # noqa: E731
     start = (["--model.path", s.model] if s.model else []) + (["--data.train", s.task] if s.task else [])
     return [
         sys.executable, str(TRAIN_PY), s.preset, *start, *LM_FLAGS, "--out-dir", str(out_dir), "--seed", str(run.seed),
-        "--steps", str(s.steps), "--grpo.kl-placement", placement, "--grpo.kl-estimator", g.kl_estimator,
-        "--grpo.beta", str(beta), "--grpo.num-iterations", str(g.num_iterations), "--grpo.scale-rewards", g.scale_rewards,
+        "--steps", str(s.steps), "--grpo.kl-placement", g.kl_placement, "--grpo.kl-estimator", g.kl_estimator,
+        *beta, "--grpo.num-iterations", str(g.num_iterations), "--grpo.scale-rewards", g.scale_rewards,
         flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *s.extra,
     ]  # fmt: skip
 

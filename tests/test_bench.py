@@ -17,6 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    """`python BENCH ARGS` from the checkout; it must exit 0."""
+    res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bench/gpu_check.sh needs bash")
 def test_every_bench_runs_at_tiny_shapes(tmp_path):
@@ -57,27 +64,13 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
 def test_kernels_bench_tables_the_triton_lcs_row():
     """bench/kernels.py --cpu-smoke runs the LCS kernel in Triton's interpreter and tables its row: the
     results a CUDA run writes and reads, on the CPU."""
-    res = subprocess.run(
-        [sys.executable, "bench/kernels.py", "--cpu-smoke", "--only", "lcs"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = run_bench("bench/kernels.py", "--cpu-smoke", "--only", "lcs")
     assert "triton (interpreter)" in res.stdout and "(matches: True)" in res.stdout, res.stdout
     assert "NOT MEASURED" not in res.stdout, res.stdout
 
 
 def test_length_groups_bench_runs_on_the_tiny_model():
-    res = subprocess.run(
-        [sys.executable, "bench/length_groups.py", "--model", "tiny", "--repeat", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = run_bench("bench/length_groups.py", "--model", "tiny", "--repeat", "1")
     assert "length groups:" in res.stdout and "4 group(s)" in res.stdout, res.stdout
     # one 16-token straggler among 2-5-token completions: it runs in a group of its own
     assert "in 2 groups: 31x4, 1x15" in res.stdout, res.stdout

@@ -304,29 +304,27 @@ def test_train_refuses_user_code_without_the_flag(tmp_path, monkeypatch):
         )
 
 
-def test_a_failing_user_grader_stops_train_py_with_one_line(tmp_path):
-    path = user_file(tmp_path, "def f(prompts, completions, **kw):\n    return [1 / 0] * len(completions)\n")
+def train_with_grader(tmp_path, ref: str, *flags: str) -> str:
+    """`train.py tiny` for one step with the user grader `ref`: it must exit 2 with one line, returned."""
     args = [sys.executable, str(ROOT / "train.py"), "tiny", "--out-dir", str(tmp_path / "run"), "--steps", "1",
-            "--reward.spec", f"{path}:f:1", "--reward.allow-user-code"]  # fmt: skip
+            "--reward.spec", f"{ref}:1", "--reward.allow-user-code", *flags]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NANOGRPO_DEBUG", None)
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    last = r.stderr.strip().splitlines()[-1]
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_a_failing_user_grader_stops_train_py_with_one_line(tmp_path):
+    path = user_file(tmp_path, "def f(prompts, completions, **kw):\n    return [1 / 0] * len(completions)\n")
+    last = train_with_grader(tmp_path, f"{path}:f")
     assert last.startswith(f"error: user grader {path}:f: raised ZeroDivisionError: division by zero (on ")
 
 
 @pytest.mark.parametrize("func", ["exits", "hangs"])
 def test_a_user_grader_that_exits_or_hangs_stops_train_py_with_one_line(tmp_path, func):
     path = user_file(tmp_path, ENDS)
-    args = [sys.executable, str(ROOT / "train.py"), "tiny", "--out-dir", str(tmp_path / "run"), "--steps", "1",
-            "--reward.spec", f"{path}:{func}:1", "--reward.allow-user-code", "--reward.user-timeout-s", "0.5"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("NANOGRPO_DEBUG", None)
-    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
-    last = r.stderr.strip().splitlines()[-1]
+    last = train_with_grader(tmp_path, f"{path}:{func}", "--reward.user-timeout-s", "0.5")
     what = "raised SystemExit: 0 (on " if func == "exits" else "took longer than 0.5 s (on "
     assert last.startswith(f"error: user grader {path}:{func}: {what}"), last

@@ -182,15 +182,9 @@ def test_autocast_is_for_accelerators_only(lively):
     """generate(autocast=bf16) on the CPU samples exactly as without it (the packed float32 weights are the
     fast path there); on an accelerator it samples under autocast (tests/test_standin.py)."""
     model, _, prompts = lively
-    run = lambda amp: generate(
-        model,
-        prompts,
-        group_size=2,
-        max_new_tokens=6,
-        generator=torch.Generator().manual_seed(3),
-        autocast=amp,
-    )
-    a, b = run(None), run(torch.bfloat16)
+    kw = dict(group_size=2, max_new_tokens=6)
+    a = generate(model, prompts, **kw, generator=torch.Generator().manual_seed(3))
+    b = generate(model, prompts, **kw, generator=torch.Generator().manual_seed(3), autocast=torch.bfloat16)
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logp, b.logp)
 
 

@@ -32,18 +32,20 @@ from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.heap import keep_freed_memory
 from nanogrpo.memory import fit_to_memory
-from nanogrpo.metrics import Logger, console_line, plot_metrics
+from nanogrpo.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
 from nanogrpo.provenance import write_environment
 from nanogrpo.resume import (
     check_rerun_dir,
     check_resume,
+    check_run_record,
     load_config,
     pop_config_flag,
     prepare_run_dir,
     read_config,
     release_run_dir,
+    started_record,
 )
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
@@ -97,8 +99,15 @@ def main(cfg: TrainConfig) -> dict:
             order.load_state_dict(state["data"])
             ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
             step0 = state["step"]
+            # what it was trained with against config.json and the data now (nanogrpo/resume.py)
+            point.notes.extend(check_run_record(state.get("run"), cfg, point.path))
         # steps logged after it will run again: dropped (with a torn last line), so none appears twice
         dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
+        # the checkpoint's own copy of its step's line, if the log lost it (torn, or not yet on the disk)
+        if point.path is not None and logger.restore_line(step0, point.state.get("metrics_line")):
+            point.notes.append(
+                f"metrics.jsonl's line of step {step0} was torn or lost: restored from {point.path}"
+            )
         if dist.is_main():
             for note in point.notes:
                 print(f"note: {note}")
@@ -292,7 +301,13 @@ def _save(policy, out: Path, step: int, opt, sched, order: PromptOrder) -> None:
     rngs = dist.gather_objects(ckpt.rng_state())  # every rank restores its own dropout/sampling RNG
     save_weights, opt_state = policy.checkpoint_parts(opt)  # every rank: FSDP gathers to rank 0
     if dist.is_main():
+        for log in ("metrics.jsonl", "samples.jsonl"):  # the logs up to this step are on the disk before it
+            if (out / log).is_file():
+                fsync_path(out / log)
         extra = {"data": order.state_dict(), "rng_all": rngs}
+        # what the run trains with (config and data fingerprints: checked on --resume), and the step's log
+        # line, which --resume restores if a crash tore it
+        extra.update(run=started_record(out), metrics_line=step_line(out / "metrics.jsonl", step))
         ckpt.save_checkpoint(out / "ckpt", step, save_weights, opt_state, sched, extra)
     dist.barrier()
 

@@ -1,11 +1,14 @@
 """Atomic checkpoints, exact resume, and a trainer state that loads without pickle.
 
 A checkpoint is a folder `ckpt/step_000012/` holding the trainable weights (a PEFT-layout adapter with
-LoRA, else the full state dict), and `trainer_state.pt`: the optimizer and scheduler, every RNG state, the
-data position, and the size of every other file in the folder. It is written into a temporary folder,
-fsynced, and renamed into place; `ckpt/latest` names the newest one only after the rename. A crash mid-write
-leaves the previous checkpoint intact, and a folder damaged anyway (a disk that lost writes) is recognised
-on resume and skipped for the one before it (`find_resume_point`).
+LoRA, else the full state dict), `trainer_state.pt` (the optimizer and scheduler, every RNG state, the data
+position, the size of every other file in the folder, and what train.py adds: the run's record of its config
+and data, nanogrpo/resume.py, and the step's metrics.jsonl line), and `manifest.json`: the size and sha256 of
+every other file, the trainer state included (it cannot hold its own hash). It is written into a temporary
+folder, fsynced, and renamed into place; `ckpt/latest` names the newest one only after the rename. A crash
+mid-write leaves the previous checkpoint intact, and a folder damaged anyway (a disk that lost writes, a
+flipped byte that keeps the size) is recognised on resume and skipped for the one before it, by name
+(`find_resume_point`).
 
 The trainer state is loaded with `torch.load(weights_only=True)`: tensors, numbers, strings and plain
 containers only, so resuming a folder someone else wrote cannot run code. RNG states are stored in that
@@ -15,6 +18,7 @@ unpickling (one written by an older nanogrpo, or by anything else) is refused, n
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -28,10 +32,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanogrpo.metrics import fsync_path, replace_atomically
+from nanogrpo.metrics import fsync_path, open_run_file, replace_atomically, sha256_file
 
 FORMAT = "nanogrpo.trainer_state/2"  # 1 (unversioned) was a pickle of Python and numpy objects
 STATE = "trainer_state.pt"
+MANIFEST = "manifest.json"  # {"files": {name: {"size", "sha256"}}}; absent in checkpoints of earlier nanogrpo
 
 
 def rng_state() -> dict[str, Any]:
@@ -79,8 +84,11 @@ def save_checkpoint(
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f".tmp_step_{step:06d}"
+    for p in (tmp, final):
+        if p.is_symlink():  # our names: a link there is removed, never written through (rmtree refuses it)
+            p.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp.mkdir()  # a new folder: every file in it is written by this save
     save_weights(tmp)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     state = {
@@ -93,6 +101,14 @@ def save_checkpoint(
         **extra,
     }
     torch.save(state, tmp / STATE)
+    # the content of every file, the trainer state included: a same-size corruption is caught on resume
+    manifest = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(tmp.iterdir())
+        if p.is_file()
+    }
+    with open_run_file(tmp / MANIFEST, "x") as f:
+        f.write(json.dumps({"files": manifest}, indent=2))
     for p in tmp.iterdir():
         fsync_path(p)
     fsync_path(tmp)
@@ -115,15 +131,16 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return path if name.startswith("step_") and path.is_dir() else None
 
 
-def load_trainer_state(path: Path) -> dict[str, Any]:
+def load_trainer_state(path: Path, mmap: bool = False) -> dict[str, Any]:
     """The trainer state of checkpoint folder `path`, loaded without unpickling code.
 
+    mmap: map the tensors instead of reading them (to look at the small entries of a large state only).
     ValueError (with the fix) for a file that would need pickle; the error of torch.load for a damaged one."""
     file = path / STATE
     try:
         # onto the host: a state saved from cuda:0 would otherwise load onto cuda:0 on every rank; the
         # optimizer's load_state_dict moves its tensors to their parameters' device
-        state = torch.load(file, weights_only=True, map_location="cpu")
+        state = torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as e:
         raise ValueError(
             f"{file} would need pickle to load (it is a trainer state written by an older nanogrpo, or not by "
@@ -140,15 +157,25 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 
 def _damage(path: Path, state: dict) -> str | None:
-    """Why a checkpoint folder whose trainer state loaded is not complete, or None."""
+    """Why a checkpoint folder whose trainer state loaded is not complete, or None: a file missing, or
+    of another size or (manifest.json) another content than at the save."""
     if state.get("step") != int(path.name.removeprefix("step_")):
         return f"its trainer state is for step {state.get('step')}"
-    for name, size in state["files"].items():
+    files = {name: {"size": size} for name, size in state["files"].items()}
+    if (path / MANIFEST).is_file():
+        try:
+            files.update(json.loads((path / MANIFEST).read_text())["files"])
+        except (ValueError, KeyError, TypeError) as e:
+            return f"{MANIFEST} is unreadable ({e})"
+    for name, rec in files.items():  # the sizes first: cheap, and most damage changes them
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} has {f.stat().st_size} bytes, not {size}"
+        if f.stat().st_size != rec["size"]:
+            return f"{name} has {f.stat().st_size} bytes, not {rec['size']}"
+    for name, rec in files.items():
+        if "sha256" in rec and sha256_file(path / name) != rec["sha256"]:
+            return f"{name} does not match its sha256 in {MANIFEST} (its content changed on disk)"
     return None
 
 
@@ -165,7 +192,8 @@ def find_resume_point(ckpt_root: Path) -> ResumePoint:
     """The newest complete checkpoint under ckpt_root, whatever `latest` says.
 
     A folder without a trainer state (its save never finished) is passed over; so is one whose trainer
-    state is unreadable or whose files are not the sizes it recorded (damaged on disk). If only folders of
+    state is unreadable or whose files are not the sizes and content (sha256) it recorded (damaged on disk);
+    a folder saved before manifest.json existed has its sizes checked only, with a note. If only folders of
     the first kind exist, nothing was ever saved: start from step 0. If a saved checkpoint exists but none
     is readable, ValueError: starting again would throw those steps away, so the user decides. A trainer
     state that would need pickle is refused outright (ValueError from load_trainer_state)."""
@@ -191,6 +219,10 @@ def find_resume_point(ckpt_root: Path) -> ResumePoint:
             damaged = True
             notes.append(f"{path} skipped: {why}")
             continue
+        if not (path / MANIFEST).is_file():
+            notes.append(
+                f"{path} has no {MANIFEST} (an earlier nanogrpo saved it): its sizes are checked, not its content"
+            )
         if (named := latest_checkpoint(ckpt_root)) is not None and named.name < path.name:
             notes.append(
                 f"{latest} names {named.name}, but {path.name} is newer and complete (a crash came "
@@ -203,6 +235,18 @@ def find_resume_point(ckpt_root: Path) -> ResumePoint:
             "start the run again from step 0 (its logs are then cut back to it), or start a new --out-dir"
         )
     return ResumePoint(None, None, notes)
+
+
+def newest_state(ckpt_root: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(folder, trainer state, tensors mapped not read) of the newest checkpoint whose trainer state loads,
+    unverified: a cheap first look (resume.py checks the config and data it records before the model
+    loads); find_resume_point chooses, and verifies, the one the run resumes from."""
+    for path in sorted((p for p in ckpt_root.glob("step_*") if p.is_dir()), reverse=True):
+        try:
+            return path, load_trainer_state(path, mmap=True)
+        except Exception:  # unreadable or refused: find_resume_point names it
+            continue
+    return None
 
 
 def save_full_weights(model: torch.nn.Module, folder: Path) -> None:

@@ -1,19 +1,29 @@
-"""Step metrics: the console line, the progress bar, metrics.jsonl / samples.jsonl, plots, optional W&B/TB.
+"""Step metrics: the console line, the progress bar, metrics.jsonl / samples.jsonl, plots, optional W&B/TB,
+and the run folder's file primitives that every writer of the folder uses.
 
 Only rank 0 writes. Every write is a whole line flushed at once, so a crash loses at most the step in
 flight; on resume the files are truncated back to the checkpoint's step so no step appears twice. That
 rewrite is atomic (a new file, fsynced, renamed over the old one), and a torn last line (a write a crash or
-a full disk cut short) is dropped; a line that is not JSON with lines after it is an error.
+a full disk cut short) is dropped; a line that is not JSON with lines after it is an error, unless every
+line after it comes after the checkpoint too (they are all run again).
+
+A run folder's files are opened for writing with `open_run_file` / `open_run_fd` only: never through a
+symbolic link (O_NOFOLLOW), so a `metrics.jsonl` that someone made a link to `~/.bashrc` is refused by name
+instead of appended to. `replace_atomically` renames over a link (which replaces the link, not its target)
+and creates its temp file exclusively. `sha256_file` hashes in 1 MiB blocks: data files can be gigabytes.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import importlib
 import json
 import math
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # the console line: (metric key, label, format)
 _CONSOLE = [
@@ -86,6 +96,64 @@ def _parse_lines(path: Path) -> tuple[list[str], list[dict], bool]:
     return lines, objs, False
 
 
+def link_refused(path: Path) -> ValueError:
+    """The error for a run-folder file that is a symbolic link: which one, where it points, and the fix."""
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return ValueError(
+        f"{path} is a symbolic link{target}: nanogrpo writes a run folder's own files, never through a link, "
+        f"which could point anywhere; remove the link (rm {path}) and run again"
+    )
+
+
+def open_run_fd(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open of a run-folder file that never follows a link in its last component: ValueError (saying
+    which file and how to fix it) for a link, dangling or not, and for anything but a regular file (a FIFO
+    would block the run). Every write into a run folder opens its file through here."""
+    try:
+        # O_NONBLOCK: a FIFO fails at once instead of waiting for a reader; a regular file ignores it
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        # ELOOP: O_NOFOLLOW met a link; EEXIST with O_EXCL: a link (even a dangling one) holds the name
+        if e.errno in (errno.ELOOP, errno.EEXIST) and os.path.islink(path):
+            raise link_refused(path) from None
+        if e.errno == errno.ENXIO:
+            raise ValueError(f"{path} is not a regular file (a FIFO?): remove it and run again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file: remove it and run again")
+    return fd
+
+
+_OPEN_FLAGS = {
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,  # a new file: FileExistsError if the name is taken
+}
+
+
+def open_run_file(path: Path, mode: str = "a") -> IO:
+    """A run-folder file opened for writing ('a', 'w' or 'x'; add 'b' for bytes) through open_run_fd."""
+    fd = open_run_fd(path, _OPEN_FLAGS[mode[0]])
+    binary = "b" in mode
+    # the file exists now, created by this call if need be: fdopen's 'w' only names the direction
+    return os.fdopen(
+        fd, ("a" if mode[0] == "a" else "w") + ("b" if binary else ""), encoding=None if binary else "utf-8"
+    )
+
+
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    """The sha256 of a file's content, read in 1 MiB blocks (a data file or a checkpoint can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def fsync_path(path: Path) -> None:
     """Flush a file (or a folder's entries) to the disk: a rename is durable only after both are."""
     fd = os.open(path, os.O_RDONLY)
@@ -97,10 +165,15 @@ def fsync_path(path: Path) -> None:
 
 def replace_atomically(path: Path, text: str) -> None:
     """path's content becomes text, or (on a crash or a full disk) stays what it was: a new file, fsynced,
-    renamed over the old one. Also the run page's and the checkpoint pointer's write."""
+    renamed over the old one. Also the run page's and the checkpoint pointer's write.
+
+    A link at `path` is replaced, not followed (rename replaces the name). The temp file is created
+    exclusively: one a crash left, or a link someone put in its place, is removed first, never written
+    through."""
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # removes a link itself, never its target
     try:
-        with tmp.open("w", encoding="utf-8") as f:
+        with open_run_file(tmp, "x") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -118,20 +191,77 @@ class JsonlWriter:
         self.path = path
 
     def truncate_after(self, step: int) -> int:
-        """Drop lines whose step is > `step` (they came after the checkpoint we resume from), and a torn last
-        line; returns how many lines were dropped. The rewrite is atomic."""
+        """Drop lines whose step is > `step` (they came after the checkpoint we resume from), and torn ones
+        (not JSON) that only such lines follow: whatever step a torn line was, it is `step` or later, so it
+        is run again (and `step`'s own line comes back from the checkpoint: restore_line). A torn line with
+        a line of step <= `step` after it is damage: ValueError naming the file and the line. Returns how
+        many lines were dropped; the rewrite is atomic."""
+        if self.path.is_symlink():
+            raise link_refused(self.path)
         if not self.path.exists():
             return 0
-        lines, objs, torn = _parse_lines(self.path)
-        keep = [ln for ln, o in zip(lines, objs) if o.get("step", 0) <= step]
-        dropped = len(lines) - len(keep) + torn
-        if dropped or not self.path.read_bytes().endswith(b"\n"):  # the next line must start a line
+        text = self.path.read_text(encoding="utf-8")
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        keep: list[str] = []
+        torn = None  # (line number, why) of the first line that is not a JSON object
+        for i, ln in enumerate(lines):
+            try:
+                obj = json.loads(ln)
+            except json.JSONDecodeError as e:
+                torn = torn or (i + 1, e.msg)
+                continue
+            if not isinstance(obj, dict):
+                torn = torn or (i + 1, "not a JSON object")
+            elif obj.get("step", 0) <= step:
+                if torn is not None:
+                    raise ValueError(
+                        f"{self.path}, line {torn[0]}: not valid JSON ({torn[1]}), and lines follow it; the log "
+                        "is damaged: repair or delete that line, then resume"
+                    )
+                keep.append(ln)
+        dropped = len(lines) - len(keep)
+        if dropped or not text.endswith("\n"):  # the next line must start a line
             replace_atomically(self.path, "".join(ln + "\n" for ln in keep))
         return dropped
 
+    def has_step(self, step: int) -> bool:
+        """Whether the log holds a whole line of `step`."""
+        return any(o.get("step") == step for o in read_jsonl(self.path))
+
     def write(self, obj: dict) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({k: _clean(v) for k, v in obj.items()}, ensure_ascii=False) + "\n")
+        self.append_line(json.dumps({k: _clean(v) for k, v in obj.items()}, ensure_ascii=False))
+
+    def append_line(self, line: str) -> None:
+        """One whole line at the end, never through a link (open_run_file)."""
+        with open_run_file(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+def step_line(path: Path, step: int) -> str | None:
+    """The last line of a log, without its newline, when it is a whole line of `step` (what a checkpoint
+    keeps of the step it saves); None otherwise. Reads the file's end only: a log can be long."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    with f:
+        size, back = f.seek(0, os.SEEK_END), 1 << 16
+        while True:
+            start = max(0, size - back)
+            f.seek(start)
+            data = f.read()
+            if not data.endswith(b"\n"):
+                return None  # empty, or a torn last line
+            lines = data[:-1].split(b"\n")
+            if len(lines) > 1 or start == 0:
+                break
+            back *= 4  # a line longer than what was read: read further back
+    line = lines[-1].decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return line if isinstance(obj, dict) and obj.get("step") == step else None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -239,6 +369,14 @@ class Logger:
             self._tb = SummaryWriter(str(self.out_dir / "tb"), purge_step=step + 1)
         return {w.path.name: w.truncate_after(step) for w in (self.metrics, self.samples)}
 
+    def restore_line(self, step: int, line: str | None) -> bool:
+        """After truncate_after(step): put back metrics.jsonl's line of `step` from the checkpoint's copy
+        (`line`) when the log lost it (a torn or unsynced write); True when it did."""
+        if not self.enabled or line is None or self.metrics.has_step(step):
+            return False
+        self.metrics.append_line(line)
+        return True
+
     def log(self, m: dict[str, Any]) -> None:
         if not self.enabled:
             return
@@ -341,7 +479,8 @@ def plot_metrics(out_dir: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        with open_run_file(path, "wb") as f:  # never through a link
+            fig.savefig(f, format="png", dpi=110)
         plt.close(fig)
         written.append(path)
     return written + plot_reward_vs_length(out_dir)
@@ -370,6 +509,7 @@ def plot_reward_vs_length(out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out_dir / "reward_vs_length.png"
-    fig.savefig(path, dpi=110)
+    with open_run_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     return [path]

@@ -11,12 +11,19 @@ one metrics.jsonl.
 One process at a time: the process that writes (rank 0 under torchrun) holds `RUN/.lock` with `flock` for as
 long as it lives, and a second one is refused, naming the first. The kernel drops the lock when its process
 dies, kill -9 included, so a crashed run never blocks its own resume. A folder that cannot be created or
-written is refused before the model loads.
+written is refused before the model loads, and so is one with a symbolic link among its entries (or ckpt/'s):
+through it the run would write wherever the link points.
+
+What a checkpoint was trained with is checked too, not only the flags: every start records the sha256 of the
+config.json it writes and the size and sha256 of its data files (`run_record`), every checkpoint keeps that
+record, and --resume compares it with the config.json and the data on disk (`check_run_record`). A
+config.json edited by hand in a field outside SAFE, or a data file edited in place, is refused by name.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -27,8 +34,9 @@ from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nanogrpo import checkpoint as ckpt
 from nanogrpo.config import TrainConfig
-from nanogrpo.metrics import replace_atomically
+from nanogrpo.metrics import link_refused, open_run_fd, replace_atomically, sha256_file
 
 # RewardConfig's fields that let a run import and call the user's Python: never read from a file
 CODE_SETTINGS = ("allow_user_code", "style_allow_user_code")
@@ -283,7 +291,11 @@ def lock_run_dir(out: Path) -> None:
     key = out.resolve()
     if key in _HELD:
         return
-    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's details stay
+    path = out / ".lock"
+    try:  # never through a link: open_run_fd refuses one by name, the lock's target untouched
+        fd = open_run_fd(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)  # a new lock file, made by this process
+    except FileExistsError:  # one an earlier run left: the flock, not the file, is the lock
+        fd = open_run_fd(path, os.O_RDWR)  # no O_TRUNC: a holder's details stay for the message below
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -311,26 +323,155 @@ def release_run_dir(out: Path) -> None:
         os.close(fd)  # closing the descriptor releases the flock
 
 
+def refuse_links(out: Path) -> None:
+    """ValueError naming the first symbolic link among out's entries and out/ckpt's, with the fix.
+
+    Every file nanogrpo writes in a run folder (the lock, logs, config, plots, checkpoints, the judge cache,
+    eval files, the run page) is one of these entries or lies in one of these folders, so a link there would
+    send a write outside the run. The folder itself may be a link (a run kept on another disk)."""
+    for folder in (out, out / "ckpt"):
+        if folder.is_dir():
+            for p in sorted(folder.iterdir()):
+                if p.is_symlink():
+                    raise link_refused(p)
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def data_fingerprint(spec: str, split: str) -> dict[str, Any]:
+    """What the rows of --data.train / --data.eval `spec` are now: {"source", "size" (bytes), "sha256"}.
+
+    A file is hashed in 1 MiB blocks, a folder (a datasets save_to_disk, CPT's .txt files) over every file
+    in it with its relative path, 'recipe:NAME' as its embedded file, 'demo' as its rows (generated in code).
+    NAME:SPLIT from the Hugging Face cache is {"source", "skipped": why}."""
+    if spec == "demo":
+        from nanogrpo.data import demo_rows
+
+        rows = json.dumps(demo_rows(split), sort_keys=True)
+        return {"source": spec, "size": len(rows), "sha256": _sha256_text(rows)}
+    path = Path(spec)
+    if spec.startswith("recipe:"):
+        from nanogrpo.recipes import recipe_path
+
+        path = recipe_path(spec.removeprefix("recipe:"), split)
+    if path.is_file():
+        return {"source": spec, "size": path.stat().st_size, "sha256": sha256_file(path)}
+    if path.is_dir():
+        h, size = hashlib.sha256(), 0
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            size += f.stat().st_size
+            h.update(f"{f.relative_to(path)}\0{f.stat().st_size}\0{sha256_file(f)}\n".encode())
+        return {"source": spec, "size": size, "sha256": h.hexdigest()}
+    why = "rows of the local Hugging Face cache, whose files datasets manages: not checked on resume"
+    return {"source": spec, "skipped": why}
+
+
+def run_record(cfg: TrainConfig, config_text: str) -> dict[str, Any]:
+    """What this start trains with, kept in every checkpoint: the sha256 and fields of the config.json it
+    writes (`config_text`), and the fingerprints of its data files."""
+    data = {"train": data_fingerprint(cfg.data.train, "train")}
+    data["eval"] = data_fingerprint(cfg.data.eval, "eval") if cfg.data.eval else None
+    return {"config_sha256": _sha256_text(config_text), "config": json.loads(config_text), "data": data}
+
+
+_RECORDS: dict[Path, dict] = {}  # the run record of each folder this process started (prepare_run_dir)
+
+
+def started_record(out: Path) -> dict[str, Any] | None:
+    """The run record prepare_run_dir made for out when this process started there (train.py saves it with
+    every checkpoint); None if it did not."""
+    return _RECORDS.get(Path(out).resolve())
+
+
+def check_run_record(saved: Any, cfg: TrainConfig, where: Path) -> list[str]:
+    """Refuse (ValueError, naming each field or file, with the fix) resuming checkpoint `where`, whose run
+    record is `saved`, when config.json or the data on disk differ from what it was trained with; returns
+    notes for what could not be checked.
+
+    config.json is compared by its sha256 first; when that differs, field by field: a field in SAFE (or
+    --steps, as on the command line) may differ, since changing it keeps the run exact; any other was edited
+    by hand and is refused: the checkpoint would bring back its optimizer (its learning rate, ...) and its
+    data position, so the run would not be what config.json says. A data file whose size or sha256 changed
+    is refused; --data.eval only when it names the same file (a new --data.eval is a SAFE flag)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        return [f"{where} records no config or data fingerprints (an earlier nanogrpo saved it): not checked"]
+    out = Path(cfg.out_dir)
+    try:
+        on_disk = hashlib.sha256((out / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        on_disk = None
+    if on_disk != saved.get("config_sha256"):
+        hint = "it was saved by another nanogrpo: resume with that version"
+        then = from_dict(TrainConfig, renamed_options(saved["config"], str(where)), f"{where}", hint=hint)
+        bad = [
+            f"{k}: {json.dumps(a)} -> {json.dumps(b)}{why}"
+            for k, a, b in differences(then, cfg)
+            if (why := _unsafe_reason(k, then)) is not None
+        ]
+        if bad:
+            raise ValueError(
+                f"{out / 'config.json'} differs from the config {where.name} was trained with, in settings a "
+                f"resume may not change: {'; '.join(bad)} (checkpoint -> config.json). The checkpoint brings "
+                "back its optimizer and data position, so the run would not be what config.json says: put "
+                f"these back in config.json, or start a new run from the edited file with --config "
+                f"{out / 'config.json'} --out-dir NEW"
+            )
+    notes = []
+    now = started_record(out) or run_record(cfg, json.dumps(asdict(cfg), indent=2))
+    for key, fix in (
+        ("train", ""),
+        ("eval", "; to compare on the new rows, copy them to a new file and pass --data.eval NEW"),
+    ):
+        a, b = (saved.get("data") or {}).get(key), now["data"].get(key)
+        if not (isinstance(a, dict) and isinstance(b, dict) and a.get("source") == b.get("source")):
+            continue  # no record, or another --data.eval (SAFE): nothing to compare
+        if "skipped" in b:
+            notes.append(f"--data.{key} {b['source']} is {b['skipped']}")
+        elif "sha256" in a and (a.get("size"), a["sha256"]) != (b["size"], b["sha256"]):
+            what = (
+                f"{a['size']} -> {b['size']} bytes" if a.get("size") != b["size"] else "same size, new sha256"
+            )
+            raise ValueError(
+                f"--data.{key} {b['source']} changed since the run started ({what}): {where.name} was trained "
+                "on its rows as they were, so the rest of the run would differ from a straight run. Put it "
+                f"back as it was, or start a new run with another --out-dir{fix}"
+            )
+    return notes
+
+
 def prepare_run_dir(cfg: TrainConfig, write: bool = True) -> None:
     """Check that cfg may run in cfg.out_dir, then (write=True, on the one rank that writes) take the
     folder's lock and save cfg as config.json.
 
-    With --resume the folder's config.json must exist and cfg may differ from it only in SAFE ways; the
-    merged config then replaces it. Without --resume, a folder that holds a run's metrics or checkpoints is
-    refused (its config.json alone, from a run that stopped before its first step, is overwritten)."""
+    With --resume the folder's config.json must exist and cfg may differ from it only in SAFE ways, and the
+    newest checkpoint's run record must agree with config.json and the data (check_run_record, before the
+    model loads; train.py checks the checkpoint it resumes from again); the merged config then replaces
+    config.json. Without --resume, a folder that holds a run's metrics or checkpoints is refused (its
+    config.json alone, from a run that stopped before its first step, is overwritten). A symbolic link in
+    the folder is refused either way."""
     out = Path(cfg.out_dir)
+    text = json.dumps(asdict(cfg), indent=2)
     if cfg.resume:
         check_resume(load_config(out), cfg)
     if write:
         check_writable(out)
+        refuse_links(out)
         lock_run_dir(out)  # before the checks below: another process may be starting in this folder now
-    if not cfg.resume and ((out / "metrics.jsonl").exists() or (out / "ckpt").exists()):
+    try:
+        if not cfg.resume and ((out / "metrics.jsonl").exists() or (out / "ckpt").exists()):
+            raise ValueError(
+                f"{out} already holds a run (metrics.jsonl, ckpt/): pass --resume to continue it, "
+                "or pick another --out-dir (or delete the folder) to start a new one"
+            )
+        _RECORDS[out.resolve()] = run_record(cfg, text)  # the data files are hashed once per start
+        if cfg.resume and (newest := ckpt.newest_state(out / "ckpt")) is not None:
+            check_run_record(newest[1].get("run"), cfg, newest[0])
+    except ValueError:
         if write:
             release_run_dir(out)
-        raise ValueError(
-            f"{out} already holds a run (metrics.jsonl, ckpt/): pass --resume to continue it, "
-            "or pick another --out-dir (or delete the folder) to start a new one"
-        )
+        raise
     if write:
         # other ranks may be reading config.json: replace it whole
-        replace_atomically(out / "config.json", json.dumps(asdict(cfg), indent=2))
+        replace_atomically(out / "config.json", text)

@@ -236,14 +236,18 @@ def _unsafe_reason(path: str, saved: TrainConfig) -> str | None:
     return ""
 
 
-def check_resume(saved: TrainConfig, given: TrainConfig) -> None:
-    """Refuse, naming each flag, any change that would make the resumed run differ from a straight one."""
-    bad = [
-        f"{flag(k)}: {json.dumps(a)} -> {json.dumps(b)}{why}"
+def unsafe_changes(saved: TrainConfig, given: TrainConfig, name=lambda k: k) -> list[str]:
+    """'name: old -> new (why)' for each difference a resume may not make (`name`: how a field is named)."""
+    return [
+        f"{name(k)}: {json.dumps(a)} -> {json.dumps(b)}{why}"
         for k, a, b in differences(saved, given)
         if (why := _unsafe_reason(k, saved)) is not None
     ]
-    if bad:
+
+
+def check_resume(saved: TrainConfig, given: TrainConfig) -> None:
+    """Refuse, naming each flag, any change that would make the resumed run differ from a straight one."""
+    if bad := unsafe_changes(saved, given, flag):
         raise ValueError(
             f"--resume continues {given.out_dir} exactly as it was configured, and these flags change it: "
             f"{'; '.join(bad)}. Drop them to resume, or start a new run with another --out-dir"
@@ -405,12 +409,7 @@ def check_run_record(saved: Any, cfg: TrainConfig, where: Path) -> list[str]:
     if on_disk != saved.get("config_sha256"):
         hint = "it was saved by another nanogrpo: resume with that version"
         then = from_dict(TrainConfig, renamed_options(saved["config"], str(where)), f"{where}", hint=hint)
-        bad = [
-            f"{k}: {json.dumps(a)} -> {json.dumps(b)}{why}"
-            for k, a, b in differences(then, cfg)
-            if (why := _unsafe_reason(k, then)) is not None
-        ]
-        if bad:
+        if bad := unsafe_changes(then, cfg):
             raise ValueError(
                 f"{out / 'config.json'} differs from the config {where.name} was trained with, in settings a "
                 f"resume may not change: {'; '.join(bad)} (checkpoint -> config.json). The checkpoint brings "

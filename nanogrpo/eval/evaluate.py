@@ -56,13 +56,17 @@ def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> li
     return read_rows(path, check)
 
 
+def jsonl_text(rows: Sequence[dict]) -> str:
+    """Rows as JSONL; keys starting with '_' are bookkeeping (the source line), not data."""
+    return "".join(
+        json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
+        for row in rows
+    )
+
+
 def write_jsonl(path: str | Path, rows: Sequence[dict]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:  # keys starting with '_' are bookkeeping (the source line), not data
-            f.write(
-                json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
-            )
+    Path(path).write_text(jsonl_text(rows), encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- generation
@@ -476,17 +480,15 @@ def base_vs_trained(
 def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
     """Write eval_base.jsonl, eval_trained.jsonl and eval.json (the paired summary; the run page shows it),
     and each file's .meta.json saying which model wrote it (see `run_of`)."""
+    from nanogrpo.metrics import replace_atomically  # run-folder files: never written through a link
+
     run_dir = Path(run_dir)
     for side, run in (("base", None), ("trained", ".")):
         meta = {"made_by": "train.py", "model": f"{side} (LoRA {'on' if run else 'off'})", "run": run}
-        meta_path(run_dir / f"eval_{side}.jsonl").write_text(json.dumps(meta, indent=2) + "\n")
-        write_jsonl(
-            run_dir / f"eval_{side}.jsonl",
-            [
-                {**r, "completion": c, "scores": s}
-                for r, c, s in zip(rows, result[side], result[f"{side}_scores"])
-            ],
-        )
+        replace_atomically(meta_path(run_dir / f"eval_{side}.jsonl"), json.dumps(meta, indent=2) + "\n")
+        scored = zip(rows, result[side], result[f"{side}_scores"])
+        text = jsonl_text([{**r, "completion": c, "scores": s} for r, c, s in scored])
+        replace_atomically(run_dir / f"eval_{side}.jsonl", text)
     path = run_dir / "eval.json"
-    path.write_text(json.dumps({"n": len(rows), "metrics": result["summary"]}, indent=2))
+    replace_atomically(path, json.dumps({"n": len(rows), "metrics": result["summary"]}, indent=2))
     return path

@@ -131,7 +131,9 @@ def main(cfg: TrainConfig) -> dict:
         t0 = time.perf_counter()
         # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
         idx = order.take(cfg.prompts_per_step)[rank * P_local : (rank + 1) * P_local]
+        lr = sched.get_last_lr()[0]  # the lr of this step's (first) optimizer step, not the next one's
         m = step_fn(run, step, [rows[i] for i in idx], rank * P_local)
+        m["lr"] = lr
         t_step = time.perf_counter() - t0
         m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
         logger.log(m)
@@ -243,7 +245,7 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     m.update(draw_summary(draw, masked if g.mask_truncated else None))  # groups drawn and kept, rounds
     m.update(t_sample=draw.t_sample, t_score=draw.t_score)
     m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))  # judge tokens, seconds, retries, ...
-    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t2)
+    m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t2)
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
         run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, draw.details))
     return m

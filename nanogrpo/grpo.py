@@ -379,6 +379,21 @@ def finalize_stats(totals: dict[str, float]) -> dict[str, float]:
     return out
 
 
+OFF_POLICY = ("clip_low", "clip_high", "clip_dual", "ratio_max")  # what the passes after the first report
+
+
+def later_pass_stats(totals: dict[str, float] | None) -> dict[str, float]:
+    """The clip metrics of the passes after the first (--grpo.num-iterations or --ppo.epochs > 1), from
+    their stats summed over micro-batches, passes and ranks: 'offpolicy/clip_low', '.../clip_high',
+    '.../clip_dual' as fractions of those passes' tokens (the mean over passes), '.../ratio_max' their max.
+    The first pass's ratio is exactly 1, so its clip_* read 0 whatever the clip; these are where clip-higher,
+    the dual clip or CISPO's cap act. {} with one pass."""
+    if totals is None:
+        return {}
+    fin = finalize_stats(totals)
+    return {f"offpolicy/{k}": fin[k] for k in OFF_POLICY if k in fin}
+
+
 def is_max_stat(key: str) -> bool:
     """Stats combined by max over micro-batches and ranks (the rest are sums)."""
     return key.endswith("_max")

@@ -427,7 +427,7 @@ PLOTS = {
     "sampler_gap": ["sampler_abs_diff", "sampler_kl"],
     "length": ["len_mean", "len_max"],
     "len_corr": [],  # every hack/len_corr/<grader>: within-group correlation of score and length
-    "clip": ["clip_low", "clip_high", "frac_zero_std"],
+    "clip": ["clip_low", "clip_high", "frac_zero_std"],  # + offpolicy/*: the passes after the first
     "grad_norm": ["grad_norm"],
     "loss": ["loss"],
     "dpo_rewards": ["reward_chosen", "reward_rejected", "reward_margin"],  # --algo dpo
@@ -436,7 +436,11 @@ PLOTS = {
 }
 
 
-PREFIXES = {"reward": "reward/", "len_corr": "hack/len_corr/"}  # panels that also show every key so prefixed
+PREFIXES = {
+    "reward": "reward/",
+    "len_corr": "hack/len_corr/",
+    "clip": "offpolicy/clip_",
+}  # panels that also show every key so prefixed
 
 
 def _pyplot():

@@ -238,7 +238,8 @@ class Update:
 
     seqs: float  # completions of the step, summed over ranks
     tokens: float  # completion tokens of the step, summed over ranks
-    stats: dict[str, float]  # grpo_loss's stats, summed over micro-batches (the *_max ones maxed)
+    stats: dict[str, float]  # grpo_loss's stats of the first pass, summed over micro-batches (*_max maxed)
+    later: dict[str, float] | None  # the same over the passes after it (None with one pass): off-policy
     entropy: float  # sum over this rank's tokens
     loss: float  # this rank's share of the loss
     grad_norm: float  # before clipping, at the last optimizer step
@@ -269,6 +270,7 @@ def update(
     policy.model.train()
     old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
     stats: dict[str, float] | None = None
+    later: dict[str, float] | None = None  # passes >= 2: where clip-higher, dual-clip and CISPO act
     ent_sum = loss_sum = grad_norm = 0.0
     for it in range(g.num_iterations):
         for k, sl in enumerate(slices):
@@ -285,12 +287,14 @@ def update(
                     sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
                 )  # fmt: skip
                 policy.backward(loss)
-            if it == 0:  # metrics describe the on-policy pass
+            if it == 0:  # metrics describe the on-policy pass; the clip metrics of later passes apart
                 ent_sum += float((ent.detach() * mb.mask).sum())
                 stats = grpo.accumulate_stats(stats, mb_stats)
                 loss_sum += float(loss.detach())
+            else:
+                later = grpo.accumulate_stats(later, mb_stats)
         grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    return Update(counts["seqs"], counts["tokens"], stats, ent_sum, loss_sum, grad_norm)
+    return Update(counts["seqs"], counts["tokens"], stats, later, ent_sum, loss_sum, grad_norm)
 
 
 def entropy_mask(policy: Policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor:

@@ -63,6 +63,17 @@ def reward_summary(roll, reward: torch.Tensor, parts: dict) -> dict:
     }
 
 
+def reduce_stats(stats: dict[str, float] | None) -> dict[str, float] | None:
+    """grpo_loss's stats of this rank (summed over micro-batches) -> over all ranks: sums, and *_max maxed."""
+    if stats is None:
+        return None
+    t = Totals(
+        {k: v for k, v in stats.items() if not grpo.is_max_stat(k)},
+        {k: v for k, v in stats.items() if grpo.is_max_stat(k)},
+    ).reduce()
+    return {**t.sums, **t.maxes}
+
+
 def grpo_summary(
     roll, reward: torch.Tensor, parts: dict, zero_std: torch.Tensor, upd, kl_pen, has_ref
 ) -> dict:
@@ -82,16 +93,13 @@ def grpo_summary(
         .reduce()
         .sums
     )
-    loss_stats = Totals(
-        {k: v for k, v in upd.stats.items() if not grpo.is_max_stat(k)},
-        {k: v for k, v in upd.stats.items() if grpo.is_max_stat(k)},
-    ).reduce()
     m.update({
         "frac_zero_std": s["zero"] / s["groups"],
         "entropy": s["ent"] / upd.tokens,
         "tokens": upd.tokens,
         "loss": s["loss"],
-        **grpo.finalize_stats({**loss_stats.sums, **loss_stats.maxes}),
+        **grpo.finalize_stats(reduce_stats(upd.stats)),
+        **grpo.later_pass_stats(reduce_stats(upd.later)),
     })  # fmt: skip
     # reward hacking: each grader's score against completion length within groups (rewards/diagnostics.py)
     r_rows = [None if x != x else x for x in reward.tolist()]  # NaN: no reward

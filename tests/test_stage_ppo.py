@@ -20,7 +20,7 @@ from train import cli, main
 TINY = PRESETS["tiny"][1]
 PPO_METRICS = (
     "step", "reward", "reward/rouge_l", "reward/consistency", "loss", "pg_loss", "vf_loss", "value_mean",
-    "return_mean", "explained_variance", "clip_frac", "kl", "len_mean", "tokens", "t_sample", "t_score",
+    "return_mean", "explained_variance", "clip_low", "kl", "len_mean", "tokens", "t_sample", "t_score",
     "grad_norm", "lr", "t_train",
 )  # fmt: skip
 
@@ -175,7 +175,10 @@ def test_ppo_update_lowers_the_value_loss_on_a_fixed_batch(tmp_path, value_clip)
     else:
         floor = 0.5 * float(((returns - value_clip).clamp(min=0) ** 2).sum() / mask.sum())
         assert min(v) >= floor - 1e-6 and v[-1] < 0.8 * v[0] and upd.metrics["vf_clip_frac"] > 0, v
-    assert upd.metrics["clip_frac"] > 0  # later epochs are off-policy: the surrogate clips
+    off = upd.metrics["offpolicy/clip_low"] + upd.metrics["offpolicy/clip_high"]
+    assert (
+        off > 0 and upd.metrics["clip_low"] == upd.metrics["clip_high"] == 0
+    )  # later epochs clip, not the 1st
 
 
 # ----------------------------------------------------------------------------- the config checks

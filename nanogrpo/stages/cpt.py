@@ -80,7 +80,7 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     loss = dist.sum_floats({"l": upd.loss})["l"]  # each rank holds its share of the step's mean
     m = {"step": step + 1, "loss": loss, "ppl": math.exp(loss) if loss < 700 else float("inf")}
     m.update(t_sample=0.0, t_score=0.0, tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
-    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
+    m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t1)
     return m
 
 

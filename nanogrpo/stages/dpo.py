@@ -67,7 +67,7 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     n = tot["pairs"]
     m = {"step": step + 1, "loss": tot["loss"] / n, **{k: tot[k] / n for k in _MEANS}}
     m.update(tokens=tot["tokens"], len_mean=tot["tokens"] / (2 * n), t_sample=0.0, t_score=0.0)
-    m.update(grad_norm=grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
+    m.update(grad_norm=grad_norm, t_train=time.perf_counter() - t1)
     return m
 
 

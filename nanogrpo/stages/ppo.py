@@ -44,7 +44,7 @@ from ..config import TrainConfig
 from ..logprobs import Batch, completion_logprobs, micro_slices
 from ..policy import Policy, in_slices
 from ..rollout import rollout
-from ..summary import Totals, reward_summary, sample_groups
+from ..summary import Totals, reduce_stats, reward_summary, sample_groups
 from . import Run
 
 
@@ -84,7 +84,7 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
         m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
     m.update(t_sample=roll.seconds, t_score=t_score)
     m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))  # judge tokens, seconds, retries, ...
-    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t2)
+    m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t2)
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
         n_tok = mask.sum(1).clamp(min=1)  # (N,)
         adv_seq = ((adv * mask).sum(1) / n_tok).cpu()  # (N,) a completion's mean token advantage
@@ -194,7 +194,7 @@ class PPOUpdate:
 
     seqs: float  # completions of the step, all ranks
     tokens: float  # completion tokens of the step, all ranks
-    metrics: dict  # loss, pg_loss, vf_loss, clip_frac, vf_clip_frac, kl, entropy, ...
+    metrics: dict  # loss, pg_loss, vf_loss, clip_*, offpolicy/clip_*, vf_clip_frac, kl, entropy, ...
     vf_losses: list[float]  # the value loss of each epoch (all ranks): it falls as the head fits
     grad_norm: float  # before clipping, at the last optimizer step
 
@@ -231,8 +231,9 @@ def ppo_update(
     """--ppo.epochs passes over the batch, micro-batch by micro-batch, each pass ended by an optimizer step:
     grpo_loss's clipped surrogate on the per-token advantages (N, Tc) + vf_coef * value_loss.
 
-    loss, pg_loss, vf_loss, kl and entropy describe the first (on-policy) pass, as GRPO's do; clip_frac
-    and vf_clip_frac are over all passes (the first pass's ratio is 1, so it never clips)."""
+    loss, pg_loss, vf_loss, kl, entropy, clip_low and clip_high describe the first (on-policy) pass, and
+    offpolicy/clip_* and offpolicy/ratio_max the passes after it, as GRPO's do (grpo.later_pass_stats);
+    vf_clip_frac is over all passes (the first pass's values are the old ones, so it never clips)."""
     g, p, temp = cfg.grpo, cfg.ppo, cfg.sampling.temperature
     slices = micro_slices(len(batch), cfg.micro_batch)
     counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
@@ -240,8 +241,9 @@ def ppo_update(
     policy.model.train()
     old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the first pass's log-probs: pi_old of the ratio
     first: dict[str, float] | None = None  # grpo_loss's stats of the first pass, summed over micro-batches
+    later: dict[str, float] | None = None  # the same over the later (off-policy) passes
     ent_sum = loss_sum = vf_first = grad_norm = 0.0
-    clip_sum = vf_clip_sum = 0.0  # over all passes
+    vf_clip_sum = 0.0  # over all passes
     vf_losses: list[float] = []
     for it in range(p.epochs):
         vf_pass = 0.0
@@ -262,18 +264,19 @@ def ppo_update(
                 loss = pg + p.vf_coef * vf
                 policy.backward(loss)
             vf_pass += float(vf_stats["vf_loss"])
-            clip_sum += float(stats["clip_low"] + stats["clip_high"])
             vf_clip_sum += float(vf_stats["vf_clipped"])
-            if it == 0:  # metrics describe the on-policy pass
+            if it == 0:  # metrics describe the on-policy pass; the clip metrics of later passes apart
                 first = grpo.accumulate_stats(first, stats)
                 ent_sum += float((ent.detach() * mb.mask).sum())
                 loss_sum += float(loss.detach())
                 vf_first += float(vf_stats["vf_loss"])
+            else:
+                later = grpo.accumulate_stats(later, stats)
         vf_losses.append(dist.sum_floats({"v": vf_pass})["v"])
         grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
     assert first is not None
     sums = Totals(
-        {"loss": loss_sum, "vf": vf_first, "ent": ent_sum, "clip": clip_sum, "vf_clip": vf_clip_sum,
+        {"loss": loss_sum, "vf": vf_first, "ent": ent_sum, "vf_clip": vf_clip_sum,
          **{k: v for k, v in first.items() if not grpo.is_max_stat(k)}},
         {k: v for k, v in first.items() if grpo.is_max_stat(k)},
     ).reduce()  # fmt: skip
@@ -283,9 +286,11 @@ def ppo_update(
         "loss": s["loss"],
         "pg_loss": fin["pg_loss"],
         "vf_loss": s["vf"],
-        "clip_frac": s["clip"] / passes,
+        "clip_low": fin["clip_low"],
+        "clip_high": fin["clip_high"],
         "vf_clip_frac": s["vf_clip"] / passes,
         "ratio_max": fin["ratio_max"],
+        **grpo.later_pass_stats(reduce_stats(later)),
         "kl": fin["kl"],  # k3 per token, pi_old against the reference (0 without one: replaced by None)
         "entropy": s["ent"] / n_tok,
         "tokens": counts["tokens"],

@@ -35,7 +35,7 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     m = {"step": step + 1, "loss": dist.sum_floats({"l": upd.loss})["l"], "t_sample": 0.0, "t_score": 0.0}
     m.update(tokens=upd.tokens, len_mean=upd.tokens / run.cfg.prompts_per_step)
     m["truncated"] = dist.sum_floats({"cut": float(cut)})["cut"] / run.cfg.prompts_per_step
-    m.update(grad_norm=upd.grad_norm, lr=run.sched.get_last_lr()[0], t_train=time.perf_counter() - t1)
+    m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t1)
     return m
 
 
@@ -62,4 +62,4 @@ def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Up
             policy.backward(loss)
         loss_sum += loss.item()
     grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    return Update(float(len(batch)), n_tok, {}, 0.0, loss_sum, grad_norm)
+    return Update(float(len(batch)), n_tok, {}, None, 0.0, loss_sum, grad_norm)

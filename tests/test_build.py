@@ -498,6 +498,16 @@ def test_baselines_share(tmp_path, method, share):
         assert "the" not in out[0]["key_points"][0] and "warfarin" in out[0]["key_points"][0]
 
 
+def test_tfidf_keywords_are_content_words_on_a_small_file(tmp_path):
+    """On two references idf cannot discount 'the' (it is in one of them only): by tf-idf alone the
+    frequent function words win; they now rank after the content words (--no-stop-words: as before)."""
+    refs = ["the fever and the rash of the child the the", "warfarin dose"]
+    src = str(write_rows(tmp_path / "in.jsonl", [{"prompt": "q", "reference": r} for r in refs]))
+    for flag, want in (([], ["fever", "rash", "child"]), (["--no-stop-words"], ["the", "fever", "and"])):
+        main(["baseline", src, "--out", str(tmp_path / "out.jsonl"), "--share", "0.3", *flag])
+        assert read_out(tmp_path / "out.jsonl")[0]["key_points"] == [want], flag
+
+
 # ----------------------------------------------------------------------------- the protocol, any server
 
 PROTOCOL_ROWS = [

@@ -6,7 +6,10 @@ reference. Here a row's keywords are distinct single words of its reference (the
 
 - tfidf: the k words with the highest tf-idf, tf = count in the reference / its words, idf = ln((1 + N)
   / (1 + df)) + 1 over the N references of the file (scikit-learn's smoothed idf, written out: nanogrpo
-  does not depend on scikit-learn); ties go to the earlier word;
+  does not depend on scikit-learn); ties go to the earlier word. English function words (STOP_WORDS: "the",
+  "and", "of", ...) come after every other word: on a small file idf cannot tell them from content (a word
+  of one reference has the top idf whatever it is), so a frequent "the" won. They fill k only when the
+  reference has fewer content words (--no-stop-words ranks them as any word, as scikit-learn's default);
 - random: k distinct words drawn uniformly, seeded by --seed and the row's id (the same on any rerun).
 
 The row gets one key point, the chosen words in the order they first occur in the reference:
@@ -45,6 +48,20 @@ class BaselineArgs:
     """Seed of the random picks."""
     limit: int = 0
     """Only the first N rows (0 = all)."""
+    stop_words: bool = True
+    """tfidf: English function words (STOP_WORDS) rank after every content word."""
+
+
+# English function words: articles, pronouns, auxiliaries, prepositions, conjunctions (tfidf's last picks)
+STOP_WORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has have having
+    he her here hers herself him himself his how i if in into is it its itself just me more most my myself
+    no nor not now of off on once only or other our ours ourselves out over own same she should so some such
+    than that the their theirs them themselves then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours yourself
+    yourselves""".split()
+)
 
 
 def idf(docs: list[list[str]]) -> dict[str, float]:
@@ -54,8 +71,10 @@ def idf(docs: list[list[str]]) -> dict[str, float]:
     return {w: math.log((1 + n) / (1 + c)) + 1 for w, c in df.items()}
 
 
-def pick(tokens: list[str], k: int, method: str, weights: dict[str, float], rng: random.Random) -> list[str]:
-    """k distinct words of `tokens`, in the order they first occur there."""
+def pick(
+    tokens: list[str], k: int, method: str, weights: dict[str, float], rng: random.Random, stop=frozenset()
+) -> list[str]:
+    """k distinct words of `tokens`, in the order they first occur there; tfidf ranks `stop` words last."""
     first: dict[str, int] = {}
     for i, w in enumerate(tokens):
         first.setdefault(w, i)
@@ -63,7 +82,8 @@ def pick(tokens: list[str], k: int, method: str, weights: dict[str, float], rng:
     k = min(k, len(distinct))
     if method == "tfidf":
         tf = Counter(tokens)
-        chosen = sorted(distinct, key=lambda w: (-tf[w] / len(tokens) * weights[w], first[w]))[:k]
+        rank = lambda w: (w in stop, -tf[w] / len(tokens) * weights[w], first[w])  # noqa: E731
+        chosen = sorted(distinct, key=rank)[:k]
     else:
         chosen = rng.sample(distinct, k)
     return sorted(chosen, key=first.__getitem__)
@@ -85,7 +105,9 @@ def run(args: BaselineArgs) -> dict[str, Any]:
             rejects.add(row, "no reference with words: give 'reference' (a string) or 'references'")
             continue
         seed = hashlib.sha256(f"{args.seed}:{row.get('id')}".encode()).hexdigest()
-        kws = pick(tokens, max(1, round(args.share * len(tokens))), args.method, weights, random.Random(seed))
+        stop = STOP_WORDS if args.stop_words else frozenset()
+        k = max(1, round(args.share * len(tokens)))
+        kws = pick(tokens, k, args.method, weights, random.Random(seed), stop)
         shares.append(len(kws) / len(tokens))
         written.append({**io.clean(row), "key_points": [kws]})
     io.write_jsonl(args.out, written)

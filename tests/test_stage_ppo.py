@@ -266,3 +266,23 @@ def test_study_commands_parse_and_its_summary_and_plot_work_on_fake_curves(tmp_p
     table = study.markdown(rows, tail=2)
     assert table.count("\n") == 4 and "| PPO lr 0.0001 KL 0.05 | 2 |" in table and "1/2" in table
     assert study.plot(results, tmp_path / "img" / "p.png").stat().st_size > 1000
+
+
+def test_study_plot_goes_to_its_out_folder_not_into_docs(tmp_path, monkeypatch):
+    from nanogrpo.lab import ppo_vs_grpo as study
+
+    figure = study.TRAIN_PY.parent / "docs" / "img" / "ppo_vs_grpo.png"
+    before = figure.stat().st_mtime_ns if figure.exists() else None
+    curves = {k: [0.1, 0.2, 0.3] for k in study.CURVES}
+    fake_runs = lambda cells, out, shape, threads: [  # noqa: E731  (no train.py: the plot is the subject)
+        {"cell": asdict(c), "curves": curves, "wall_s": 1.0} for c in cells
+    ]
+    monkeypatch.setattr(study, "run_cells", fake_runs)
+    monkeypatch.chdir(tmp_path)  # a relative docs/img/... would land here
+    flags = ["--lrs", "1e-4", "--kls", "0.05", "--seeds", "0", "--steps", "3"]
+    study.main([*flags, "--out", "study"])
+    assert (tmp_path / "study" / "ppo_vs_grpo.png").stat().st_size > 1000
+    assert not (tmp_path / "docs").exists()
+    assert (figure.stat().st_mtime_ns if figure.exists() else None) == before
+    study.main([*flags, "--out", "study", "--plot", "docs/img/ppo_vs_grpo.png"])  # by name only
+    assert (tmp_path / "docs" / "img" / "ppo_vs_grpo.png").is_file()

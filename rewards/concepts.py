@@ -17,7 +17,8 @@ The vocabulary is --reward.concepts-vocab: TSV ('term<TAB>id', '#' comments, an 
 header, extra columns ignored) or JSON ({"term": "id"} or {"id": ["term", ...]}); the first id given
 to a term wins. Without one, a small hand-written DEMO vocabulary (rewards/data/demo_concepts.tsv,
 not UMLS) is used, with a warning. --reward.concepts-backend scispacy runs seed 002's pipeline when
-scispacy and a UMLS linker are installed (optional; not a dependency of nanogrpo).
+scispacy, a scispaCy model and the UMLS linker's data are installed (optional, not a dependency of
+nanogrpo; the model and the ~1 GB linker data come from scispaCy's own server, not from PyPI).
 """
 
 from __future__ import annotations
@@ -114,21 +115,54 @@ def concept_f1(gen: set[str], ref: set[str]) -> float | None:
 
 
 class _SciSpacy:
-    """Seed 002's extractor: scispaCy entities linked to UMLS CUIs (top candidate of each entity)."""
+    """Seed 002's extractor: scispaCy entities linked to UMLS CUIs (top candidate of each entity).
+
+    Needs, besides nanogrpo: `pip install scispacy` (PyPI), a scispaCy model such as en_core_sci_sm, which
+    is not on PyPI (its release archive is listed in scispaCy's README), and the UMLS linker's knowledge
+    base, about 1 GB that scispaCy downloads into ~/.scispacy (or $SCISPACY_CACHE) the first time the
+    linker is built. docs/GRADERS.md has the steps.
+    """
 
     def __init__(self, model: str):
         try:
+            import scispacy.abbreviation  # noqa: F401  (registers the 'abbreviation_detector' pipe)
             import scispacy.linking  # noqa: F401  (registers the 'scispacy_linker' pipe)
             import spacy
         except ImportError:
             raise ValueError(
-                "--reward.concepts-backend scispacy needs scispacy and a spaCy model: "
-                "pip install scispacy and the model wheel (e.g. en_core_sci_sm); or use the default 'vocab' backend"
+                "--reward.concepts-backend scispacy needs scispacy and a spaCy model: pip install scispacy, "
+                "then the model's archive (e.g. en_core_sci_sm, listed in scispaCy's README; it is not on "
+                "PyPI); or use the default 'vocab' backend"
             ) from None
-        self.nlp = spacy.load(model)
-        self.nlp.add_pipe("scispacy_linker", config={"resolve_abbreviations": True, "linker_name": "umls"})
+        try:
+            self.nlp = spacy.load(model)
+        except OSError as e:  # spaCy's E050: no installed package or folder of that name
+            raise ValueError(
+                f"--reward.concepts-scispacy-model {model!r} does not load ({e}); install the model's archive "
+                "listed in scispaCy's README (pip install <url of en_core_sci_sm-VERSION.tar.gz>) or give the "
+                "folder of an unpacked spaCy model"
+            ) from None
+        # resolve_abbreviations reads the detector's long forms ('MI' after 'myocardial infarction (MI)');
+        # without the detector in the pipeline it does nothing
+        self.nlp.add_pipe("abbreviation_detector")
+        try:
+            self.nlp.add_pipe(
+                "scispacy_linker", config={"resolve_abbreviations": True, "linker_name": "umls"}
+            )
+        except OSError as e:  # requests' errors are OSErrors: no network, or a server that refused
+            raise ValueError(
+                f"the scispaCy UMLS linker could not get its knowledge base ({e}): it downloads about 1 GB "
+                "into ~/.scispacy (or $SCISPACY_CACHE) on first use, so run once where the network reaches "
+                "scispaCy's release server, or use --reward.concepts-backend vocab with a UMLS vocabulary "
+                "file (docs/GRADERS.md)"
+            ) from None
 
     def batch(self, texts: list[str]) -> list[set[str]]:
+        if not texts:  # every reference already cached: no pipeline call
+            return []
+        # spaCy refuses a text longer than nlp.max_length (1,000,000 characters by default): cut it there
+        texts = [t[: self.nlp.max_length] for t in texts]
+        # kb_ents: the linker's (CUI, score) candidates above its threshold, best first; [] when none passes
         return [{e._.kb_ents[0][0] for e in doc.ents if e._.kb_ents} for doc in self.nlp.pipe(texts)]
 
 

@@ -131,3 +131,35 @@ def test_command_line_train_and_eval(tiny_model_dir, tmp_path):
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report["accuracy"] >= 0.9 and {"macro_f1", "pairwise_accuracy"} <= report.keys()
     assert "RuntimeWarning" not in res.stderr
+
+
+def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, capsys):
+    from nanogrpo import probe as nanogrpo_probe
+    from rewards import local_client
+    from rewards.probe.cli import main as rewards_main
+
+    monkeypatch.setattr(local_client, "_backend", None)  # whatever other tests registered
+    data, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in synthetic(64, 7)))
+    test.write_text("".join(json.dumps(r) + "\n" for r in synthetic(24, 8)))
+    out = tmp_path / "probe"
+    # rewards alone knows no names: refused before any model loads, with the way to run it
+    with pytest.raises(SystemExit) as e:
+        rewards_main(["train", "--data", str(data), "--model", "tiny", "--out", str(out)])
+    assert e.value.code == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "--model 'tiny'" in err and "python -m nanogrpo.probe" in err and len(err.splitlines()) == 1
+
+    nanogrpo_probe.main(
+        ["train", "--data", str(data), "--model", "tiny", "--out", str(out), "--batch-size", "32"]
+    )
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert trained["out"] == str(out) and json.loads((out / "probe.json").read_text())["model"] == "tiny"
+    nanogrpo_probe.main(["eval", "--data", str(test), "--probe", str(out), "--batch-size", "32"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["accuracy"] >= 0.9 and {"macro_f1", "pairwise_accuracy"} <= report.keys()
+
+    monkeypatch.setattr(local_client, "_backend", None)  # the probe names 'tiny': rewards alone says how
+    with pytest.raises(SystemExit):
+        rewards_main(["eval", "--data", str(test), "--probe", str(out)])
+    assert "python -m nanogrpo.probe" in capsys.readouterr().err

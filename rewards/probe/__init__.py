@@ -5,8 +5,9 @@ Yes/No prompt (rewards.rubric.criterion_messages, through the LM's chat template
 state of the last non-padding token at one layer, and applies a logistic classifier to it:
 P(criterion met) = sigmoid(w . (h - mean) / std + b). The LM stays frozen; only w and b are trained.
 
-    python -m rewards.probe train --data labels.jsonl --model smollm2 --out probes/science
+    python -m rewards.probe train --data labels.jsonl --model /models/lm --out probes/science
     python -m rewards.probe eval --data test.jsonl --probe probes/science
+    python -m nanogrpo.probe train --data labels.jsonl --model smollm2 --out probes/science   # a name
 
 labels.jsonl rows: {"prompt", "response", "criterion", "label": 0|1} (or {"text", "label"} for any
 text), optional "split" ("train" / "dev"; otherwise a seeded split by question) and "group" (rows
@@ -17,8 +18,9 @@ log-loss; threshold: highest dev macro-F1). Departures: features are standardise
 mean and std, and the fit is a full-batch L-BFGS with a small L2 penalty (float64) rather than SGD.
 Hidden states come from transformers (`output_hidden_states`) on the same model folder the local
 judge loads, since a judge's model returns only the last layer. A model name ('tiny', 'smollm2') is
-resolved by the backend registered in rewards.local_client (nanogrpo registers one); without one,
-`--model` is a folder.
+resolved by the backend registered in rewards.local_client: nanogrpo registers one in train.py, eval.py
+and `python -m nanogrpo.probe` (the same command line as `python -m rewards.probe`, rewards/probe/cli.py);
+without one a model is a folder.
 """
 
 from __future__ import annotations

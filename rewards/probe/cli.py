@@ -1,0 +1,80 @@
+"""Command line of the probes: `train` and `eval`, run by `python -m rewards.probe` (model folders) and
+`python -m nanogrpo.probe` (also nanogrpo's model names).
+
+rewards/ imports nothing of nanogrpo, so a model name such as 'tiny' or 'smollm2' resolves only through
+the backend registered in rewards.local_client; `python -m nanogrpo.probe` registers nanogrpo's and then
+runs `main` below, with the same subcommands and flags. Without a backend `--model` must be a folder,
+and a name is refused with that fix before anything loads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+import tyro
+
+from rewards.probe import Probe, evaluate_probe, read_rows, train_probe
+
+NAMES = "python -m nanogrpo.probe takes the same flags and the model names train.py takes ('tiny', 'smollm2')"
+
+
+def check_model(model: str, flag: str) -> None:
+    """ValueError with the fix when `model` is neither a folder nor a name the registered backend knows."""
+    from rewards.local_client import resolve_model
+
+    try:
+        resolve_model(model)
+    except ValueError as e:
+        raise ValueError(f"{flag} {model!r}: {e}; or run it through nanogrpo: {NAMES}") from None
+
+
+def train(
+    data: str, model: str, out: str = "probe", dev_frac: float = 0.2, seed: int = 0, l2: float = 1e-3,
+    batch_size: int = 8, device: str = "cpu", max_len: int = 2048,
+) -> None:  # fmt: skip
+    """Train a linear probe on a frozen LM's last-token hidden state; save it (safetensors + JSON).
+
+    Args:
+        data: labels.jsonl: {"prompt", "response", "criterion", "label"} (or {"text", "label"}) per line.
+        model: HF model folder of the frozen LM; through `python -m nanogrpo.probe` also 'tiny' or 'smollm2'.
+        out: Folder to write probe.safetensors and probe.json into.
+        dev_frac: Share of the questions held out to choose the layer and the threshold (rows without 'split').
+        seed: Seed of the train/dev split.
+        l2: L2 penalty on the probe's weights.
+        batch_size: Texts per forward pass.
+        device: 'cpu' or 'cuda'.
+        max_len: Longest input in tokens (longer ones keep their end).
+    """
+    rows = read_rows(data)
+    check_model(model, "--model")  # before the model loads
+    probe = train_probe(rows, model, dev_frac=dev_frac, seed=seed, l2=l2, batch_size=batch_size,
+                        device=device, max_len=max_len)  # fmt: skip
+    probe.save(out)
+    m = probe.meta
+    print(json.dumps({"out": out, "layer": m["layer"], "threshold": m["threshold"], "dev": m["dev"]}))
+
+
+def eval(data: str, probe: str, batch_size: int = 8, device: str = "cpu") -> None:  # noqa: A001
+    """Report a probe's accuracy, macro-F1 and pairwise accuracy on labelled rows (one JSON line).
+
+    Args:
+        data: labels.jsonl in the training format.
+        probe: Folder written by `train` (its LM is the model it was trained on, a folder or a name).
+        batch_size: Texts per forward pass.
+        device: 'cpu' or 'cuda'.
+    """
+    p = Probe.load(probe)
+    rows = read_rows(data)
+    check_model(p.meta["model"], f"the probe {probe}'s model")
+    print(json.dumps(evaluate_probe(p, rows, batch_size, device)))
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m rewards.probe") -> None:
+    """Parse the subcommand and its flags and run it; bad data or flags exit 2 with one line."""
+    try:
+        tyro.extras.subcommand_cli_from_dict({"train": train, "eval": eval}, prog=prog, args=argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

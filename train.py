@@ -30,6 +30,7 @@ from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
+from nanogrpo.eval.during import HeldOutEval
 from nanogrpo.heap import keep_freed_memory
 from nanogrpo.memory import fit_to_memory
 from nanogrpo.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
@@ -118,6 +119,8 @@ def main(cfg: TrainConfig) -> dict:
                 print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
 
     run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
+    evaluator = HeldOutEval(cfg, policy, device)  # --eval-every: held-out scores (nanogrpo/eval/during.py)
+    evaluator.start(logger, step0)  # step 0, before any update: a metrics.jsonl line of its own
     step_fn = STAGES[cfg.algo]  # a training stage is a step function (nanogrpo/stages/)
     P_local = cfg.prompts_per_step // world
     bar = tqdm(
@@ -136,6 +139,7 @@ def main(cfg: TrainConfig) -> dict:
         m["lr"] = lr
         t_step = time.perf_counter() - t0
         m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
+        m.update(evaluator(step + 1))  # {} unless --eval-every is due; logged in this step's line
         logger.log(m)
         if bad := {k: m[k] for k in ("loss", "grad_norm") if k in m and not math.isfinite(m[k])}:
             logger.close()

@@ -279,7 +279,19 @@ class TrainConfig:
     log_samples_every: int = 5
     """Write the step's groups to samples.jsonl every k steps."""
     eval_prompts: int = 0
-    """Held-out prompts for the final base-vs-trained comparison (0 = skip)."""
+    """Held-out prompts for the final base-vs-trained comparison, and for --eval-every (0 = skip)."""
+    eval_every: int = 0
+    """Held-out evaluation during training: at step 0 (before any update: for a full fine-tune, the base
+    model), every K steps and after the last one, greedy answers to --eval-prompts rows of --data.eval (or
+    the demo task's held-out split) scored with the training graders, logged as eval/* in metrics.jsonl
+    (docs/EVAL.md). 0 = off."""
+    eval_samples: int = 0
+    """With --eval-every: also k sampled completions per held-out prompt at --sampling.temperature, logged
+    as eval/pass@k (the fraction of prompts with a completion whose reward is >= --eval-pass-threshold) and
+    eval/avg@k (the mean reward). 0 = greedy only."""
+    eval_pass_threshold: float = 1.0
+    """The reward at or above which a sampled completion passes, for eval/pass@k (1.0: a perfect score when
+    the reward's weights sum to 1, e.g. an exact-match grader alone)."""
     wandb: str = ""
     """W&B project name ('' = off)."""
     tensorboard: bool = False
@@ -331,6 +343,7 @@ def check_config(cfg: TrainConfig) -> None:
         from .attention import check_flash
 
         check_flash(cfg.model.device, cfg.model.dtype)
+    _check_eval_every(cfg)
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return
@@ -369,6 +382,39 @@ def check_config(cfg: TrainConfig) -> None:
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
     _check_loss_variants(g)
+
+
+def _check_eval_every(cfg: TrainConfig) -> None:
+    """--eval-every, --eval-samples: what the evaluation during training needs, checked before any model
+    loads (a run must not train for hours to find its held-out set missing)."""
+    if cfg.eval_every < 0 or cfg.eval_samples < 0:
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} / --eval-samples {cfg.eval_samples}: both must be >= 0 (0 = off)"
+        )
+    if cfg.eval_every == 0:
+        if cfg.eval_samples > 0:
+            raise ValueError(
+                f"--eval-samples {cfg.eval_samples} samples at each evaluation of --eval-every, which is off: "
+                "add --eval-every K (e.g. 10), or drop --eval-samples"
+            )
+        return
+    if cfg.eval_prompts <= 0:
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} evaluates --eval-prompts held-out rows, and --eval-prompts is "
+            f"{cfg.eval_prompts}: add --eval-prompts N (e.g. 100), or drop --eval-every"
+        )
+    if not cfg.data.eval and cfg.data.train != "demo":  # the demo task has a held-out split of its own
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} needs held-out rows and --data.train {cfg.data.train} has no "
+            "held-out split: add --data.eval FILE (rows in the training format, never trained on), or drop "
+            "--eval-every"
+        )
+    if cfg.eval_samples > 0 and not cfg.sampling.temperature > 0:
+        raise ValueError(
+            f"--eval-samples {cfg.eval_samples} samples at --sampling.temperature "
+            f"{cfg.sampling.temperature}, which is greedy: k identical answers; set a temperature > 0, or "
+            "drop --eval-samples (the greedy scores are logged anyway)"
+        )
 
 
 def _check_ppo(cfg: TrainConfig) -> None:

@@ -433,6 +433,7 @@ PLOTS = {
     "dpo_rewards": ["reward_chosen", "reward_rejected", "reward_margin"],  # --algo dpo
     "dpo_logp": ["logp_chosen", "logp_rejected"],
     "value": ["vf_loss", "explained_variance"],  # --algo ppo
+    "eval": [],  # --eval-every: every eval/* (held-out greedy means, pass@k, avg@k), at step 0 and every K
 }
 
 
@@ -440,6 +441,7 @@ PREFIXES = {
     "reward": "reward/",
     "len_corr": "hack/len_corr/",
     "clip": "offpolicy/clip_",
+    "eval": "eval/",
 }  # panels that also show every key so prefixed
 
 
@@ -460,7 +462,6 @@ def plot_metrics(out_dir: Path) -> list[Path]:
     rows = read_jsonl(out_dir / "metrics.jsonl")
     if not rows:
         return []
-    steps = [r["step"] for r in rows]
     written = []
     for name, keys in PLOTS.items():
         if name in PREFIXES:
@@ -470,10 +471,14 @@ def plot_metrics(out_dir: Path) -> list[Path]:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for k in keys:
-            ys = [r.get(k) if r.get(k) is not None else float("nan") for r in rows]
-            ax.plot(steps, ys, label=k, lw=2 if k == "reward" else 1)
-            if k == "reward" and all(r.get("reward_std") is not None for r in rows):
-                sd = [r["reward_std"] for r in rows]
+            # each curve over the lines that log its key: eval/* comes every K steps, and step 0's line
+            # (--eval-every) holds nothing else; a null value stays a gap
+            has = [r for r in rows if k in r]
+            steps = [r["step"] for r in has]
+            ys = [r[k] if r[k] is not None else float("nan") for r in has]
+            ax.plot(steps, ys, label=k, lw=2 if k == "reward" else 1, marker="o" if name == "eval" else None)
+            if k == "reward" and all(r.get("reward_std") is not None for r in has):
+                sd = [r["reward_std"] for r in has]
                 ax.fill_between(
                     steps, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15
                 )

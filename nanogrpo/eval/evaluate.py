@@ -1,8 +1,9 @@
 """Held-out evaluation: generate completions, score them, and compare two systems on the same rows.
 
 eval.py is the command line over these functions; train.py calls `base_vs_trained` at the end of a run
-(the same model with LoRA disabled is the base) and `save_eval` to keep the result in the run folder.
-Pairwise judging and Elo live in nanogrpo/eval/pairwise.py.
+(the same model with LoRA disabled is the base) and `save_eval` to keep the result in the run folder, and
+--eval-every calls `answer_and_score` during training (nanogrpo/eval/during.py). Pairwise judging and Elo
+live in nanogrpo/eval/pairwise.py.
 
 Scores per row (seed 002): EM, token F1 and SeqM against the row's reference(s), plus any graders of
 rewards/ by name (ROUGE-L by default). A metric that does not apply to a row (no reference, a grader's
@@ -86,10 +87,18 @@ def generate_completions(
     stop: Sequence[str] = (),
     system_prompt: str = "",
     seed: int = 0,
+    seeds: Sequence[int] | None = None,
+    autocast: Any = None,
     progress: bool = True,
-) -> list[list[str]]:
+    return_lengths: bool = False,
+) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
     """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
-    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text)."""
+    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
+
+    `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
+    rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a
+    float32 model's compute dtype (sampling.generate). `return_lengths`: also each completion's token count,
+    as the trainer counts it (the token that ended it included)."""
     import torch
     from tqdm import tqdm
 
@@ -106,9 +115,12 @@ def generate_completions(
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     out: list[list[str]] = [[] for _ in rows]
+    lengths: list[list[int]] = [[] for _ in rows]
     bar = tqdm(total=len(rows), desc="generate", unit="prompt", disable=not progress)
     for s in range(0, len(order), batch_size):
         idx = order[s : s + batch_size]
+        if seeds is not None:
+            gen = [torch.Generator(device=device).manual_seed(seeds[i]) for i in idx]
         with torch.no_grad():
             g = generate(
                 model,
@@ -123,13 +135,15 @@ def generate_completions(
                 tokenizer=tokenizer,
                 generator=gen,
                 pad_id=pad_id,
+                autocast=autocast,
             )
         # the training loop's decoding rule: a completion that hit a stop string ends right after it
-        for r, text in enumerate(g.texts(tokenizer, stop)):
+        for r, (text, n) in enumerate(zip(g.texts(tokenizer, stop), g.lengths.tolist())):
             out[idx[r // num_samples]].append(text)
+            lengths[idx[r // num_samples]].append(n)
         bar.update(len(idx))
     bar.close()
-    return out
+    return (out, lengths) if return_lengths else out
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -143,11 +157,17 @@ def score_rows(
     reward_cfg: Any = None,
     target: str = "reference",
     path: str = "data",
+    reward_fn: Any = None,
+    tokens: Sequence[int] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> list[dict[str, float | None]]:
     """Per row {metric: score or None}: em, f1, seqm against the row's references, then each grader.
 
     `completions` defaults to each row's 'completion'. `graders` is a comma list of rewards/ grader names
     ('' = none); None means the metric does not apply to that row (no reference, or the grader says so).
+    `reward_fn` (a built rewards.RewardFunction) grades instead of `graders`: each of its graders, and
+    'reward', the weighted reward it blends of them. `tokens` and `groups` are what its graders read as
+    each completion's token count and its prompt's group (see `grade_batch`).
     """
     texts = [str(r.get("completion", "")) for r in rows] if completions is None else list(completions)
     assert len(texts) == len(rows), f"{len(texts)} completions for {len(rows)} rows"
@@ -155,7 +175,12 @@ def score_rows(
     for row, text in zip(rows, texts):
         refs = references(row, target)
         out.append({m: (fn(text, refs) if refs else None) for m, fn in ANSWER_METRICS.items()})
-    for name, vals in grade(rows, texts, graders, reward_cfg, path).items():
+    if reward_fn is not None:
+        total, parts = grade_batch(reward_fn, rows, texts, path, tokens, groups)
+        graded = {**parts, "reward": total}
+    else:
+        graded = grade(rows, texts, graders, reward_cfg, path)
+    for name, vals in graded.items():
         for d, v in zip(out, vals):
             d[name] = v
     return out
@@ -172,20 +197,42 @@ def grade(
     names = [n for n, _ in parse_spec(spec)] if spec.strip() else []
     if not names:
         return {}
-    from rewards.base import Sample
     from rewards.options import RewardConfig
 
     cfg = replace(reward_cfg or RewardConfig(), spec=",".join(f"{n}:1" for n in names))
-    fn = rewards.build_reward(cfg)
-    fn.validate(rows, path)
-    batch = [
-        Sample(prompt=prompt_text(r.get("prompt", "")), completion=t, group=i, row=r)
-        for i, (r, t) in enumerate(zip(rows, texts))
-    ]
-    _, components = fn(batch)
     # with --reward.tasks a row is graded by its own task's mix: those graders' components come too, and
     # task/<name>, the total reward of that task's rows (None on other rows)
-    return {n: list(v) for n, v in components.items()}
+    return grade_batch(rewards.build_reward(cfg), rows, texts, path)[1]
+
+
+def grade_batch(
+    fn: Any,
+    rows: Sequence[dict],
+    texts: Sequence[str],
+    path: str = "data",
+    tokens: Sequence[int] | None = None,
+    groups: Sequence[int] | None = None,
+) -> tuple[list[float | None], dict[str, list[float | None]]]:
+    """A built reward function's (rewards, {grader: scores}) of these completions, the rows validated first.
+
+    `tokens`: each completion's token count (what the overlong grader reads; None: it does not apply).
+    `groups`: each completion's prompt group (what group-wise options such as --reward.aggregate
+    normalize-then-sum read); by default every row is a group of its own."""
+    from rewards.base import Sample
+
+    fn.validate(rows, path)
+    batch = [
+        Sample(
+            prompt=prompt_text(r.get("prompt", "")),
+            completion=t,
+            group=i if groups is None else groups[i],
+            row=r,
+            tokens=None if tokens is None else tokens[i],
+        )
+        for i, (r, t) in enumerate(zip(rows, texts))
+    ]
+    total, components = fn(batch)
+    return list(total), {n: list(v) for n, v in components.items()}
 
 
 def summarise(scores: Sequence[dict[str, float | None]], n_resamples: int = 10_000, seed: int = 0) -> dict:
@@ -306,6 +353,19 @@ def samples_summary(
         },
         "best_of_k": best,
     }
+
+
+def pass_and_mean(scores: Sequence[Sequence[float | None]], threshold: float) -> tuple[float, float] | None:
+    """(pass@k, avg@k) over prompts, each with its k samples' scores: pass@k is the fraction of prompts with
+    a sample scoring >= `threshold`, avg@k the mean over prompts of their samples' mean score. A sample
+    without a score (None) passes nothing and is left out of the mean; a prompt with none is left out of
+    both. None when no prompt has a score."""
+    scored = [[x for x in s if x is not None] for s in scores]
+    scored = [s for s in scored if s]
+    if not scored:
+        return None
+    passed = sum(max(s) >= threshold for s in scored) / len(scored)
+    return passed, sum(sum(s) / len(s) for s in scored) / len(scored)
 
 
 def format_samples_table(s: dict) -> str:
@@ -445,7 +505,37 @@ def same_judge_warning(
     )
 
 
-# ----------------------------------------------------------------------------- train.py's final eval
+# ----------------------------------------------------------------------------- train.py's evaluations
+
+
+def answer_and_score(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict],
+    *,
+    graders: str = "rouge_l",
+    reward_cfg: Any = None,
+    reward_fn: Any = None,
+    seed: int = 0,
+    num_samples: int = 1,
+    **gen_kwargs: Any,
+) -> tuple[list[str], list[dict[str, float | None]]]:
+    """`num_samples` completions of each row by this model (greedy by default; gen_kwargs go to
+    `generate_completions`) and their scores (`score_rows`), as flat lists: row i's at i*k .. i*k+k-1.
+
+    With `reward_fn` (the run's reward, built once) they are scored as training scores its samples: the
+    graders read each completion's token count, a row's k completions are one group, and a 'reward' score
+    comes with the graders'. Without it, by `graders` (names) under `reward_cfg`, each row on its own."""
+    completions, lengths = generate_completions(
+        model, tokenizer, rows, seed=seed, num_samples=num_samples, return_lengths=True, **gen_kwargs
+    )
+    texts = [t for c in completions for t in c]
+    flat = [r for r in rows for _ in range(num_samples)]
+    if reward_fn is None:
+        return texts, score_rows(flat, texts, graders=graders, reward_cfg=reward_cfg)
+    tokens = [n for ns in lengths for n in ns]
+    groups = [i for i in range(len(rows)) for _ in range(num_samples)]
+    return texts, score_rows(flat, texts, reward_fn=reward_fn, tokens=tokens, groups=groups)
 
 
 def base_vs_trained(
@@ -463,11 +553,10 @@ def base_vs_trained(
     "summary"}; gen_kwargs go to `generate_completions`."""
     from nanogrpo import lora
 
+    score = dict(graders=graders, reward_cfg=reward_cfg, seed=seed)
     with lora.disabled(model):
-        base = [c[0] for c in generate_completions(model, tokenizer, rows, seed=seed, **gen_kwargs)]
-    trained = [c[0] for c in generate_completions(model, tokenizer, rows, seed=seed, **gen_kwargs)]
-    bs = score_rows(rows, base, graders=graders, reward_cfg=reward_cfg)
-    ts = score_rows(rows, trained, graders=graders, reward_cfg=reward_cfg)
+        base, bs = answer_and_score(model, tokenizer, rows, **score, **gen_kwargs)
+    trained, ts = answer_and_score(model, tokenizer, rows, **score, **gen_kwargs)
     return {
         "base": base,
         "trained": trained,

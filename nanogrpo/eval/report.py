@@ -41,9 +41,11 @@ PANELS: list[tuple[str, list[str]]] = [
     ("clipped fraction", ["clip_low", "clip_high"]),
     ("grad norm", ["grad_norm"]),
     ("time per step (s)", ["t_sample", "t_score", "t_train"]),
+    ("held-out eval", []),  # --eval-every: every eval/* (greedy means, pass@k, avg@k)
 ]
 PREFIXES = {  # panels that carry every key with this prefix
     "reward": "reward/",
+    "held-out eval": "eval/",
     "score-length correlation in groups": "hack/len_corr/",
     "best is longest (fraction of groups)": "hack/best_is_longest/",
 }
@@ -215,19 +217,23 @@ def length_scatter_html(samples: list[dict], max_steps: int) -> str:
 
 def curves_html(metrics: list[dict], scatter: str = "") -> str:
     """One chart per panel that has data (the reward panel carries every reward/<grader> line), and
-    `scatter` (an <svg> of reward against length) after the length panel."""
+    `scatter` (an <svg> of reward against length) after the length panel. A curve runs over the lines
+    that log its key (eval/* comes every --eval-every steps; step 0's line holds nothing else); a null
+    value is a gap."""
     if not metrics:
         return '<p class="muted">No metrics yet (metrics.jsonl is empty or missing).</p>'
-    steps = [m.get("step", i) for i, m in enumerate(metrics)]
     keys = list(dict.fromkeys(k for m in metrics for k in m if k != "step" and _num(m[k]) is not None))
     panels = [(t, ks + [k for k in keys if t in PREFIXES and k.startswith(PREFIXES[t])]) for t, ks in PANELS]
     used = {k for _, ks in panels for k in ks}
     panels += [(k, [k]) for k in keys if k not in used]
     charts = []
     for title, ks in panels:
-        series = {k: [_num(m.get(k)) for m in metrics] for k in ks if k in keys}
-        if series:
-            charts.append(svg_chart(title, steps, series))
+        lines = []
+        for j, k in enumerate(k for k in ks if k in keys):
+            pts = [(float(m.get("step", i)), _num(m[k])) for i, m in enumerate(metrics) if k in m]
+            lines.append((k, [x for x, _ in pts], [y for _, y in pts], COLORS[j % len(COLORS)]))
+        if lines:
+            charts.append(svg_lines(title, lines, legend=len(lines) > 1))
         if title == "length":  # the reward against length comes next to the length curves
             charts.append(scatter)
     return f'<div class="grid">{"".join(charts)}</div>'

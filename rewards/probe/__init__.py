@@ -14,8 +14,11 @@ text), optional "split" ("train" / "dev"; otherwise a seeded split by question) 
 compared by pairwise accuracy; default: same prompt and criterion).
 
 As in seed 004, the layer and the decision threshold are chosen on the dev split (layer: lowest dev
-log-loss; threshold: highest dev macro-F1). Departures: features are standardised with the training
-mean and std, and the fit is a full-batch L-BFGS with a small L2 penalty (float64) rather than SGD.
+log-loss; threshold: highest dev macro-F1); `fit_probe` does this on hidden states already extracted.
+`pool='mean'` averages the hidden states over the text instead of taking the last token (the paper's
+weaker variant; `python -m nanogrpo.probe compare` sets such variants side by side). Departures:
+features are standardised with the training mean and std, and the fit is a full-batch L-BFGS with a
+small L2 penalty (float64) rather than SGD.
 Hidden states come from transformers (`output_hidden_states`) on the same model folder the local
 judge loads, since a judge's model returns only the last layer. A model name ('tiny', 'smollm2') is
 resolved by the backend registered in rewards.local_client: nanogrpo registers one in train.py, eval.py
@@ -40,6 +43,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays 
     import torch
 
 TEXT_FORMAT = "rubric-criterion-v1"  # bump when criterion_messages changes: old probes then refuse to load
+POOLS = ("last", "mean")
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -74,8 +78,21 @@ def group_key(row: dict[str, Any]) -> str:
     return json.dumps([row.get("prompt", row.get("text")), row.get("criterion")])
 
 
+def pooled(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
+    """(B, T, H) hidden states, (B, T) right-padded mask -> (B, H) float32: the last real token, or the
+    mean over the real tokens (padding left out)."""
+    if pool == "last":
+        import torch
+
+        last = mask.sum(1) - 1  # (B,) right padding: the last real token
+        return h[torch.arange(h.shape[0], device=h.device), last].float()
+    m = mask[:, :, None].float()  # (B, T, 1)
+    return (h.float() * m).sum(1) / m.sum(1)
+
+
 class FrozenLM:
-    """Hidden states of every layer at the last non-padding token, from a frozen HF model folder."""
+    """Hidden states of every layer at the last non-padding token (or their mean over the text), from a
+    frozen HF model folder."""
 
     def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", max_len: int = 2048):
         import torch
@@ -104,11 +121,20 @@ class FrozenLM:
         )
 
     def features(
-        self, rows: Sequence[dict[str, Any]], layer: int | None = None, batch_size: int = 8
+        self,
+        rows: Sequence[dict[str, Any]],
+        layer: int | None = None,
+        batch_size: int = 8,
+        pool: str = "last",
     ) -> torch.Tensor:
-        """(L+1, N, H) float32: embeddings and every layer's output; (N, H) for one `layer`."""
+        """(L+1, N, H) float32: embeddings and every layer's output; (N, H) for one `layer`.
+
+        pool 'last' takes the last non-padding token (seed 004's probe); 'mean' averages the hidden
+        states over the non-padding tokens (the paper's weaker variant, kept for comparing)."""
         import torch
 
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
         out = []
         for i in range(0, len(rows), batch_size):
             texts = [well_formed(self.text(r)) for r in rows[i : i + batch_size]]  # lone surrogates: U+FFFD
@@ -118,12 +144,10 @@ class FrozenLM:
             ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)  # (B, T)
             with torch.no_grad():
                 hs = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-            last = mask.sum(1) - 1  # (B,) right padding: the last real token
-            rows_ = torch.arange(ids.shape[0], device=ids.device)
             if layer is None:
-                out.append(torch.stack([h[rows_, last] for h in hs]).float().cpu())  # (L+1, B, H)
+                out.append(torch.stack([pooled(h, mask, pool) for h in hs]).cpu())  # (L+1, B, H)
             else:
-                out.append(hs[layer][rows_, last].float().cpu())  # (B, H)
+                out.append(pooled(hs[layer], mask, pool).cpu())  # (B, H)
         return torch.cat(out, dim=-2)
 
 
@@ -222,7 +246,8 @@ class Probe:
         """P(criterion met) per row ({prompt, response, criterion} or {text})."""
         if not rows:
             return []
-        return self.proba_features(self.lm(device).features(rows, self.layer, batch_size))
+        pool = self.meta.get("pool", "last")  # probes saved before pooling was an option read the last token
+        return self.proba_features(self.lm(device).features(rows, self.layer, batch_size, pool))
 
     def save(self, out: str | Path) -> None:
         import torch
@@ -250,32 +275,23 @@ class Probe:
         return cls(load_file(str(path / "probe.safetensors")), meta)
 
 
-def train_probe(
-    rows: list[dict], model: str, *, dev_frac: float = 0.2, seed: int = 0, l2: float = 1e-3,
-    batch_size: int = 8, device: str = "cpu", max_len: int = 2048, lm: FrozenLM | None = None,
-) -> Probe:  # fmt: skip
-    """Fit one probe per layer on the train split; keep the layer and threshold best on the dev split."""
+def fit_probe(
+    xs_tr: torch.Tensor, y_tr: Sequence[int], xs_dev: torch.Tensor, y_dev: Sequence[int], *, l2: float = 1e-3,
+    layers: Sequence[int] | None = None, tune_threshold: bool = True,
+) -> tuple[Probe, list[float], list[float]]:  # fmt: skip
+    """Fit one probe per layer of xs_tr (L+1, N, H) on the train rows; keep the layer with the lowest dev
+    log-loss (only those in `layers`, when given) and, with `tune_threshold`, the threshold with the best
+    dev macro-F1 (else 0.5). Returns the probe, the dev log-loss per layer tried, and its dev P(met)."""
     import torch
 
-    train, dev = split_rows(rows, dev_frac, seed)
-    for name, part in (("train", train), ("dev", dev)):
-        if len({int(r["label"]) for r in part}) < 2:
-            raise ValueError(
-                f"the {name} split needs both labels (0 and 1); give more rows or a 'split' field"
-            )
-    lm = lm or FrozenLM(model, device=device, max_len=max_len)
-    xs_tr, xs_dev = (
-        lm.features(train, batch_size=batch_size),
-        lm.features(dev, batch_size=batch_size),
-    )  # (L+1, N, H)
-    y_tr = torch.tensor([int(r["label"]) for r in train])
-    y_dev = [int(r["label"]) for r in dev]
+    y = torch.tensor([int(t) for t in y_tr])
+    y_dev = [int(t) for t in y_dev]
     best = None
     per_layer = []
-    for layer in range(xs_tr.shape[0]):
+    for layer in range(xs_tr.shape[0]) if layers is None else layers:
         x = xs_tr[layer].double()  # (N, H)
         mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
-        w, b = fit_logistic((x - mean) / std, y_tr, l2)
+        w, b = fit_logistic((x - mean) / std, y, l2)
         probe = Probe(
             {"weight": w, "bias": torch.tensor(b), "mean": mean, "std": std},
             {"layer": layer, "threshold": 0.5},
@@ -284,13 +300,36 @@ def train_probe(
         per_layer.append(log_loss(p_dev, y_dev))
         if best is None or per_layer[-1] < best[0]:
             best = (per_layer[-1], probe, p_dev)
-    assert best is not None
+    assert best is not None, "no layer to fit"
     _, probe, p_dev = best
-    probe.threshold = best_threshold(p_dev, y_dev)
+    if tune_threshold:
+        probe.threshold = best_threshold(p_dev, y_dev)
+    return probe, per_layer, p_dev
+
+
+def train_probe(
+    rows: list[dict], model: str, *, dev_frac: float = 0.2, seed: int = 0, l2: float = 1e-3,
+    batch_size: int = 8, device: str = "cpu", max_len: int = 2048, lm: FrozenLM | None = None,
+    pool: str = "last",
+) -> Probe:  # fmt: skip
+    """Fit one probe per layer on the train split; keep the layer and threshold best on the dev split."""
+    train, dev = split_rows(rows, dev_frac, seed)
+    for name, part in (("train", train), ("dev", dev)):
+        if len({int(r["label"]) for r in part}) < 2:
+            raise ValueError(
+                f"the {name} split needs both labels (0 and 1); give more rows or a 'split' field"
+            )
+    lm = lm or FrozenLM(model, device=device, max_len=max_len)
+    xs_tr, xs_dev = (
+        lm.features(train, batch_size=batch_size, pool=pool),
+        lm.features(dev, batch_size=batch_size, pool=pool),
+    )  # (L+1, N, H)
+    y_dev = [int(r["label"]) for r in dev]
+    probe, per_layer, p_dev = fit_probe(xs_tr, [int(r["label"]) for r in train], xs_dev, y_dev, l2=l2)
     pred = [int(q >= probe.threshold) for q in p_dev]
     probe.meta = {
         "model": model, "layer": probe.layer, "threshold": probe.threshold, "text_format": TEXT_FORMAT,
-        "max_len": max_len, "hidden_size": int(xs_tr.shape[-1]), "l2": l2, "train_rows": len(train),
+        "max_len": max_len, "hidden_size": int(xs_tr.shape[-1]), "l2": l2, "pool": pool, "train_rows": len(train),
         "dev_rows": len(dev), "dev_log_loss_per_layer": per_layer,
         "dev": {"accuracy": sum(a == t for a, t in zip(pred, y_dev)) / len(y_dev), "macro_f1": macro_f1(pred, y_dev)},
     }  # fmt: skip

@@ -1,12 +1,16 @@
-"""`python -m nanogrpo.probe {train,eval}`: the rubric probes' command line with nanogrpo's model names.
+"""`python -m nanogrpo.probe {train,eval,compare}`: the rubric probes' command line with nanogrpo's model names.
 
 rewards/ imports nothing of nanogrpo, so `python -m rewards.probe` takes a model folder only. This entry
 registers nanogrpo as the model backend first (nanogrpo.judge_backend), then runs the same command line
 (rewards/probe/cli.py): `--model` takes what train.py's --model.path takes, 'tiny', 'smollm2',
 'random:SHAPE' or an HF folder, and so does the model a probe was trained on when `eval` loads it.
+`compare` is nanogrpo's own: it scores the generative, log-prob and probe readouts of one model side by
+side on labelled rows (seed 004's comparison; nanogrpo/eval/readouts.py), and needs the local judge
+backend, which only nanogrpo provides.
 
     python -m nanogrpo.probe train --data labels.jsonl --model smollm2 --out probes/mytask
     python -m nanogrpo.probe eval --data test.jsonl --probe probes/mytask
+    python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from rewards.probe.cli import main as probe_main
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from nanogrpo.eval.readouts import compare
+
     judge_backend.register()
-    probe_main(argv, prog="python -m nanogrpo.probe")
+    probe_main(argv, prog="python -m nanogrpo.probe", extra={"compare": compare})
 
 
 if __name__ == "__main__":

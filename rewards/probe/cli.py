@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import tyro
 
@@ -71,10 +71,17 @@ def eval(data: str, probe: str, batch_size: int = 8, device: str = "cpu") -> Non
     print(json.dumps(evaluate_probe(p, rows, batch_size, device)))
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m rewards.probe") -> None:
-    """Parse the subcommand and its flags and run it; bad data or flags exit 2 with one line."""
+def main(
+    argv: Sequence[str] | None = None,
+    prog: str = "python -m rewards.probe",
+    extra: dict[str, Callable] | None = None,
+) -> None:
+    """Parse the subcommand and its flags and run it; bad data or flags exit 2 with one line. `extra`: more
+    subcommands (nanogrpo adds `compare`, which needs its judge backend)."""
     try:
-        tyro.extras.subcommand_cli_from_dict({"train": train, "eval": eval}, prog=prog, args=argv)
+        tyro.extras.subcommand_cli_from_dict(
+            {"train": train, "eval": eval, **(extra or {})}, prog=prog, args=argv
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -141,7 +141,9 @@ def main(cfg: TrainConfig) -> dict:
         m.update(t_step=t_step, tok_per_s=m["tokens"] / max(t_step, 1e-9))
         m.update(evaluator(step + 1))  # {} unless --eval-every is due; logged in this step's line
         logger.log(m)
-        if bad := {k: m[k] for k in ("loss", "grad_norm") if k in m and not math.isfinite(m[k])}:
+        if bad := {
+            k: m[k] for k in ("loss", "grad_norm") if m.get(k) is not None and not math.isfinite(m[k])
+        }:
             logger.close()
             release_run_dir(out)
             raise NonFiniteStep(step + 1, bad, ckpt.latest_checkpoint(out / "ckpt"))

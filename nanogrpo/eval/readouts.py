@@ -524,7 +524,8 @@ def format_table(report: dict[str, Any], width: int = 44) -> str:
     sub = f"{'':<{width}} {'':>4}  " + "  ".join(f"{'F1':>6} {'w-acc':>6}" for _ in cols)
     lines = [head, sub]
     for g, r in res.items():
-        name = g if len(g) <= width else g[: width - 3] + "..."
+        name = " ".join(g.split())  # a prompt (--by prompt) may span lines
+        name = name if len(name) <= width else name[: width - 3] + "..."
         vals = "  ".join(
             f"{r['readouts'][c]['macro_f1']['value']:6.3f} {r['readouts'][c]['weighted_accuracy']['value']:6.3f}"
             for c in cols

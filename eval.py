@@ -182,18 +182,18 @@ def _emit(obj: dict, path: str, table: str) -> None:
 def run_generate(args: Generate) -> None:
     from transformers import AutoTokenizer
 
-    from nanogrpo import lora
     from nanogrpo.config import ModelConfig
     from nanogrpo.data import load_task
-    from nanogrpo.device import resolve_device_dtype
-    from nanogrpo.heap import keep_freed_memory
-    from nanogrpo.model import Transformer
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.infra.device import resolve_device_dtype
+    from nanogrpo.infra.heap import keep_freed_memory
+    from nanogrpo.model import lora
+    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model.zoo import resolve_model
 
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
     device, dtype = resolve_device_dtype(ModelConfig(path=args.model, dtype=args.dtype, device=args.device))
-    if device.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/heap.py)
+    if device.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
         keep_freed_memory()
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -24,20 +24,19 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from nanogrpo import checkpoint as ckpt
-from nanogrpo import dist, grpo, judge_backend, kl
+from nanogrpo import grpo, kl
 from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
-from nanogrpo.device import resolve_device_dtype, seed_everything
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.eval.during import HeldOutEval
-from nanogrpo.heap import keep_freed_memory
-from nanogrpo.memory import fit_to_memory
-from nanogrpo.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
-from nanogrpo.optim import build_optimizer, build_scheduler
-from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
-from nanogrpo.provenance import write_environment
-from nanogrpo.resume import (
+from nanogrpo.infra import checkpoint as ckpt
+from nanogrpo.infra import dist
+from nanogrpo.infra.device import resolve_device_dtype, seed_everything
+from nanogrpo.infra.heap import keep_freed_memory
+from nanogrpo.infra.memory import fit_to_memory
+from nanogrpo.infra.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
+from nanogrpo.infra.provenance import write_environment
+from nanogrpo.infra.resume import (
     check_rerun_dir,
     check_resume,
     check_run_record,
@@ -48,6 +47,9 @@ from nanogrpo.resume import (
     release_run_dir,
     started_record,
 )
+from nanogrpo.model import judge_backend
+from nanogrpo.optim import build_optimizer, build_scheduler
+from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
 from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
@@ -62,7 +64,7 @@ def main(cfg: TrainConfig) -> dict:
     check_config(cfg)
     Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
     device, dtype = resolve_device_dtype(cfg.model)
-    if device.type == "cpu":  # glibc: a step's freed blocks serve the next step (nanogrpo/heap.py)
+    if device.type == "cpu":  # glibc: a step's freed blocks serve the next step (nanogrpo/infra/heap.py)
         keep_freed_memory()
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()
@@ -100,7 +102,7 @@ def main(cfg: TrainConfig) -> dict:
             order.load_state_dict(state["data"])
             ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
             step0 = state["step"]
-            # what it was trained with against config.json and the data now (nanogrpo/resume.py)
+            # what it was trained with against config.json and the data now (nanogrpo/infra/resume.py)
             point.notes.extend(check_run_record(state.get("run"), cfg, point.path))
         # steps logged after it will run again: dropped (with a torn last line), so none appears twice
         dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
@@ -171,7 +173,7 @@ def main(cfg: TrainConfig) -> dict:
             pass
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
-    release_run_dir(out)  # the folder's lock (nanogrpo/resume.py)
+    release_run_dir(out)  # the folder's lock (nanogrpo/infra/resume.py)
     dist.shutdown()
     return summary
 
@@ -324,7 +326,7 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override.
 
     With --resume the defaults are the run's own config.json instead, so flags name only what changes, and
-    a change that would break exact resumption is refused (nanogrpo/resume.py). With --config FILE they are
+    a change that would break exact resumption is refused (nanogrpo/infra/resume.py). With --config FILE they are
     FILE (a run's config.json, or any TrainConfig JSON) for a new run in a folder of its own."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv and argv[0] in PRESETS else None

@@ -1,6 +1,6 @@
 """Which SDPA kernel training-shaped attention gets, and what it costs: grouped-query attention over
 left-padded rows (a boolean mask), the old call (mask + enable_gqa) against nanogrpo's
-(`nanogrpo.attention.gqa_sdpa`: k/v repeated to the query heads unless torch's checks take the call as
+(`nanogrpo.model.attention.gqa_sdpa`: k/v repeated to the query heads unless torch's checks take the call as
 it is), each under every SDPA backend alone and under SDPA's own choice.
 
     python bench/attention.py                      # the GPU: Qwen2.5-1.5B's heads (12 / 2, dim 128), bf16
@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from nanogrpo.attention import fused_takes, gqa_sdpa  # noqa: E402
+from nanogrpo.model.attention import fused_takes, gqa_sdpa  # noqa: E402
 
 BACKENDS = {
     "default": None,
@@ -152,7 +152,7 @@ def main() -> None:
         else:
             lines.append(f"{name:<5} {bname:<10} {'refused':<8} {r['why']}")
     lines += [
-        "old: SDPA(q, k, v, mask, enable_gqa=True); new: nanogrpo.attention.gqa_sdpa, which here "
+        "old: SDPA(q, k, v, mask, enable_gqa=True); new: nanogrpo.model.attention.gqa_sdpa, which here "
         + (
             "repeats k/v to the query heads (no fused kernel takes the call as it is)"
             if repeats

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides the CPU paths (nanogrpo/cpu.py)
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # what decides the CPU paths (nanogrpo/infra/cpu.py)
 TINY = ["--model", "tiny", "--prompts", "2", "--group", "2", "--new-tokens", "4", "--warmup", "0"]
 STEPS = {  # name -> (command after the interpreter, its smoke variant's extra/replacing arguments)
     "generate": (["bench/generate.py", "--dtype", "float32"], [*TINY, "--repeats", "1"]),

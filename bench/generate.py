@@ -5,7 +5,7 @@ every completion has exactly N tokens and both sides do the same work). transfor
 to P*G rows before its prefill (num_return_sequences); nanogrpo prefills P rows and expands the cache.
 The two take turns (one call each, --repeats times, after a warm-up call each), so a machine whose speed
 drifts (a shared VM: 20% between minutes here) slows both alike; the table shows the medians and each
-turn's ratio. On a CPU the process keeps its freed memory, as train.py does (nanogrpo/heap.py); the
+turn's ratio. On a CPU the process keeps its freed memory, as train.py does (nanogrpo/infra/heap.py); the
 transformers side runs with that too.
 
     python bench/generate.py --model smollm2 --prompts 4 --group 8 --new-tokens 64 --dtype bfloat16
@@ -19,7 +19,7 @@ is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul 
 
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
-shape ('random:qwen2.5-0.5b', see nanogrpo.model_zoo) runs on a machine with torch alone; without
+shape ('random:qwen2.5-0.5b', see nanogrpo.model.zoo) runs on a machine with torch alone; without
 safetensors such a model is built in memory.
 """
 
@@ -39,12 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nanogrpo.cpu import cpu_capability  # noqa: E402
-from nanogrpo.heap import keep_freed_memory  # noqa: E402
-from nanogrpo.model import ModelArgs, Transformer  # noqa: E402
-from nanogrpo.model_zoo import random_config, random_transformer, resolve_model  # noqa: E402
-from nanogrpo.packed import packing_supported  # noqa: E402
-from nanogrpo.sampling import generate  # noqa: E402
+from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
+from nanogrpo.infra.heap import keep_freed_memory  # noqa: E402
+from nanogrpo.model.packed import packing_supported  # noqa: E402
+from nanogrpo.model.sampling import generate  # noqa: E402
+from nanogrpo.model.transformer import ModelArgs, Transformer  # noqa: E402
+from nanogrpo.model.zoo import random_config, random_transformer, resolve_model  # noqa: E402
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -230,7 +230,7 @@ def load_ours(name: str, path: Path | None, dtype: torch.dtype, device: str, lor
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
     model.requires_grad_(False)
     if lora_r > 0:
-        from nanogrpo import lora
+        from nanogrpo.model import lora
 
         lora.inject_lora(model, r=lora_r, alpha=2.0 * lora_r, dropout=0.0, targets=LORA_TARGETS)
         with torch.no_grad():

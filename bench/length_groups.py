@@ -2,7 +2,7 @@
 
 The training forward runs each prompt once, then the completion tokens of every row against it. With one
 group every row runs as many tokens as the longest completion; with length groups (the default,
-nanogrpo.logprobs.length_buckets) each group of similar rows runs only its own longest. This times both,
+nanogrpo.model.logprobs.length_buckets) each group of similar rows runs only its own longest. This times both,
 side by side in one process, on a GRPO batch of P prompts x G completions whose lengths are given:
 
     python bench/length_groups.py                          # SmolLM2-135M + LoRA r=16, 4 x 8, the demo's shapes
@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nanogrpo.logprobs as lp  # noqa: E402
-from nanogrpo.cpu import cpu_capability  # noqa: E402
-from nanogrpo.lora import inject_lora  # noqa: E402
-from nanogrpo.model import Transformer  # noqa: E402
-from nanogrpo.model_zoo import resolve_model  # noqa: E402
+import nanogrpo.model.logprobs as lp  # noqa: E402
+from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
+from nanogrpo.model.lora import inject_lora  # noqa: E402
+from nanogrpo.model.transformer import Transformer  # noqa: E402
+from nanogrpo.model.zoo import resolve_model  # noqa: E402
 
 
 def make_batch(P: int, G: int, Tp: int, lens: list[int], vocab: int) -> lp.Batch:

@@ -6,7 +6,7 @@
     python bench/step.py --model random:qwen2.5-1.5b --side nanogrpo --device cuda --plan  # plan vs peak
 
 Both sides train the same model folder with the same LoRA (rank, alpha, target layers), dtype (bf16 on a
-GPU or a bf16-capable CPU, as nanogrpo.device.resolve_device_dtype picks), prompts (the built-in demo
+GPU or a bf16-capable CPU, as nanogrpo.infra.device.resolve_device_dtype picks), prompts (the built-in demo
 task, same order), group size, batch (P prompts x G completions, one optimizer step each), sampling
 (temperature 1, no top-k/top-p), reward (ROUGE-L against the reference) and loss (token-mean clipped
 surrogate, eps 0.2, group-std advantages, no KL, no activation checkpointing unless --checkpointing).
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from memwatch import MemoryMonitor  # noqa: E402
 from step_trl import run_trl, trl_install_line  # noqa: E402
 
-from nanogrpo.lora import DEFAULT_TARGETS as TARGETS  # noqa: E402
+from nanogrpo.model.lora import DEFAULT_TARGETS as TARGETS  # noqa: E402
 
 FILLER = (
     "Background notes follow; they do not change the question. The quick brown fox jumps over the lazy "
@@ -90,7 +90,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         SamplingConfig,
         TrainConfig,
     )
-    from nanogrpo.metrics import read_jsonl
+    from nanogrpo.infra.metrics import read_jsonl
     from rewards.options import RewardConfig
 
     mem = MemoryMonitor()
@@ -256,13 +256,13 @@ def hardware_line(a: argparse.Namespace) -> str:
     import torch
 
     from nanogrpo.config import ModelConfig
-    from nanogrpo.device import resolve_device_dtype
+    from nanogrpo.infra.device import resolve_device_dtype
 
     device, dtype = resolve_device_dtype(ModelConfig(path=a.model, dtype=a.dtype, device=a.device))
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
-        from nanogrpo.cpu import cpu_capability
+        from nanogrpo.infra.cpu import cpu_capability
 
         where = f"CPU {cpu_capability()}, {a.threads or torch.get_num_threads()} threads"
     return f"{str(dtype).removeprefix('torch.')} on {where}, torch {torch.__version__}"
@@ -270,7 +270,7 @@ def hardware_line(a: argparse.Namespace) -> str:
 
 def check_plan(a: argparse.Namespace, r: dict) -> dict:
     """bench/memory_plan.py on the same config.json and settings; its peak next to the measured one."""
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.model.zoo import resolve_model
 
     folder = resolve_model(a.model)
     cmd = [sys.executable, str(ROOT / "bench" / "memory_plan.py"), "--model", str(folder), "--json"]

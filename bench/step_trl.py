@@ -11,7 +11,7 @@ from pathlib import Path
 
 from memwatch import MemoryMonitor
 
-from nanogrpo.lora import DEFAULT_TARGETS as TARGETS
+from nanogrpo.model.lora import DEFAULT_TARGETS as TARGETS
 
 
 def trl_install_line() -> str:
@@ -31,8 +31,8 @@ def run_trl(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
 
     from nanogrpo.config import ModelConfig
     from nanogrpo.data import load_rows
-    from nanogrpo.device import resolve_device_dtype
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.infra.device import resolve_device_dtype
+    from nanogrpo.model.zoo import resolve_model
     from rewards import Sample, build_reward
     from rewards.options import RewardConfig
 

@@ -42,7 +42,7 @@ import torch
 from kernels import interpreting, tl, triton, use_triton
 
 # Reference path: at most this many float32 logits per chunk (2**22 elements = 16 MiB: under glibc's
-# largest mmap threshold, so a process that keeps its freed memory (nanogrpo/heap.py) reuses the tiles
+# largest mmap threshold, so a process that keeps its freed memory (nanogrpo/infra/heap.py) reuses the tiles
 # instead of faulting fresh pages in for each; 2**21-2**24 ran within 3% of each other otherwise), and the
 # largest whole log-softmax kept for the backward instead of recomputed (2**25 elements = 128 MiB).
 DEFAULT_CHUNK_ELEMS = 1 << 22

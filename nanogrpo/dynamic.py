@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import dist
-from .config import TrainConfig
-from .rollout import Rollout, assemble
+from nanogrpo.config import TrainConfig
+from nanogrpo.infra import dist
+from nanogrpo.rollout import Rollout, assemble
 
 
 @dataclass

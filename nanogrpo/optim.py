@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .config import OptimConfig
+from nanogrpo.config import OptimConfig
 
 
 class Combined(torch.optim.Optimizer):

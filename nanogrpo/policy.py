@@ -3,7 +3,7 @@ the num_iterations x micro-batch passes of one GRPO step, every optimizer step i
 updates live in nanogrpo/stages/).
 
 Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
-fine-tunes, nanogrpo/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
+fine-tunes, nanogrpo/infra/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
 
 `--lora.init-from ADAPTER` (GRPO after SFT) merges that adapter into the base weights and trains a fresh
 adapter on top, so the KL reference (adapters off) is the SFT model, as in the papers' pipelines; the
@@ -26,12 +26,14 @@ from pathlib import Path
 
 import torch
 
-from . import dist, grpo, lora
-from .checkpoint import load_full_weights, save_full_weights, write_full_weights
-from .config import TrainConfig
-from .logprobs import Batch, LogprobHead, ValueHead, completion_logprobs, micro_slices
-from .model import ModelArgs, Transformer
-from .model_zoo import resolve_model
+from nanogrpo import grpo
+from nanogrpo.config import TrainConfig
+from nanogrpo.infra import dist
+from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
+from nanogrpo.model import lora
+from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs, micro_slices
+from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.zoo import resolve_model
 
 VALUE_HEAD = "value_head.safetensors"  # PPO's value head, next to the adapter or model weights
 
@@ -72,7 +74,7 @@ class Policy:
         all-gathers the weights, so every rank must enter it, outside inference_mode; else it does nothing."""
         if not self.fsdp:
             return contextlib.nullcontext()
-        from .fsdp import gathered
+        from nanogrpo.infra.fsdp import gathered
 
         return gathered(self.model)
 
@@ -170,7 +172,7 @@ class Policy:
         elif self.fsdp:
             from safetensors.torch import load_file
 
-            from .fsdp import load_full_state_dict
+            from nanogrpo.infra.fsdp import load_full_state_dict
 
             load_full_state_dict(self.model, load_file(str(folder / "model.safetensors")))
         else:
@@ -181,7 +183,7 @@ class Policy:
         state. Every rank calls it: with FSDP it gathers the full tensors to rank 0, which writes them."""
         if not self.fsdp:
             return self.save_weights, opt.state_dict()
-        from .fsdp import full_state_dict, optimizer_state
+        from nanogrpo.infra.fsdp import full_state_dict, optimizer_state
 
         tensors = full_state_dict(self.model)
         return (lambda folder: write_full_weights(tensors, folder)), optimizer_state(self.model, opt)
@@ -190,7 +192,7 @@ class Policy:
         """Weights and optimizer state back from a checkpoint; every rank calls it (and reads the files)."""
         self.load_weights(folder)
         if self.fsdp:
-            from .fsdp import load_optimizer_state
+            from nanogrpo.infra.fsdp import load_optimizer_state
 
             load_optimizer_state(self.model, opt, optimizer_state)
         else:
@@ -205,7 +207,7 @@ class Policy:
         the original base model like any adapter (see stack_adapters)."""
         tensors = None
         if self.fsdp:
-            from .fsdp import full_state_dict
+            from nanogrpo.infra.fsdp import full_state_dict
 
             tensors = full_state_dict(self.model)  # collective
         if not dist.is_main():
@@ -402,7 +404,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
     value_head = ValueHead(model.config.hidden_size).to(device) if cfg.algo == "ppo" else None
     head = LogprobHead(model, value_head)
     if parallel == "fsdp":
-        from . import fsdp
+        from nanogrpo.infra import fsdp
 
         # GPU: float32 master weights, all-gathered in bf16 for compute; CPU (gloo): float32 throughout
         compute = dtype if device.type == "cuda" and dtype != torch.float32 else None

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from nanogrpo.config import TrainConfig
+from nanogrpo.model.logprobs import Batch, make_batch, pad_left
+from nanogrpo.model.sampling import generate
 from rewards import Sample
 from rewards.rows import prompt_text
-
-from .config import TrainConfig
-from .logprobs import Batch, make_batch, pad_left
-from .sampling import generate
 
 
 @dataclass

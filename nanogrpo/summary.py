@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanogrpo import grpo
+from nanogrpo.infra import dist
 from rewards.diagnostics import hacking_totals
 from rewards.registry import mean_metrics
-
-from . import dist, grpo
 
 
 @dataclass

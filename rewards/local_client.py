@@ -1,8 +1,8 @@
 """The judges' local backend: a model folder run in-process, greedy decoding.
 
 rewards imports nothing of the trainer, so the model comes from a `LocalBackend` handed in: a
-resolver of model names, a loader and a sampler. nanogrpo registers its own (nanogrpo.model,
-nanogrpo.sampling, nanogrpo.model_zoo's names 'tiny' and 'smollm2') with `set_backend` before it
+resolver of model names, a loader and a sampler. nanogrpo registers its own (nanogrpo.model.transformer,
+nanogrpo.model.sampling, nanogrpo.model.zoo's names 'tiny' and 'smollm2') with `set_backend` before it
 builds rewards; another program registers its own, or passes one to `LocalClient`.
 
 Two ways to answer a request:
@@ -88,7 +88,7 @@ def resolve_model(name: str) -> Path:
     if not Path(name).expanduser().is_dir():
         raise ValueError(
             f"model {name!r} is not a folder, and no backend is registered to resolve model names "
-            "(nanogrpo's: `python -m nanogrpo.model_zoo NAME` prints the folder of 'tiny' or 'smollm2')"
+            "(nanogrpo's: `python -m nanogrpo.model.zoo NAME` prints the folder of 'tiny' or 'smollm2')"
         )
     return Path(name).expanduser()
 

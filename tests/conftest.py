@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo.cpu import cpu_capability
-from nanogrpo.model_zoo import resolve_model
+from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.model.zoo import resolve_model
 
 
 def _cpu_line() -> str:

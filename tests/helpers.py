@@ -33,7 +33,7 @@ def packing_params() -> list:
     import pytest
     import torch
 
-    from nanogrpo.cpu import cpu_capability
+    from nanogrpo.infra.cpu import cpu_capability
 
     cap = cpu_capability()
     off = os.environ.get("NANOGRPO_PACKED") == "0"

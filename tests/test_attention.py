@@ -1,4 +1,4 @@
-"""nanogrpo/attention.py: the GPU path of grouped-query attention with a padding mask (k/v repeated so a
+"""nanogrpo/model/attention.py: the GPU path of grouped-query attention with a padding mask (k/v repeated so a
 fused kernel takes the mask), the CPU paths left as they were, and `--model.attn flash` (start-up refusals,
 and the varlen glue through a stand-in `flash_attn` module that computes with SDPA).
 
@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.attention import (
+from nanogrpo.config import ModelConfig, TrainConfig, check_config
+from nanogrpo.model.attention import (
     Varlen,
     attention,
     check_flash,
@@ -26,9 +27,8 @@ from nanogrpo.attention import (
     repeat_kv,
     varlen,
 )
-from nanogrpo.config import ModelConfig, TrainConfig, check_config
-from nanogrpo.kvcache import PrefixKV
-from nanogrpo.model import ModelArgs, Transformer
+from nanogrpo.model.kvcache import PrefixKV
+from nanogrpo.model.transformer import ModelArgs, Transformer
 
 CUDA = torch.cuda.is_available()
 

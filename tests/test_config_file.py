@@ -10,11 +10,11 @@ import torch
 from test_resume import TINY, saved_run
 from test_train import ROOT, metrics, run_train
 
-from nanogrpo import heap
 from nanogrpo.config import TrainConfig
-from nanogrpo.cpu import cpu_capability
-from nanogrpo.provenance import git_state
-from nanogrpo.resume import load_config
+from nanogrpo.infra import heap
+from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.infra.provenance import git_state
+from nanogrpo.infra.resume import load_config
 from train import cli, main
 
 

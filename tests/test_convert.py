@@ -1,4 +1,4 @@
-"""nanogrpo/convert.py: MedQA-style multiple-choice rows to open generation (DPO and the training loader
+"""nanogrpo/build/convert.py: MedQA-style multiple-choice rows to open generation (DPO and the training loader
 accept the output; bad rows named by file and line), and the seeded, stratified split."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import write_rows
 
-from nanogrpo import convert
+from nanogrpo.build import convert
 from nanogrpo.data import DataError, load_rows
 from nanogrpo.stages import dpo
 
@@ -43,7 +43,7 @@ def read(path: Path) -> list[dict]:
 
 def run_convert(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "nanogrpo.convert", *map(str, args)],
+        [sys.executable, "-m", "nanogrpo.build.convert", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

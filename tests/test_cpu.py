@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo import cpu
 from nanogrpo.config import ModelConfig
-from nanogrpo.device import resolve_device_dtype
-from nanogrpo.model import Transformer
-from nanogrpo.packed import packing_supported
-from nanogrpo.sampling import generate
+from nanogrpo.infra import cpu
+from nanogrpo.infra.device import resolve_device_dtype
+from nanogrpo.model.packed import packing_supported
+from nanogrpo.model.sampling import generate
+from nanogrpo.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 ONEDNN_AVX2_ERROR = (
@@ -103,12 +103,12 @@ def test_packed_off_by_environment(monkeypatch):
 AVX2_CHECK = """
 import torch
 from nanogrpo.config import ModelConfig
-from nanogrpo.cpu import cpu_capability
-from nanogrpo.model import Transformer
-from nanogrpo.model_zoo import resolve_model
-from nanogrpo.packed import packing_supported
-from nanogrpo.device import resolve_device_dtype
-from nanogrpo.sampling import generate
+from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.model.transformer import Transformer
+from nanogrpo.model.zoo import resolve_model
+from nanogrpo.model.packed import packing_supported
+from nanogrpo.infra.device import resolve_device_dtype
+from nanogrpo.model.sampling import generate
 
 cap = cpu_capability()
 dtype = resolve_device_dtype(ModelConfig(dtype="auto", device="cpu"))[1]

@@ -173,8 +173,8 @@ def torch_close(a: dict, b: dict, atol: float = 1e-6) -> bool:
 def test_parallel_mode(monkeypatch):
     from dataclasses import replace
 
-    from nanogrpo import dist
     from nanogrpo.config import PRESETS
+    from nanogrpo.infra import dist
     from nanogrpo.policy import parallel_mode
 
     cfg = PRESETS["tiny"][1]

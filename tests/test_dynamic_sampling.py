@@ -9,7 +9,6 @@ import pytest
 import torch
 from test_train import metrics, run_train, tiny
 
-from nanogrpo import lora
 from nanogrpo.config import PRESETS
 from nanogrpo.data import PromptOrder, demo_rows, tokenize_prompts
 from nanogrpo.dynamic import (
@@ -20,7 +19,8 @@ from nanogrpo.dynamic import (
     join_groups,
     split_groups,
 )
-from nanogrpo.logprobs import make_batch
+from nanogrpo.model import lora
+from nanogrpo.model.logprobs import make_batch
 from nanogrpo.policy import load_policy, prompt_budget, update
 from nanogrpo.rollout import assemble, loss_rows, prompt_seed, rollout
 

@@ -231,9 +231,9 @@ def test_generate_cli_tiny_model(tmp_path):
     import torch
     from transformers import AutoTokenizer
 
-    from nanogrpo import lora
-    from nanogrpo.model import Transformer
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.model import lora
+    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model.zoo import resolve_model
 
     rows = [
         {"id": "a", "prompt": "What is the capital of France?", "reference": "Paris"},

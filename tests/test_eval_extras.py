@@ -329,9 +329,9 @@ def test_train_eval_files_say_which_model_wrote_them(tmp_path):
 def test_generate_records_the_adapters_run(tmp_path):
     import torch
 
-    from nanogrpo import lora
-    from nanogrpo.model import Transformer
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.model import lora
+    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model.zoo import resolve_model
 
     run = _run_folder(tmp_path / "run")
     model = Transformer.from_pretrained(resolve_model("tiny"), dtype=torch.float32, device="cpu")

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from helpers import packing_params, use_packer
 
-from nanogrpo import lora
-from nanogrpo.attention import decode_attention
-from nanogrpo.kvcache import PrefixKV
-from nanogrpo.logprobs import (
+from nanogrpo.model import lora
+from nanogrpo.model.attention import decode_attention
+from nanogrpo.model.kvcache import PrefixKV
+from nanogrpo.model.logprobs import (
     BUCKET_MIN,
     BUCKET_MIN_FAST,
     BUCKET_SHARE,
@@ -19,10 +19,10 @@ from nanogrpo.logprobs import (
     make_batch,
     pad_left,
 )
-from nanogrpo.model import Transformer
-from nanogrpo.model_zoo import resolve_model
-from nanogrpo.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
-from nanogrpo.sampling import generate
+from nanogrpo.model.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
+from nanogrpo.model.sampling import generate
+from nanogrpo.model.transformer import Transformer
+from nanogrpo.model.zoo import resolve_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
 G = 3
@@ -124,7 +124,7 @@ def test_length_buckets_split_off_the_long_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_length_groups_cost_follows_the_matmuls(tiny_dir, dtype, monkeypatch):
-    import nanogrpo.logprobs as lp
+    import nanogrpo.model.logprobs as lp
 
     seen = []
     monkeypatch.setattr(lp, "length_buckets", lambda need, m: seen.append(m) or [(torch.arange(9), 5)])
@@ -220,7 +220,7 @@ def test_fsdp_runs_the_completions_in_one_group(tiny_dir, tmp_path):
     """Under FSDP every rank must run its blocks as often as the others (each run all-gathers them)."""
     import torch.distributed as dist
 
-    from nanogrpo import fsdp
+    from nanogrpo.infra import fsdp
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
@@ -264,7 +264,7 @@ def test_packed_linear_equals_linear(dtype, packer, monkeypatch):
     """Any number of rows gives x W^T + b: oneDNN's packed weight (bf16 or float32) serves any count; MKL's
     float32 one serves its own count, fewer rows padded up to it, and other counts through the plain
     modules."""
-    from nanogrpo.packed import MklPackedLinear, PackedLinear, _fused
+    from nanogrpo.model.packed import MklPackedLinear, PackedLinear, _fused
 
     use_packer(monkeypatch, packer)
     g = torch.Generator().manual_seed(0)
@@ -346,7 +346,7 @@ def test_packed_lm_head_follows_the_weight_and_is_freed_on_exit(tiny_dir, dtype,
 def test_packing_hands_free_pages_back_as_it_opens_and_closes(tiny_dir, monkeypatch):
     """The packing block trims the heap before the copies are made and after they are freed (so they and
     the training pass's activations do not add up), and not at all when packing does not apply."""
-    import nanogrpo.packed as packed_mod
+    import nanogrpo.model.packed as packed_mod
 
     model = Transformer.from_pretrained(tiny_dir, dtype=torch.float32)
     applies = packing_supported(model.lm_head_weight)  # float32: where oneDNN's or MKL's packing runs
@@ -402,7 +402,7 @@ def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype, packer):
 @pytest.mark.parametrize("dtype, packer", PACKINGS)
 def test_fused_projections_keep_biases(dtype, packer, monkeypatch):
     """q|k|v fused: Qwen2's q/k/v biases (and a missing bias as zeros) land in the right columns."""
-    from nanogrpo.packed import _fused
+    from nanogrpo.model.packed import _fused
 
     use_packer(monkeypatch, packer)
     torch.manual_seed(0)
@@ -417,7 +417,7 @@ def test_fused_projections_keep_biases(dtype, packer, monkeypatch):
 def test_float32_sampling_without_float32_packing(tiny_dir, monkeypatch):
     """Where neither oneDNN's nor MKL's float32 packing runs (a torch without MKL and oneDNN), float32
     samples on the plain weights, the same tokens."""
-    from nanogrpo import cpu
+    from nanogrpo.infra import cpu
 
     model = lora_model(tiny_dir)
     want = generate(model, PROMPTS, group_size=G, max_new_tokens=6, temperature=0.0, pad_id=0)

@@ -54,7 +54,7 @@ def test_fsdp_two_ranks_equal_one_process(tmp_path, tiny_model_dir, kl):
 
 
 def test_fsdp_checkpoint_resume_equals_straight_run(tmp_path):
-    from nanogrpo.model import Transformer
+    from nanogrpo.model.transformer import Transformer
 
     common = [*FULL, *LR, "--grpo.kl-placement", "loss", "--grpo.beta", "0.5"]
     _run([*common, "--steps", "4", "--out-dir", str(tmp_path / "straight")], nproc=2)

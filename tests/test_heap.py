@@ -1,4 +1,4 @@
-"""The C library's heap on the CPU (nanogrpo/heap.py): a process that keeps its freed memory reuses a
+"""The C library's heap on the CPU (nanogrpo/infra/heap.py): a process that keeps its freed memory reuses a
 step's blocks instead of faulting fresh pages in for them, and then hands nothing back; one that does not
 hands the free pages back on request."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo import heap
-from nanogrpo.heap import release_free_heap
+from nanogrpo.infra import heap
+from nanogrpo.infra.heap import release_free_heap
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = """
 import resource, sys, torch
-from nanogrpo import heap
+from nanogrpo.infra import heap
 kept = heap.keep_freed_memory() if sys.argv[1] == "keep" else False
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from nanogrpo import judge_backend
+from nanogrpo.model import judge_backend
 from rewards import Sample, local_client, mean_metrics
 from rewards.judge import Judge
 from rewards.judge_entropy import EntropyJudge, mark_distributions, marks_shape
@@ -30,7 +30,7 @@ def test_without_a_backend_the_local_judge_says_how_to_get_one(tiny_model_dir, m
     with pytest.raises(ValueError, match=r"no model backend.*set_backend"):
         LocalClient(JudgeConfig(backend="local", model=str(tiny_model_dir)))
     assert local_client.resolve_model(str(tiny_model_dir)) == tiny_model_dir  # a folder needs no backend
-    with pytest.raises(ValueError, match="not a folder.*nanogrpo.model_zoo"):
+    with pytest.raises(ValueError, match="not a folder.*nanogrpo.model.zoo"):
         local_client.resolve_model("tiny")
 
 

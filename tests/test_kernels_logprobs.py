@@ -341,8 +341,8 @@ def test_kept_log_softmax_gives_the_recomputed_gradient(entropy_grad):
 
 def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     """The trainer's log-probs and entropy equal the naive logits path on the tiny model."""
-    from nanogrpo.logprobs import completion_logprobs, make_batch
-    from nanogrpo.model import Transformer
+    from nanogrpo.model.logprobs import completion_logprobs, make_batch
+    from nanogrpo.model.transformer import Transformer
 
     model = Transformer.from_pretrained(tiny_model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)

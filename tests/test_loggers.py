@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo.metrics import Logger, check_logger_packages, samples_markdown
+from nanogrpo.infra.metrics import Logger, check_logger_packages, samples_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from nanogrpo.lora import (
+from nanogrpo.model.lora import (
     DEFAULT_TARGETS,
     LoraLinear,
     disabled,
@@ -19,8 +19,8 @@ from nanogrpo.lora import (
     trainable_parameters,
     unmerge,
 )
-from nanogrpo.model import Transformer
-from nanogrpo.model_zoo import resolve_model
+from nanogrpo.model.transformer import Transformer
+from nanogrpo.model.zoo import resolve_model
 
 IDS = torch.tensor([[5, 17, 300, 42, 8, 99, 7], [1, 2, 3, 4, 5, 6, 7]])
 
@@ -182,7 +182,7 @@ def test_bad_config(tiny_dir):
 
 def test_sampling_with_adapters_and_disabled(tiny_dir):
     """The sampler runs through the adapters, and under disabled() samples exactly the base model."""
-    from nanogrpo.sampling import generate
+    from nanogrpo.model.sampling import generate
 
     model = Transformer.from_pretrained(tiny_dir)
     prompts = [[5, 17, 300], [42, 8]]

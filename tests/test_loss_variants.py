@@ -22,7 +22,7 @@ from nanogrpo.grpo import (
     high_entropy_tokens,
     reward_moments,
 )
-from nanogrpo.resume import load_config
+from nanogrpo.infra.resume import load_config
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 NAN = float("nan")

@@ -1,4 +1,4 @@
-"""The memory check at start-up (nanogrpo/memory.py, --memory-check): README's GPU command fits an 80 GiB card by
+"""The memory check at start-up (nanogrpo/infra/memory.py, --memory-check): README's GPU command fits an 80 GiB card by
 the plan; a run past the free memory (a mocked CUDA figure, or a mocked /proc/meminfo) is fitted in one
 printed line, saved in config.json and resumed as saved, or refused before the model loads; a --micro-batch
 given is kept, and refused with the flags that fit when it does not; bench/memory_plan.py prints the same
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo import memory
 from nanogrpo.config import PRESETS
+from nanogrpo.infra import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = 80 * memory.GiB
-QWEN = "random:qwen2.5-1.5b"  # Qwen2.5-1.5B-Instruct's shapes (nanogrpo.model_zoo.RANDOM_SHAPES), no weights
+QWEN = "random:qwen2.5-1.5b"  # Qwen2.5-1.5B-Instruct's shapes (nanogrpo.model.zoo.RANDOM_SHAPES), no weights
 
 
 def readme_command() -> list[str]:

@@ -1,4 +1,4 @@
-"""Parity of nanogrpo.model.Transformer with transformers' AutoModelForCausalLM, and its cache/mask paths.
+"""Parity of nanogrpo.model.transformer.Transformer with transformers' AutoModelForCausalLM, and its cache/mask paths.
 
 Random configs get weights of std 0.1 (biases and norm gains included), so that a missing bias, a wrong
 RoPE variant or a mis-split fused weight moves the logits by far more than the 1e-4 tolerance.
@@ -22,9 +22,9 @@ from transformers import (
     Qwen3Config,
 )
 
-from nanogrpo.kvcache import GroupedKVCache
-from nanogrpo.model import ModelArgs, Transformer
-from nanogrpo.model_zoo import resolve_model
+from nanogrpo.model.kvcache import GroupedKVCache
+from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.zoo import resolve_model
 
 SMALL = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, vocab_size=97, max_position_embeddings=64
@@ -387,7 +387,7 @@ def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
     plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: oneDNN's or MKL's, within
     float32 rounding), and the plain modules come back after the block."""
-    from nanogrpo.packed import packed_weights
+    from nanogrpo.model.packed import packed_weights
 
     use_packer(monkeypatch, packer)
     _save(CONFIGS[name], tmp_path)

@@ -1,4 +1,4 @@
-"""Random models of real shapes (nanogrpo.model_zoo 'random:SHAPE'): shapes, loading, tokenizer, cache."""
+"""Random models of real shapes (nanogrpo.model.zoo 'random:SHAPE'): shapes, loading, tokenizer, cache."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from nanogrpo.model import ModelArgs, Transformer
-from nanogrpo.model_zoo import RANDOM_SHAPES, random_config, random_transformer, resolve_model
+from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.zoo import RANDOM_SHAPES, random_config, random_transformer, resolve_model
 
 # a Qwen2.5-0.5B with every dimension shrunk (bias on q/k/v, tied embeddings and GQA kept)
 SMALL = "qwen2.5-0.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2,vocab_size=1024"  # noqa: E501
@@ -99,7 +99,7 @@ def test_matches_transformers_and_tokenizer_loads(small_dir) -> None:
 
 
 def test_tokenizer_added_later_when_built_without_tokenizers(tmp_path, monkeypatch) -> None:
-    import nanogrpo.model_zoo as zoo
+    import nanogrpo.model.zoo as zoo
 
     def no_tokenizers():
         raise ImportError("tokenizers")

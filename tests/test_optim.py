@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from nanogrpo import lora
 from nanogrpo.config import OptimConfig
-from nanogrpo.model import Transformer
+from nanogrpo.model import lora
+from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups
 
 needs_muon = pytest.mark.skipif(

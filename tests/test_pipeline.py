@@ -31,8 +31,8 @@ def test_cpt_then_sft_then_grpo(tmp_path, tiny_model_dir, cpt_lora):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from nanogrpo import lora
-    from nanogrpo.model import Transformer
+    from nanogrpo.model import lora
+    from nanogrpo.model.transformer import Transformer
     from train import main
 
     (tmp_path / "book.txt").write_text(TEXT)

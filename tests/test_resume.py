@@ -8,7 +8,7 @@ import pytest
 from test_train import metrics, run_train
 
 from nanogrpo.config import PRESETS, OptimConfig
-from nanogrpo.resume import load_config
+from nanogrpo.infra.resume import load_config
 from rewards.options import JudgeConfig, RewardConfig
 from train import cli, main
 
@@ -162,7 +162,7 @@ def test_the_trainer_state_loads_onto_the_host(tmp_path, monkeypatch):
     parameter's device (load_state_dict)."""
     import torch
 
-    from nanogrpo import checkpoint as ckpt
+    from nanogrpo.infra import checkpoint as ckpt
 
     main(replace(PRESETS["tiny"][1], out_dir=str(tmp_path), steps=1))
     seen = []

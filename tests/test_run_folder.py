@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 
 import train
-from nanogrpo import checkpoint as ckpt
 from nanogrpo.config import PRESETS
 from nanogrpo.data import demo_rows
-from nanogrpo.metrics import JsonlWriter, replace_atomically
-from nanogrpo.resume import data_fingerprint, lock_run_dir, release_run_dir
+from nanogrpo.infra import checkpoint as ckpt
+from nanogrpo.infra.metrics import JsonlWriter, replace_atomically
+from nanogrpo.infra.resume import data_fingerprint, lock_run_dir, release_run_dir
 
 TINY = PRESETS["tiny"][1]
 

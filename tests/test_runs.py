@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from test_train import ROOT, metrics, run_train
 
 import train
-from nanogrpo import checkpoint as ckpt
 from nanogrpo.config import PRESETS
-from nanogrpo.metrics import JsonlWriter, read_jsonl
+from nanogrpo.infra import checkpoint as ckpt
+from nanogrpo.infra.metrics import JsonlWriter, read_jsonl
 
 TINY = PRESETS["tiny"][1]
 
@@ -187,7 +187,7 @@ def test_the_log_rewrite_is_atomic(tmp_path):
     code = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from nanogrpo.metrics import JsonlWriter\n"
+        "from nanogrpo.infra.metrics import JsonlWriter\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
         "try:\n"

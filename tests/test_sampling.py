@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nanogrpo.model import Transformer
-from nanogrpo.model_zoo import resolve_model
-from nanogrpo.sampling import generate, sample_tokens
+from nanogrpo.model.sampling import generate, sample_tokens
+from nanogrpo.model.transformer import Transformer
+from nanogrpo.model.zoo import resolve_model
 
 TEXTS = ["The capital of France is", "What is 12 + 35?", "yes", "<think>I add the numbers.</think> answer"]
 
@@ -306,11 +306,11 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from nanogrpo import lora
     from nanogrpo.config import PRESETS
     from nanogrpo.data import render_prompt
     from nanogrpo.eval import evaluate
-    from nanogrpo.sampling import finish_text
+    from nanogrpo.model import lora
+    from nanogrpo.model.sampling import finish_text
 
     model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)
     row = {"id": "a", "prompt": "The capital of France is", "reference": "Paris"}

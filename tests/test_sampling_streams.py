@@ -2,8 +2,8 @@
 
 import torch
 
-from nanogrpo.model import Transformer
-from nanogrpo.sampling import generate
+from nanogrpo.model.sampling import generate
+from nanogrpo.model.transformer import Transformer
 
 
 def test_per_prompt_generators_make_samples_batch_independent(tiny_model_dir):

@@ -101,8 +101,8 @@ def test_folder_and_jsonl_documents_never_share_a_window(tmp_path, tok):
 
 def test_padding_does_not_reach_a_window(tmp_path, tok, tiny_model_dir):
     """In a batch of windows of different lengths each window's log-probs are those it has alone."""
-    from nanogrpo.logprobs import completion_logprobs
-    from nanogrpo.model import Transformer
+    from nanogrpo.model.logprobs import completion_logprobs
+    from nanogrpo.model.transformer import Transformer
 
     path = tmp_path / "t.txt"
     path.write_text(prose(4, 40))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import write_rows
 
-from nanogrpo import lora
 from nanogrpo.config import PRESETS
 from nanogrpo.data import DataError, load_rows, tokenize_prompts
+from nanogrpo.model import lora
 from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.stages import Run, dpo
 

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from test_train import metrics
 
 from nanogrpo.config import PRESETS, check_config, updates_per_step
-from nanogrpo.logprobs import LogprobHead, ValueHead, completion_logprobs, make_batch, pad_left
-from nanogrpo.model import Transformer
+from nanogrpo.model.logprobs import LogprobHead, ValueHead, completion_logprobs, make_batch, pad_left
+from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups
 from nanogrpo.policy import VALUE_HEAD, load_policy
 from nanogrpo.stages.ppo import gae, ppo_update, token_rewards, value_loss, whiten

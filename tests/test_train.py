@@ -144,7 +144,7 @@ def test_full_fine_tune_saves_an_hf_folder(tmp_path, tiny_model_dir):
     """model/ loads with our loader and with transformers, and it is the trained model, not the base."""
     from transformers import AutoModelForCausalLM
 
-    from nanogrpo.model import Transformer
+    from nanogrpo.model.transformer import Transformer
     from train import main
 
     main(tiny(tmp_path, steps=2, lora=replace(PRESET.lora, r=0)))
@@ -166,9 +166,9 @@ def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from nanogrpo import lora
-    from nanogrpo.logprobs import completion_logprobs, make_batch, pad_left
-    from nanogrpo.model import Transformer
+    from nanogrpo.model import lora
+    from nanogrpo.model.logprobs import completion_logprobs, make_batch, pad_left
+    from nanogrpo.model.transformer import Transformer
     from nanogrpo.policy import load_policy
 
     torch.manual_seed(0)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo import dist
 from nanogrpo.config import PRESETS, GRPOConfig, check_config
 from nanogrpo.grpo import grpo_loss, importance_weights
+from nanogrpo.infra import dist
 from nanogrpo.lab.toy import TabularPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +217,7 @@ COLLECTIVES = """
 import os, sys
 import torch, torch.distributed as tdist
 from pathlib import Path
-from nanogrpo import dist
+from nanogrpo.infra import dist
 from nanogrpo.policy import Policy
 
 tdist.init_process_group("cpu:gloo")  # a CUDA run's group, less NCCL (not built into CPU torch)

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import tyro
 
-from nanogrpo import judge_backend
 from nanogrpo.build import baselines, keypoints, rubric, style
 from nanogrpo.build import filter as row_filter  # not `filter`: the builtin
+from nanogrpo.model import judge_backend
 
 COMMANDS = {
     "keypoints": (keypoints.KeypointsArgs, keypoints.run),

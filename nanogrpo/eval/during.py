@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from nanogrpo import dist
 from nanogrpo.config import TrainConfig
 from nanogrpo.eval.evaluate import answer_and_score, pass_and_mean
+from nanogrpo.infra import dist
 
 
 def held_out_source(cfg: TrainConfig) -> str:

@@ -20,11 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nanogrpo import judge_backend
 from nanogrpo.eval import stats
+from nanogrpo.model import judge_backend
 from rewards.rows import prompt_text
 
-judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model
+judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model.transformer
 
 ANSWER_METRICS: dict[str, Callable[[str, list[str]], float]] = {
     "em": stats.exact_match,
@@ -103,7 +103,7 @@ def generate_completions(
     from tqdm import tqdm
 
     from nanogrpo.data import render_prompt
-    from nanogrpo.sampling import generate
+    from nanogrpo.model.sampling import generate
 
     prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
     # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.
@@ -551,7 +551,7 @@ def base_vs_trained(
     """Greedy (by default) completions of the base (LoRA disabled) and trained model on the same rows,
     scored and compared. Returns {"base": [...], "trained": [...], "base_scores", "trained_scores",
     "summary"}; gen_kwargs go to `generate_completions`."""
-    from nanogrpo import lora
+    from nanogrpo.model import lora
 
     score = dict(graders=graders, reward_cfg=reward_cfg, seed=seed)
     with lora.disabled(model):
@@ -569,7 +569,7 @@ def base_vs_trained(
 def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
     """Write eval_base.jsonl, eval_trained.jsonl and eval.json (the paired summary; the run page shows it),
     and each file's .meta.json saying which model wrote it (see `run_of`)."""
-    from nanogrpo.metrics import replace_atomically  # run-folder files: never written through a link
+    from nanogrpo.infra.metrics import replace_atomically  # run-folder files: never written through a link
 
     run_dir = Path(run_dir)
     for side, run in (("base", None), ("trained", ".")):

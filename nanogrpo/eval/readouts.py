@@ -399,7 +399,7 @@ def compare(
         dtype: 'float32' or 'bfloat16', of both the judge and the probe's LM.
         max_len: Longest probe input in tokens (longer ones keep their end).
     """
-    from nanogrpo import judge_backend
+    from nanogrpo.model import judge_backend
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig
     from rewards.probe import POOLS

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from nanogrpo.metrics import read_jsonl, replace_atomically
+from nanogrpo.infra.metrics import read_jsonl, replace_atomically
 from rewards.registry import parse_spec
 from rewards.rows import prompt_text
 

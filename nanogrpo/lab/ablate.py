@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f}", flush=True)  # fmt: skip
         meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
-        from .ablate_lm import LM_FLAGS, LM_ROWS, LMSettings, lm_task, lm_warmup, run_lm
+        from nanogrpo.lab.ablate_lm import LM_FLAGS, LM_ROWS, LMSettings, lm_task, lm_warmup, run_lm
 
         task = lm_task(out, a.rows or LM_ROWS)
         model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)

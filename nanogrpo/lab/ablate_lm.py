@@ -19,10 +19,9 @@ from pathlib import Path
 
 from nanogrpo.config import PRESETS, GRPOConfig
 from nanogrpo.data import demo_rows
-from nanogrpo.metrics import read_jsonl
-from nanogrpo.model_zoo import resolve_model
-
-from .ablate import Run, detect_collapse
+from nanogrpo.infra.metrics import read_jsonl
+from nanogrpo.lab.ablate import Run, detect_collapse
+from nanogrpo.model.zoo import resolve_model
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step

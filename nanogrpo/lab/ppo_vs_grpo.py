@@ -29,8 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nanogrpo.infra.metrics import read_jsonl
 from nanogrpo.lab.ablate_lm import train_logged
-from nanogrpo.metrics import read_jsonl
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 SEED_002_LOSS = 28.9  # seed 002's PPO loss "exceeded 28.9 by step 31"

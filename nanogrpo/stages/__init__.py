@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import TrainConfig
-from ..data import PromptOrder
-from ..metrics import Logger
-from ..policy import Policy
+from nanogrpo.config import TrainConfig
+from nanogrpo.data import PromptOrder
+from nanogrpo.infra.metrics import Logger
+from nanogrpo.policy import Policy
 
 
 @dataclass

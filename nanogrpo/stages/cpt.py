@@ -56,13 +56,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from nanogrpo.config import DataConfig
+from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import Batch, make_batch, pad_left
+from nanogrpo.stages import Run
+from nanogrpo.stages.sft import pad_right, sft_update
 from rewards.rows import DataError, read_rows
-
-from .. import dist
-from ..config import DataConfig
-from ..logprobs import Batch, make_batch, pad_left
-from . import Run
-from .sft import pad_right, sft_update
 
 INPUTS = "a .txt file, a folder of .txt files, or a .jsonl file with a 'text' field per row"
 _BLANK_LINE = re.compile(r"\n\s*\n")  # paragraphs are separated by blank lines (spaces on them allowed)

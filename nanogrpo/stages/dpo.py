@@ -43,13 +43,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .. import dist
-from ..config import TrainConfig
-from ..data import DataError
-from ..logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
-from ..policy import Policy, in_slices
-from . import Run
-from .sft import pad_right
+from nanogrpo.config import TrainConfig
+from nanogrpo.data import DataError
+from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
+from nanogrpo.policy import Policy, in_slices
+from nanogrpo.stages import Run
+from nanogrpo.stages.sft import pad_right
 
 # the per-pair means the step logs (dpo_loss's stats, over every rank's pairs)
 _MEANS = ("reward_margin", "reward_acc", "reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected")

@@ -37,15 +37,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from nanogrpo import grpo
+from nanogrpo.config import TrainConfig
+from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import Batch, completion_logprobs, micro_slices
+from nanogrpo.policy import Policy, in_slices
+from nanogrpo.rollout import rollout
+from nanogrpo.stages import Run
+from nanogrpo.summary import Totals, reduce_stats, reward_summary, sample_groups
 from rewards import mean_metrics
-
-from .. import dist, grpo
-from ..config import TrainConfig
-from ..logprobs import Batch, completion_logprobs, micro_slices
-from ..policy import Policy, in_slices
-from ..rollout import rollout
-from ..summary import Totals, reduce_stats, reward_summary, sample_groups
-from . import Run
 
 
 def step(run: Run, step: int, rows: list[dict], first: int) -> dict:

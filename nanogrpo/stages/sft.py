@@ -11,12 +11,12 @@ import time
 
 import torch
 
-from .. import dist
-from ..config import TrainConfig
-from ..data import sft_target
-from ..logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
-from ..policy import Policy, Update
-from . import Run
+from nanogrpo.config import TrainConfig
+from nanogrpo.data import sft_target
+from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
+from nanogrpo.policy import Policy, Update
+from nanogrpo.stages import Run
 
 
 def step(run: Run, step: int, rows: list[dict], first: int) -> dict:

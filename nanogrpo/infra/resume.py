@@ -34,9 +34,9 @@ from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nanogrpo import checkpoint as ckpt
 from nanogrpo.config import TrainConfig
-from nanogrpo.metrics import link_refused, open_run_fd, replace_atomically, sha256_file
+from nanogrpo.infra import checkpoint as ckpt
+from nanogrpo.infra.metrics import link_refused, open_run_fd, replace_atomically, sha256_file
 
 # RewardConfig's fields that let a run import and call the user's Python: never read from a file
 CODE_SETTINGS = ("allow_user_code", "style_allow_user_code")

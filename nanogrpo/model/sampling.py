@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kvcache import GroupedKVCache
-from .packed import packed_weights
+from nanogrpo.model.kvcache import GroupedKVCache
+from nanogrpo.model.packed import packed_weights
 
 
 @dataclass

@@ -12,7 +12,7 @@ the longest position of the current call (transformers keeps the largest seen so
 picks short or long factors the same way) it means a KV cache that grows past the original context holds
 keys rotated with the old frequencies (transformers re-encodes the prompt at that point). With `attn="flash"`
 a block of left-padded rows (an attention_mask, T > 1) runs flash-attn's varlen kernel on the real tokens,
-and a float32 call runs SDPA (flash-attn has no float32 kernel): nanogrpo/attention.py.
+and a float32 call runs SDPA (flash-attn has no float32 kernel): nanogrpo/model/attention.py.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import varlen
-from .kvcache import NO_CACHE, KVCache
-from .rope import apply_rope, rope_inv_freq, rope_tables
+from nanogrpo.model.attention import varlen
+from nanogrpo.model.kvcache import NO_CACHE, KVCache
+from nanogrpo.model.rope import apply_rope, rope_inv_freq, rope_tables
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
 ARCHITECTURES = {
@@ -268,7 +268,7 @@ class Transformer(nn.Module):
         return_hidden: bool = False,
     ) -> torch.Tensor:
         """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding;
-        kv_cache: a KVCache, GroupedKVCache or PrefixKV (nanogrpo/kvcache.py), or None.
+        kv_cache: a KVCache, GroupedKVCache or PrefixKV (nanogrpo/model/kvcache.py), or None.
 
         Returns logits (B, T, V), or with return_hidden the final-normed hidden states (B, T, H).
         """

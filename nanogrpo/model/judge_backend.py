@@ -2,7 +2,7 @@
 rewards here calls `register()` first (eval.py through nanogrpo.eval.evaluate, train.py before build_reward).
 
 Local judges (`--reward.judge.backend local`, `eval.py elo --judge local:PATH`) then load their model
-with nanogrpo.model, decode with nanogrpo.sampling.generate, and accept nanogrpo.model_zoo's names
+with nanogrpo.model.transformer, decode with nanogrpo.model.sampling.generate, and accept nanogrpo.model.zoo's names
 ('tiny', 'smollm2', 'random:SHAPE') besides folders; so do the rubric probes' frozen LMs.
 """
 
@@ -15,19 +15,19 @@ from rewards.local_client import LocalBackend, set_backend
 
 
 def resolve(name: str) -> Path:
-    from nanogrpo.model_zoo import resolve_model
+    from nanogrpo.model.zoo import resolve_model
 
     return resolve_model(name)
 
 
 def load(path: Path, dtype: Any, device: str) -> Any:
-    from nanogrpo.model import Transformer
+    from nanogrpo.model.transformer import Transformer
 
     return Transformer.from_pretrained(path, dtype=dtype, device=device)
 
 
 def generate(*args: Any, **kwargs: Any) -> Any:
-    from nanogrpo.sampling import generate
+    from nanogrpo.model.sampling import generate
 
     return generate(*args, **kwargs)
 

@@ -18,7 +18,7 @@ import copy
 
 import torch
 
-from .attention import attention
+from nanogrpo.model.attention import attention
 
 
 class NoCache:

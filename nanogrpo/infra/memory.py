@@ -32,7 +32,7 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
 Sampling and training never overlap (the KV cache is freed before the loss pass), so the peak is the larger
 of the two phases on top of what stays all run long (weights, trained state, reference).
 
-`plan_fsdp` is a full fine-tune sharded over N ranks with FSDP2 (nanogrpo/fsdp.py), per rank: the float32
+`plan_fsdp` is a full fine-tune sharded over N ranks with FSDP2 (nanogrpo/infra/fsdp.py), per rank: the float32
 weights, gradients and AdamW moments [4 + 4 + 8] and the bf16 reference [D] divided by N; while training,
 two decoder blocks unsharded (the running one and the prefetched one, weights and gradients [D + D]) and
 the root group (embeddings, LM head, final norm, unsharded from forward to backward [D + D]); while
@@ -99,7 +99,7 @@ def model_config(name_or_path: str) -> dict:
     """The config.json of --model.path, read without loading any weight: 'random:SHAPE' from its shape table
     (nothing is built); 'tiny', 'smollm2' and folders through model_zoo.resolve_model, as training resolves
     them (the first use builds 'tiny' or converts 'smollm2' into the cache, as training would next)."""
-    from .model_zoo import random_config, resolve_model
+    from nanogrpo.model.zoo import random_config, resolve_model
 
     if name_or_path.startswith("random:"):
         return with_defaults(random_config(name_or_path.removeprefix("random:")))
@@ -419,9 +419,8 @@ def run_step(
     import torch
 
     import kernels
-
-    from .packed import packing_supported
-    from .policy import needs_reference
+    from nanogrpo.model.packed import packing_supported
+    from nanogrpo.policy import needs_reference
 
     cuda = device.type == "cuda"
     backend = cfg.model.kernels if cfg.model.kernels != "auto" else kernels.get_backend()
@@ -466,8 +465,8 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
     nothing (that would not resume exactly): a note says when the plan exceeds the free memory. Under
     torchrun every rank plans with the smallest free memory among them, so all choose alike; CPU ranks
     share the host's memory. SFT and DPO are not planned: they pass unchecked."""
-    from . import dist
-    from .policy import parallel_mode
+    from nanogrpo.infra import dist
+    from nanogrpo.policy import parallel_mode
 
     if cfg.memory_check == "off":
         return cfg
@@ -495,7 +494,7 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
     have = f"{where.format(_gib(avail))} ({_gib(budget)}{per} after the 10% + 1 GiB margin)"
     given = f"--micro-batch {cfg.micro_batch}" + (" (all at once)" if cfg.micro_batch == 0 else "")
     given += " with" if s.checkpointing else " without"
-    need = f"the memory plan (nanogrpo/memory.py) needs {_numbers(now)} at {given} activation checkpointing"
+    need = f"the memory plan (nanogrpo/infra/memory.py) needs {_numbers(now)} at {given} activation checkpointing"
     if cfg.resume:
         if dist.is_main():
             print(

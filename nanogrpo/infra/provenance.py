@@ -4,7 +4,7 @@ config.json says what was asked (`--model.device auto`, `--model.dtype auto`) an
 `--resume` and `--config` load; environment.json says what that resolved to and with which code: the
 device and compute dtype, the versions of Python, torch, transformers and nanogrpo, the git commit of the
 nanogrpo checkout (and whether its tree had changes; null outside a git checkout), the CPU capability line
-(nanogrpo/cpu.py) and the environment variables that change the kernels. A resumed run writes its own start
+(nanogrpo/infra/cpu.py) and the environment variables that change the kernels. A resumed run writes its own start
 on top and keeps the earlier ones under "earlier", so a run continued on another machine says so.
 """
 
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from . import dist
-from .cpu import cpu_capability
-from .heap import keeps_freed_memory
-from .metrics import replace_atomically
+from nanogrpo.infra import dist
+from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.infra.heap import keeps_freed_memory
+from nanogrpo.infra.metrics import replace_atomically
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout nanogrpo runs from (a git work tree, or not)
 PACKAGES = ("nanogrpo", "torch", "transformers", "tokenizers", "numpy", "triton", "peft")
-# set in the environment, these change which kernels run or how many threads they use (nanogrpo/cpu.py),
-# or, NANOGRPO_KEEP_FREED and glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds (nanogrpo/heap.py)
+# set in the environment, these change which kernels run or how many threads they use (nanogrpo/infra/cpu.py),
+# or, NANOGRPO_KEEP_FREED and glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds (nanogrpo/infra/heap.py)
 ENV_VARS = (
     "NANOGRPO_KERNELS",
     "NANOGRPO_PACKED",

@@ -14,7 +14,7 @@ without `tokenizers` the folder has no tokenizer and callers must work with toke
 ~/.cache/nanogrpo), are built once, and appear atomically (written to a temporary folder, then renamed),
 so concurrent processes never see half a model. Nothing here touches the network.
 
-`python -m nanogrpo.model_zoo smollm2` prints the folder (building it the first time).
+`python -m nanogrpo.model.zoo smollm2` prints the folder (building it the first time).
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def _random_state_dict(cfg: dict, device: str, dtype, seed: int = 0) -> dict:
     """HF-named tensors for cfg: matrices and biases ~ N(0, 0.02), norm weights 1 (tied head not stored)."""
     import torch
 
-    from .model import ModelArgs, Transformer
+    from nanogrpo.model.transformer import ModelArgs, Transformer
 
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in Transformer(ModelArgs.from_hf(cfg)).state_dict().items()}
@@ -265,7 +265,7 @@ def random_transformer(spec: str, device: str = "cpu", dtype=None):
     architecture and shapes as resolve_model('random:SPEC'), weights drawn the same way."""
     import torch
 
-    from .model import ModelArgs, Transformer
+    from nanogrpo.model.transformer import ModelArgs, Transformer
 
     spec = spec.removeprefix("random:")
     cfg = random_config(spec)
@@ -356,5 +356,5 @@ def resolve_model(name_or_path: str) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m nanogrpo.model_zoo tiny|smollm2|random:SHAPE[:layers=N]|PATH")
+        sys.exit("usage: python -m nanogrpo.model.zoo tiny|smollm2|random:SHAPE[:layers=N]|PATH")
     print(resolve_model(sys.argv[1]))

@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.logprobs import token_logprobs
-
-from .kvcache import PrefixKV
+from nanogrpo.model.kvcache import PrefixKV
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ enough decode steps are left to repay the packing.
 
 The GPU path does not use this: there the copy would cost as much memory as the model, and cuBLAS needs
 no packing. `packed_weights(model)` is a no-op unless the model's weights are bf16 on a CPU where oneDNN's
-bf16 path runs, or float32 on a CPU where oneDNN's or MKL's float32 packing runs: `nanogrpo.cpu` tries
+bf16 path runs, or float32 on a CPU where oneDNN's or MKL's float32 packing runs: `nanogrpo.infra.cpu` tries
 each once per process, because the CPU flags do not tell (on an AVX2-only CPU oneDNN's bf16 reorder
 raises; a build of torch without MKL, as on ARM, has no packed sgemm), and elsewhere the model samples on
 its plain weights.
@@ -48,9 +48,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .cpu import cpu_capability
-from .heap import release_free_heap
-from .lora import LoraLinear
+from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.infra.heap import release_free_heap
+from nanogrpo.model.lora import LoraLinear
 
 
 def packing_supported(weight: torch.Tensor) -> bool:

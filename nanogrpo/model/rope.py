@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .model import ModelArgs
+    from nanogrpo.model.transformer import ModelArgs
 
 
 def rope_inv_freq(args: ModelArgs, seq_len: int) -> tuple[torch.Tensor, float]:

@@ -1,7 +1,7 @@
 """Where a run computes and how: the device and the compute dtype, and the seeds.
 
 Precision: frozen weights run in the compute dtype (bfloat16 on a GPU or on a CPU with bf16 matmul units
-that oneDNN's bf16 path runs on, see nanogrpo.cpu; float32 elsewhere); trained weights are float32 master
+that oneDNN's bf16 path runs on, see nanogrpo.infra.cpu; float32 elsewhere); trained weights are float32 master
 copies (LoRA adapters always; a full fine-tune keeps float32 weights and runs the forward under autocast).
 Log-softmax and the loss are float32.
 """
@@ -13,9 +13,9 @@ import random
 import numpy as np
 import torch
 
-from . import dist
-from .config import ModelConfig
-from .cpu import cpu_capability
+from nanogrpo.config import ModelConfig
+from nanogrpo.infra import dist
+from nanogrpo.infra.cpu import cpu_capability
 
 
 def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:

@@ -25,7 +25,7 @@ import tyro
 from tqdm import tqdm
 
 from nanogrpo import grpo, kl
-from nanogrpo.config import PRESETS, TrainConfig, check_config, updates_per_step, with_epochs
+from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.eval.during import HeldOutEval
@@ -50,6 +50,7 @@ from nanogrpo.infra.resume import (
 from nanogrpo.model import judge_backend
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
+from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
 from nanogrpo.summary import draw_summary, grpo_summary, sample_groups

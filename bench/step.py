@@ -62,7 +62,7 @@ FILLER = (
 
 def write_prompts(path: Path, n: int, filler_words: int) -> None:
     """The demo task's train rows (repeated to n), each prompt optionally lengthened by filler words."""
-    from nanogrpo.data import demo_rows
+    from nanogrpo.recipes.demo import demo_rows
 
     rows = demo_rows("train", system=False)  # one user message, as in the recorded runs
     pad = " ".join(FILLER[i % len(FILLER)] for i in range(filler_words))

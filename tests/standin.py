@@ -285,7 +285,7 @@ def stage_configs(root) -> dict:
     from dataclasses import replace
     from pathlib import Path
 
-    from nanogrpo.config import PRESETS
+    from nanogrpo.recipes.presets import PRESETS
 
     root = Path(root)
     t = PRESETS["tiny"][1]

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from nanogrpo.data import DataError, PromptOrder, demo_rows, load_rows, require_fields
+from nanogrpo.data import DataError, PromptOrder, load_rows, require_fields
+from nanogrpo.recipes.demo import demo_rows
 
 
 def _write(tmp_path, lines):

@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 from helpers import write_rows
 
-from nanogrpo.config import PRESETS, DataConfig
+from nanogrpo.config import DataConfig
 from nanogrpo.data import column_map, load_task
+from nanogrpo.recipes.presets import PRESETS
 from rewards.rows import DataError
 
 ROWS = [
@@ -144,7 +145,7 @@ def test_demo_recipes_and_missing_files_as_before(tmp_path):
 
 
 def test_tiny_run_from_a_parquet_file(tmp_path):
-    from nanogrpo.data import demo_rows
+    from nanogrpo.recipes.demo import demo_rows
     from train import main
 
     rows = [{k: r[k] for k in ("id", "reference", "answer")} | {"prompt": r["prompt"][-1]["content"]}
@@ -158,7 +159,7 @@ def test_tiny_run_from_a_parquet_file(tmp_path):
 
 def test_train_maps_the_columns_of_a_csv(tmp_path):
     """--data.prompt-field / --data.reference-field rename the columns before the rows are checked."""
-    from nanogrpo.data import demo_rows
+    from nanogrpo.recipes.demo import demo_rows
     from train import cli, main
 
     path = tmp_path / "qa.csv"

@@ -173,9 +173,9 @@ def torch_close(a: dict, b: dict, atol: float = 1e-6) -> bool:
 def test_parallel_mode(monkeypatch):
     from dataclasses import replace
 
-    from nanogrpo.config import PRESETS
     from nanogrpo.infra import dist
     from nanogrpo.policy import parallel_mode
+    from nanogrpo.recipes.presets import PRESETS
 
     cfg = PRESETS["tiny"][1]
     full = replace(cfg, lora=replace(cfg.lora, r=0))

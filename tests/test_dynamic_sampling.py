@@ -9,8 +9,7 @@ import pytest
 import torch
 from test_train import metrics, run_train, tiny
 
-from nanogrpo.config import PRESETS
-from nanogrpo.data import PromptOrder, demo_rows, tokenize_prompts
+from nanogrpo.data import PromptOrder, tokenize_prompts
 from nanogrpo.dynamic import (
     Scored,
     choose_groups,
@@ -22,6 +21,8 @@ from nanogrpo.dynamic import (
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import make_batch
 from nanogrpo.policy import load_policy, prompt_budget, update
+from nanogrpo.recipes.demo import demo_rows
+from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.rollout import assemble, loss_rows, prompt_seed, rollout
 
 TINY = PRESETS["tiny"][1]

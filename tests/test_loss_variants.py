@@ -11,7 +11,7 @@ import torch
 from test_grpo import batch
 from test_train import metrics, run_train, tiny
 
-from nanogrpo.config import PRESETS, GRPOConfig, check_config
+from nanogrpo.config import GRPOConfig, check_config
 from nanogrpo.grpo import (
     accumulate_stats,
     batch_std,
@@ -23,6 +23,7 @@ from nanogrpo.grpo import (
     reward_moments,
 )
 from nanogrpo.infra.resume import load_config
+from nanogrpo.recipes.presets import PRESETS
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 NAN = float("nan")

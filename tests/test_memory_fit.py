@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.config import PRESETS
 from nanogrpo.infra import memory
+from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = 80 * memory.GiB

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import torch
 
-from nanogrpo.config import PRESETS, updates_per_step
+from nanogrpo.config import updates_per_step
 from nanogrpo.optim import build_scheduler
+from nanogrpo.recipes.presets import PRESETS
 from train import main
 
 TINY = PRESETS["tiny"][1]

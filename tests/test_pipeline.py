@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nanogrpo.config import PRESETS
-from nanogrpo.data import demo_rows
+from nanogrpo.recipes.demo import demo_rows
+from nanogrpo.recipes.presets import PRESETS
 
 TEXT = (
     "The heart pumps blood through the arteries. The veins bring it back to the heart.\n\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo.config import PRESETS
 from nanogrpo.data import PromptOrder, load_task
 from nanogrpo.recipes import RECIPES, file_path, recipe_path
+from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ("semantic", "judge-numbers", "clinical", "rlvrr", "rubric")

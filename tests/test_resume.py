@@ -7,8 +7,9 @@ from dataclasses import asdict, replace
 import pytest
 from test_train import metrics, run_train
 
-from nanogrpo.config import PRESETS, OptimConfig
+from nanogrpo.config import OptimConfig
 from nanogrpo.infra.resume import load_config
+from nanogrpo.recipes.presets import PRESETS
 from rewards.options import JudgeConfig, RewardConfig
 from train import cli, main
 

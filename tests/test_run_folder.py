@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 
 import train
-from nanogrpo.config import PRESETS
-from nanogrpo.data import demo_rows
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra.metrics import JsonlWriter, replace_atomically
 from nanogrpo.infra.resume import data_fingerprint, lock_run_dir, release_run_dir
+from nanogrpo.recipes.demo import demo_rows
+from nanogrpo.recipes.presets import PRESETS
 
 TINY = PRESETS["tiny"][1]
 

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from test_train import ROOT, metrics, run_train
 
 import train
-from nanogrpo.config import PRESETS
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra.metrics import JsonlWriter, read_jsonl
+from nanogrpo.recipes.presets import PRESETS
 
 TINY = PRESETS["tiny"][1]
 

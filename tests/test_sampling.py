@@ -306,11 +306,11 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from nanogrpo.config import PRESETS
     from nanogrpo.data import render_prompt
     from nanogrpo.eval import evaluate
     from nanogrpo.model import lora
     from nanogrpo.model.sampling import finish_text
+    from nanogrpo.recipes.presets import PRESETS
 
     model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)
     row = {"id": "a", "prompt": "The capital of France is", "reference": "Paris"}

@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import write_rows
 
-from nanogrpo.config import PRESETS
 from nanogrpo.data import DataError, load_rows, tokenize_prompts
 from nanogrpo.model import lora
 from nanogrpo.policy import load_policy, prompt_budget
+from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.stages import Run, dpo
 
 TINY = replace(

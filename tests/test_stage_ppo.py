@@ -9,11 +9,12 @@ import torch
 from safetensors.torch import load_file
 from test_train import metrics
 
-from nanogrpo.config import PRESETS, check_config, updates_per_step
+from nanogrpo.config import check_config, updates_per_step
 from nanogrpo.model.logprobs import LogprobHead, ValueHead, completion_logprobs, make_batch, pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups
 from nanogrpo.policy import VALUE_HEAD, load_policy
+from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.stages.ppo import gae, ppo_update, token_rewards, value_loss, whiten
 from train import cli, main
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo.config import PRESETS
+from nanogrpo.recipes.presets import PRESETS
 from train import NonFiniteStep, cli, main
 
 ROOT = Path(__file__).resolve().parents[1]

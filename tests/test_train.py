@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.config import PRESETS
+from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("t_", "tok_per_s")
@@ -35,7 +35,7 @@ def metrics(run: Path) -> list[dict]:
 
 
 def tiny(tmp_path, **kw):
-    from nanogrpo.config import PRESETS
+    from nanogrpo.recipes.presets import PRESETS
 
     return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **kw)
 
@@ -84,7 +84,7 @@ def test_resume_is_exact(tmp_path):
 
 
 def test_sft_lowers_the_loss_and_its_adapter_starts_grpo(tmp_path):
-    from nanogrpo.data import demo_rows
+    from nanogrpo.recipes.demo import demo_rows
     from train import main
 
     rows = tmp_path / "four.jsonl"  # four rows seen every step: SFT must fit them

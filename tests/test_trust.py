@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.config import PRESETS, GRPOConfig, check_config
+from nanogrpo.config import GRPOConfig, check_config
 from nanogrpo.grpo import grpo_loss, importance_weights
 from nanogrpo.infra import dist
 from nanogrpo.lab.toy import TabularPolicy
+from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = PRESETS["tiny"][1]

@@ -354,7 +354,7 @@ def data_fingerprint(spec: str, split: str) -> dict[str, Any]:
     in it with its relative path, 'recipe:NAME' as its embedded file, 'demo' as its rows (generated in code).
     NAME:SPLIT from the Hugging Face cache is {"source", "skipped": why}."""
     if spec == "demo":
-        from nanogrpo.data import demo_rows
+        from nanogrpo.recipes.demo import demo_rows
 
         rows = json.dumps(demo_rows(split), sort_keys=True)
         return {"source": spec, "size": len(rows), "sha256": _sha256_text(rows)}

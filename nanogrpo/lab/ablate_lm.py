@@ -17,11 +17,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nanogrpo.config import PRESETS, GRPOConfig
-from nanogrpo.data import demo_rows
+from nanogrpo.config import GRPOConfig
 from nanogrpo.infra.metrics import read_jsonl
 from nanogrpo.lab.ablate import Run, detect_collapse
 from nanogrpo.model.zoo import resolve_model
+from nanogrpo.recipes.demo import demo_rows
+from nanogrpo.recipes.presets import PRESETS
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen every other step

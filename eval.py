@@ -180,15 +180,13 @@ def _emit(obj: dict, path: str, table: str) -> None:
 
 
 def run_generate(args: Generate) -> None:
-    from transformers import AutoTokenizer
-
     from nanogrpo.config import ModelConfig
     from nanogrpo.data import load_task
     from nanogrpo.infra.device import resolve_device_dtype
     from nanogrpo.infra.heap import keep_freed_memory
     from nanogrpo.model import lora
     from nanogrpo.model.transformer import Transformer
-    from nanogrpo.model.zoo import resolve_model
+    from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
@@ -196,7 +194,7 @@ def run_generate(args: Generate) -> None:
     if device.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
         keep_freed_memory()
     path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     model = Transformer.from_pretrained(path, dtype=dtype, device=device)
     if args.adapter:
         lora.load_adapter(model, args.adapter)

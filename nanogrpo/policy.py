@@ -33,7 +33,7 @@ from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, writ
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs, micro_slices
 from nanogrpo.model.transformer import ModelArgs, Transformer
-from nanogrpo.model.zoo import resolve_model
+from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
 VALUE_HEAD = "value_head.safetensors"  # PPO's value head, next to the adapter or model weights
 
@@ -346,8 +346,6 @@ def parallel_mode(cfg: TrainConfig) -> str:
 def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
     """The tokenizer and the longest prompt the run allows, read from the model folder without loading the
     weights: --data.max-prompt-tokens, at most the model's positions less --sampling.max-new-tokens."""
-    from transformers import AutoTokenizer
-
     model_dir = resolve_model(cfg.model.path)
     hf = json.loads((model_dir / "config.json").read_text())
     ModelArgs.from_hf(hf)  # unknown architecture: fail first
@@ -358,16 +356,14 @@ def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
             f"model's {hf.get('max_position_embeddings')} positions; lower it"
         )
     limit = min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room
-    return AutoTokenizer.from_pretrained(str(model_dir)), limit
+    return load_tokenizer(model_dir), limit
 
 
 def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, tokenizer=None) -> Policy:
     """The policy of a run; `tokenizer`: the one prompt_budget loaded already (None: load it here)."""
-    from transformers import AutoTokenizer
-
     model_dir = resolve_model(cfg.model.path)
     ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
-    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_dir))
+    tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     use_lora = cfg.lora.r > 0
     parallel = parallel_mode(cfg)
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.

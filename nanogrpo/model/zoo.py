@@ -358,3 +358,22 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m nanogrpo.model.zoo tiny|smollm2|random:SHAPE[:layers=N]|PATH")
     print(resolve_model(sys.argv[1]))
+
+
+# tokenizer classes that are a tokenizer.json and nothing more: loaded directly, since AutoTokenizer first
+# reads the model's config, which imports that architecture's transformers modules (~3 s on a CPU)
+_PLAIN_TOKENIZERS = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The model folder's tokenizer: a plain tokenizer.json directly, any other class through AutoTokenizer."""
+    model_dir = Path(model_dir)
+    config = model_dir / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if name in _PLAIN_TOKENIZERS and (model_dir / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))

@@ -29,6 +29,7 @@ from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_ep
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
 from nanogrpo.eval.during import HeldOutEval
+from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
@@ -161,17 +162,13 @@ def main(cfg: TrainConfig) -> dict:
     # ------------------------------------------------------------------------ end: adapter, plots, eval, page
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
     policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
-    if dist.is_main():
+    if cfg.plots and dist.is_main():
         plot_metrics(out)
     if cfg.eval_prompts > 0 and dist.is_main():
         summary["eval"] = final_eval(cfg, policy, out)
     if dist.is_main():
-        try:
-            from nanogrpo.eval.report import write_report
-
+        if cfg.plots:
             write_report(out)
-        except ImportError:
-            pass
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
     release_run_dir(out)  # the folder's lock (nanogrpo/infra/resume.py)

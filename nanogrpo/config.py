@@ -278,6 +278,9 @@ class TrainConfig:
     """Checkpoint every k steps (0 = only at the end)."""
     log_samples_every: int = 5
     """Write the step's groups to samples.jsonl every k steps."""
+    plots: bool = True
+    """At the end, draw the PNG plots and the run page (index.html); --no-plots skips both (metrics.jsonl has
+    everything: `python eval.py report RUN` draws them later)."""
     eval_prompts: int = 0
     """Held-out prompts for the final base-vs-trained comparison, and for --eval-every (0 = skip)."""
     eval_every: int = 0

@@ -41,7 +41,7 @@ def cpu_class() -> str:
 
 def run(name: str, out: Path) -> dict:
     """Run `name` into `out` and return its record: metrics without timings, samples, adapter sha256."""
-    args = [*RUNS[name], "--out-dir", str(out)]
+    args = [*RUNS[name], "--out-dir", str(out), "--no-plots"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)  # fmt: skip

@@ -42,7 +42,8 @@ def cpu_class() -> str:
 def run(name: str, out: Path) -> dict:
     """Run `name` into `out` and return its record: metrics without timings, samples, adapter sha256."""
     args = [*RUNS[name], "--out-dir", str(out), "--no-plots"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # two threads, as recorded: the float32 sums split differently across another number of threads
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)  # fmt: skip
     if r.returncode != 0:

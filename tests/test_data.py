@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nanogrpo.data import DataError, PromptOrder, load_rows, require_fields
+from nanogrpo.data import DataError, PromptOrder, load_rows
 from nanogrpo.recipes.demo import demo_rows
 
 
@@ -38,12 +38,6 @@ def test_rows_get_line_ids_and_chat_prompts(tmp_path):
     p = _write(tmp_path, [json.dumps({"prompt": "x"}), "", json.dumps(chat)])
     rows = load_rows(p)
     assert [r["id"] for r in rows] == [1, 3]
-
-
-def test_grader_needing_missing_field_is_refused(tmp_path):
-    rows = load_rows(_write(tmp_path, ['{"prompt": "q", "reference": "a"}', '{"prompt": "q2"}']))
-    with pytest.raises(DataError, match=r"rows.jsonl:2: field 'reference' is missing, and rouge_l needs it"):
-        require_fields(rows, ("reference",), str(tmp_path / "rows.jsonl"), "rouge_l")
 
 
 def test_demo_task_is_deterministic_and_splits_disjoint():

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import tyro
 
+from nanogrpo.data import correct_option, preference_texts
+from nanogrpo.formats import validate_row
 from rewards.rows import DataError, read_rows
 
 Positional = tyro.conf.Positional
@@ -68,8 +70,6 @@ def labelled(options: dict | list) -> list[tuple[str, str]]:
 def gold_index(row: dict, options: dict | list, fields: Sequence[str], where: str) -> int:
     """The index of the correct option, read from every answer field the row has (as DPO reads an answer:
     text, label or list index; an ambiguous one is refused); the fields must name the same option."""
-    from nanogrpo.stages.dpo import correct_option  # the one reading of an answer, shared with DPO
-
     found = {f: correct_option(options, row[f], f"{where}: field '{f}'")[1] for f in fields if f in row}
     if not found:
         raise DataError(
@@ -109,9 +109,6 @@ class McqFields:
 
 def convert_row(row: dict, f: McqFields, where: str) -> dict:
     """One multiple-choice row -> an open-generation row (prompt, reference, answer, options, the rest)."""
-    from nanogrpo.data import validate_row
-    from nanogrpo.stages.dpo import preference_texts
-
     question = row.get(f.question)
     if not isinstance(question, str) or not question.strip():
         raise DataError(

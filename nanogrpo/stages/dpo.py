@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import string
 import time
 
 import torch
 import torch.nn.functional as F
 
 from nanogrpo.config import TrainConfig
-from nanogrpo.data import DataError
+from nanogrpo.data import preference_texts
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
 from nanogrpo.policy import Policy, in_slices
@@ -168,90 +167,3 @@ def draw_index(seed: int, row_id: str | int | None, n: int) -> int:
     per process, so every rank and every resumed run draws the same."""
     key = json.dumps(["dpo-rejected", seed, row_id]).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % n
-
-
-def preference_texts(row: dict, where: str) -> tuple[str, list[str]]:
-    """The chosen text and the rejected candidates of a row (its `rejected`, or every wrong option);
-    DataError naming `where` ('file:line') when the row has neither form or a bad one."""
-    chosen, rejected = row.get("chosen"), row.get("rejected")
-    if chosen is not None or rejected is not None:
-        for name, text in (("chosen", chosen), ("rejected", rejected)):
-            if not isinstance(text, str) or not text.strip():
-                raise DataError(
-                    f"{where}: field '{name}' is missing or empty; a preference row needs both 'chosen' and "
-                    "'rejected' as non-empty strings"
-                )
-        if chosen.strip() == rejected.strip():
-            raise DataError(
-                f"{where}: 'chosen' and 'rejected' are the same text, so the pair teaches nothing; "
-                "fix the pair or drop the row"
-            )
-        return chosen, [rejected]
-    if row.get("options") is None:
-        raise DataError(
-            f"{where}: --algo dpo needs 'chosen' and 'rejected' texts, or a multiple-choice question with "
-            "'options' and 'answer'; the row has neither"
-        )
-    texts, k = correct_option(row["options"], row.get("answer"), where)
-    wrong = [t for t in texts if t.strip() != texts[k].strip()]
-    if not wrong:
-        raise DataError(
-            f"{where}: every option reads as the answer {texts[k]!r}: no wrong option to reject; "
-            "give at least one distinct wrong option"
-        )
-    return texts[k], wrong
-
-
-def correct_option(options: list | dict, answer: object, where: str) -> tuple[list[str], int]:
-    """The option texts and the index of the correct one.
-
-    `answer` names it by its text, by its label (a list's options are lettered A, B, C, ...; an object's
-    labels are its keys; both compared ignoring case), or, for a list, by its 0-based index. Every reading
-    that matches must name the same option, else the row is refused: ["1", "2"] with answer 1 could be
-    index 1 ("2") or the text "1"."""
-    if isinstance(options, dict):
-        labels, texts = [str(key) for key in options], list(options.values())
-    elif isinstance(options, list):
-        labels, texts = list(string.ascii_uppercase[: len(options)]), list(options)
-        labels += [""] * (len(texts) - len(labels))  # past Z: by text or index only
-    else:
-        raise DataError(
-            f"{where}: field 'options' must be a list of texts or an object letter -> text, "
-            f"got {type(options).__name__}"
-        )
-    names = [f"option {lab or i}" for i, lab in enumerate(labels)]
-    if len(texts) < 2:
-        raise DataError(
-            f"{where}: field 'options' has {len(texts)} option(s); DPO needs the correct one and at "
-            "least one wrong one to reject"
-        )
-    for name, text in zip(names, texts):
-        if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where}: {name} must be a non-empty string, got {text!r}")
-    if answer is None or isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise DataError(
-            f"{where}: field 'answer' is missing or not a string or number; with 'options', give the "
-            "correct option's text, its letter (A = the first) or key, or its 0-based index"
-        )
-    key = str(answer).strip()
-    by_text = [i for i, t in enumerate(texts) if t.strip() == key]
-    if len(by_text) > 1:
-        raise DataError(
-            f"{where}: the answer {key!r} is the text of {len(by_text)} options; make them distinct"
-        )
-    by_label = [i for i, lab in enumerate(labels) if lab and lab.strip().casefold() == key.casefold()]
-    by_index = (
-        [answer] if isinstance(options, list) and isinstance(answer, int) and answer < len(texts) else []
-    )
-    found = sorted(set(by_text + by_label + [i for i in by_index if i >= 0]))
-    if not found:
-        raise DataError(
-            f"{where}: the answer {answer!r} is not among the {len(texts)} options; give the correct "
-            "option's text, its letter (A = the first) or key, or its 0-based index"
-        )
-    if len(found) > 1:
-        raise DataError(
-            f"{where}: the answer {answer!r} could name {' or '.join(names[i] for i in found)} (as text, "
-            "letter or index); write the correct option's text"
-        )
-    return texts, found[0]

@@ -346,7 +346,9 @@ def check_config(cfg: TrainConfig) -> None:
         from nanogrpo.model.attention import check_flash
 
         check_flash(cfg.model.device, cfg.model.dtype)
-    _check_eval_every(cfg)
+    from nanogrpo.eval.during import check_eval_every  # beside the evaluation it checks
+
+    check_eval_every(cfg)
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return
@@ -359,19 +361,7 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--grpo.group-size {g.group_size}: GRPO compares completions of the same prompt; use >= 2"
         )
-    if not s.temperature > 0:
-        raise ValueError(
-            f"--sampling.temperature {s.temperature}: GRPO needs the sampling distribution's log-probs, and "
-            "greedy decoding has none (all G completions would also be the same); use a temperature > 0, "
-            "e.g. 1.0"
-        )
-    if s.top_k > 0 or s.top_p < 1.0:
-        raise ValueError(
-            f"--sampling.top-k {s.top_k} / --sampling.top-p {s.top_p}: completions would come from the "
-            "truncated distribution while the ratio, the KL and the entropy use the full one, which biases "
-            "the policy gradient (docs/KL.md); use --sampling.top-k 0 --sampling.top-p 1 for training "
-            "(eval.py generate accepts both), and a lower --sampling.temperature to sample less widely"
-        )
+    _check_ratio_sampling(s, "GRPO")
     if g.kl_placement != "none" and g.beta == 0:
         raise ValueError(
             f"--grpo.kl-placement {g.kl_placement} with --grpo.beta 0 computes a KL that does nothing: set "
@@ -387,55 +377,27 @@ def check_config(cfg: TrainConfig) -> None:
     _check_loss_variants(g)
 
 
-def _check_eval_every(cfg: TrainConfig) -> None:
-    """--eval-every, --eval-samples: what the evaluation during training needs, checked before any model
-    loads (a run must not train for hours to find its held-out set missing)."""
-    if cfg.eval_every < 0 or cfg.eval_samples < 0:
-        raise ValueError(
-            f"--eval-every {cfg.eval_every} / --eval-samples {cfg.eval_samples}: both must be >= 0 (0 = off)"
-        )
-    if cfg.eval_every == 0:
-        if cfg.eval_samples > 0:
-            raise ValueError(
-                f"--eval-samples {cfg.eval_samples} samples at each evaluation of --eval-every, which is off: "
-                "add --eval-every K (e.g. 10), or drop --eval-samples"
-            )
-        return
-    if cfg.eval_prompts <= 0:
-        raise ValueError(
-            f"--eval-every {cfg.eval_every} evaluates --eval-prompts held-out rows, and --eval-prompts is "
-            f"{cfg.eval_prompts}: add --eval-prompts N (e.g. 100), or drop --eval-every"
-        )
-    if not cfg.data.eval and cfg.data.train != "demo":  # the demo task has a held-out split of its own
-        raise ValueError(
-            f"--eval-every {cfg.eval_every} needs held-out rows and --data.train {cfg.data.train} has no "
-            "held-out split: add --data.eval FILE (rows in the training format, never trained on), or drop "
-            "--eval-every"
-        )
-    if cfg.eval_samples > 0 and not cfg.sampling.temperature > 0:
-        raise ValueError(
-            f"--eval-samples {cfg.eval_samples} samples at --sampling.temperature "
-            f"{cfg.sampling.temperature}, which is greedy: k identical answers; set a temperature > 0, or "
-            "drop --eval-samples (the greedy scores are logged anyway)"
-        )
-
-
-def _check_ppo(cfg: TrainConfig) -> None:
-    """--algo ppo: the sampling its ratio and KL need, GAE's and the value loss's ranges, and the GRPO-only
-    options it would ignore."""
-    p, s, g = cfg.ppo, cfg.sampling, cfg.grpo
+def _check_ratio_sampling(s: SamplingConfig, algo: str) -> None:
+    """GRPO's and PPO's ratio and KL are taken under the sampling distribution: it must have log-probs (a
+    temperature > 0) and be the full one (no top-k, no top-p)."""
     if not s.temperature > 0:
         raise ValueError(
-            f"--sampling.temperature {s.temperature}: PPO's ratio and KL need the sampling distribution's "
+            f"--sampling.temperature {s.temperature}: {algo}'s ratio and KL need the sampling distribution's "
             "log-probs, and greedy decoding has none; use a temperature > 0, e.g. 1.0"
         )
     if s.top_k > 0 or s.top_p < 1.0:
         raise ValueError(
             f"--sampling.top-k {s.top_k} / --sampling.top-p {s.top_p}: completions would come from the "
-            "truncated distribution while the ratio and the per-token KL reward use the full one (a KL that "
-            "can go negative and pay the policy); use --sampling.top-k 0 --sampling.top-p 1, and a lower "
-            "--sampling.temperature to sample less widely"
+            "truncated distribution while the ratio and the KL use the full one, which biases the policy "
+            "gradient (docs/KL.md); use --sampling.top-k 0 --sampling.top-p 1 for training (eval.py generate "
+            "accepts both), and a lower --sampling.temperature to sample less widely"
         )
+
+
+def _check_ppo(cfg: TrainConfig) -> None:
+    """--algo ppo: GAE's and the value loss's ranges, and the GRPO-only options it would ignore."""
+    p, s, g = cfg.ppo, cfg.sampling, cfg.grpo
+    _check_ratio_sampling(s, "PPO")
     for name, v in (("gamma", p.gamma), ("lam", p.lam)):
         if not 0 <= v <= 1:
             raise ValueError(f"--ppo.{name} {v}: GAE's {name} is in [0, 1] (1 and 0.95 are the usual)")

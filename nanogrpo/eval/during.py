@@ -47,6 +47,39 @@ def held_out_source(cfg: TrainConfig) -> str:
     return cfg.data.eval or ("demo" if cfg.data.train == "demo" else "")
 
 
+def check_eval_every(cfg: TrainConfig) -> None:
+    """--eval-every, --eval-samples: what the evaluation during training needs, checked before any model
+    loads (a run must not train for hours to find its held-out set missing)."""
+    if cfg.eval_every < 0 or cfg.eval_samples < 0:
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} / --eval-samples {cfg.eval_samples}: both must be >= 0 (0 = off)"
+        )
+    if cfg.eval_every == 0:
+        if cfg.eval_samples > 0:
+            raise ValueError(
+                f"--eval-samples {cfg.eval_samples} samples at each evaluation of --eval-every, which is off: "
+                "add --eval-every K (e.g. 10), or drop --eval-samples"
+            )
+        return
+    if cfg.eval_prompts <= 0:
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} evaluates --eval-prompts held-out rows, and --eval-prompts is "
+            f"{cfg.eval_prompts}: add --eval-prompts N (e.g. 100), or drop --eval-every"
+        )
+    if not held_out_source(cfg):  # the demo task has a held-out split of its own
+        raise ValueError(
+            f"--eval-every {cfg.eval_every} needs held-out rows and --data.train {cfg.data.train} has no "
+            "held-out split: add --data.eval FILE (rows in the training format, never trained on), or drop "
+            "--eval-every"
+        )
+    if cfg.eval_samples > 0 and not cfg.sampling.temperature > 0:
+        raise ValueError(
+            f"--eval-samples {cfg.eval_samples} samples at --sampling.temperature "
+            f"{cfg.sampling.temperature}, which is greedy: k identical answers; set a temperature > 0, or "
+            "drop --eval-samples (the greedy scores are logged anyway)"
+        )
+
+
 def eval_seed(seed: int, step: int, index: int) -> int:
     """The seed of held-out row `index`'s sampling generator at `step`: a stream apart from every training
     prompt's (rollout.prompt_seed), the same on any rank and in any batch."""

@@ -5,8 +5,8 @@ choices depend on it: the dtype that `--model.dtype auto` picks (bf16 only where
 natively; elsewhere bf16 matmuls are emulated and several times slower than float32), and how the sampler
 packs its weights (packed.py): bf16 ones for oneDNN; float32 ones for MKL's packed sgemm on Intel CPUs and
 for oneDNN on the others. MKL picks its fastest code by the CPU's vendor: on an AMD EPYC its packed sgemm
-took 1.3-1.8x oneDNN's time for the decode step's matmuls (and more than its own plain sgemm), while on a
-Xeon it took 3-12% less than oneDNN's (docs/BENCHMARKS.md).
+is slower than oneDNN's for the decode step's matmuls (and than its own plain sgemm), on a Xeon a little
+faster (docs/BENCHMARKS.md).
 
 Why a probe and not the flags alone: /proc/cpuinfo says what the silicon has, not what oneDNN will run.
 oneDNN's bf16 path needs avx_ne_convert or AVX512 (bw, vl, dq): on an AVX2-only CPU its bf16 weight reorder

@@ -4,13 +4,12 @@ PyTorch's CPU tensors come from malloc, and a training step allocates and frees 
 every step. With glibc's defaults a block over the mmap threshold (128 KiB at first, raised as such
 blocks are freed, to 32 MiB at most) gets fresh pages from the system and returns them when freed, and
 the free top of the heap past the trim threshold is returned too; every page returned is faulted in and
-zeroed again at its next use. A GRPO step on SmolLM2 in float32 faulted in ~2 GB of pages every step, and
-on a 2-core AMD EPYC VM 15% of `make demo`'s CPU time went to the kernel.
+zeroed again at its next use: a GRPO step faults in gigabytes of pages, and a large share of `make demo`'s
+CPU time went to the kernel (docs/BENCHMARKS.md).
 
 `keep_freed_memory()`, which train.py and eval.py call for a CPU run, sets the mmap threshold to its
-32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: there, a
-GRPO step took ~30% less time in float32 and ~12% less in bf16, and peaked 0-0.1 GiB higher (0.2 GiB with
-MKL's packing; docs/BENCHMARKS.md). Blocks over 32 MiB still come from the system each time; the log-prob
+32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: a shorter
+step for a slightly higher peak (docs/BENCHMARKS.md). Blocks over 32 MiB still come from the system each time; the log-prob
 head's tiles stay under it (kernels/logprobs.py).
 `release_free_heap()` is the opposite (malloc_trim): the free pages back to the system, so that the
 resident memory falls to what is live; it does nothing in a process that keeps its memory.

@@ -8,10 +8,10 @@ needs), a `Varlen` (left-padded rows through flash-attn's varlen kernel, see bel
 row that sees every key) or a boolean tensor (B, 1, T, S).
 
 Where this departs from a plain SDPA call, for speed on the CPU (same results to float32 rounding):
-- bf16 queries and keys are cast to float32 first: there the float32 attention kernels are 2-5x faster
-  than the bf16 ones, forward and backward (the sampler keeps a float32 cache for this reason);
+- bf16 queries and keys are cast to float32 first: there the float32 attention kernels are several times
+  faster than the bf16 ones, forward and backward (the sampler keeps a float32 cache for this reason);
 - a single query per row runs as two batched matmuls with the query heads of a KV head stacked as rows
-  (`decode_attention`: no repeated keys), ~20% faster per call than SDPA's kernel on SmolLM2's shapes.
+  (`decode_attention`: no repeated keys), faster per call than SDPA's kernel on SmolLM2's shapes.
 
 On a GPU, grouped-query attention (n_kv < nh, as in Qwen2.5, Llama 3, SmolLM2) with a padding mask would
 reach SDPA's math kernel: flash rejects any attn_mask, and the memory-efficient kernel of torch <= 2.11

@@ -4,9 +4,8 @@ weights into MKL's packed sgemm layout on Intel CPUs and into oneDNN's on the ot
 NANOGRPO_PACKED_FP32=mkl|onednn picks one).
 
 Why: on a CPU, a decode step is a few dozen small matmuls (M = the batch) per layer. A plain `F.linear`
-re-lays out the weight on every call; a pre-packed weight skips that (bf16: 15-30% faster matmuls on
-SmolLM2's shapes; float32 on a Xeon, MKL's: 25-45% at M = 2-32 rows with AVX2 code, 20-30% with AVX-512;
-float32 on an AMD EPYC, oneDNN's: 20-70% at M = 1-160 with AVX2 code), folding the LoRA update
+re-lays out the weight on every call; a pre-packed weight skips that (docs/BENCHMARKS.md, "Numbers behind
+the CPU paths", has the gains per dtype and CPU), folding the LoRA update
 into the temporary copy removes the two low-rank matmuls per projection, and fusing the projections that
 read the same input saves a few percent more. The packed modules are swapped in for the model's own and
 put back on the way out; the copies, the LM head's included, live only for the duration of the `with`
@@ -14,13 +13,12 @@ block; the trained weights are untouched, so the sampler's model is the trained 
 W + BA in the weights' dtype.
 
 Memory: glibc keeps freed memory in its heaps, and the packed copies of one call and the training pass's
-activations around it do not fit into each other's holes, so a GRPO step on SmolLM2 in float32 peaked
-0.3-0.5 GiB higher with packing than without, while its live memory was only ~0.1 GiB higher (the LM head's
-copy, which was then kept across steps). So the block packs the head at every call (~35 ms), and hands
+activations around it do not fit into each other's holes, so a GRPO step peaked well above its live
+memory when the LM head's packed copy was kept across steps. So the block packs the head at every call, and hands
 glibc's free pages back to the system as it opens (the training pass's) and as it closes (the sampler's):
 the step then peaks where the unpacked one does, for the page faults of everything the next pass touches
 again. A process that keeps its freed memory (heap.keep_freed_memory, as train.py does on the CPU) trades
-the other way: no trims, a peak 0-0.2 GiB higher, a float32 step on SmolLM2 ~30% shorter.
+the other way: no trims, a slightly higher peak, a shorter step.
 
 oneDNN's packed weight serves any number of rows. MKL's packed float32 weight serves one row count:
 a call with fewer rows, but more than half, is padded up to it (at those sizes no slower than the plain
@@ -89,8 +87,8 @@ class PackedLinear(nn.Module):
         return y.view(*shape[:-1], self.out_features)  # (..., out)
 
 
-# Packing SmolLM2's projections and LM head for MKL takes ~150 ms (float32, LoRA folded); at 2-16 rows a
-# decode step on the packed copies is ~20 ms faster than on the plain ones: it pays after ~8 steps
+# Packing again for a smaller batch pays only when enough decode steps are left to repay the packing
+# (on SmolLM2 in float32, about 8: docs/BENCHMARKS.md)
 REPACK_MIN_STEPS = 8
 
 
@@ -161,7 +159,7 @@ def effective_weight(m: nn.Module, out: torch.Tensor | None = None) -> torch.Ten
 class Scratch:
     """One float32 buffer that every float32 projection's effective weight is written into before MKL packs
     it: no temporary copy per projection (W + BA, then q|k|v concatenated), only the packed copies are
-    allocated. With a temporary per projection, a GRPO step on SmolLM2 in float32 peaked 0.2 GiB higher."""
+    allocated: a temporary per projection raised the step's peak."""
 
     def __init__(self):
         self.buf = torch.empty(0)

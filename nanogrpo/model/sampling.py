@@ -82,7 +82,7 @@ def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | 
     """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
 
     Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
-    does) costs ~15x more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
+    does) costs an order of magnitude more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
     a token inside it, since a full-length cumsum is sequential and slow. u lies in (0, total], so a
     zero-weight token (a flat step of the CDF) is never picked.
     """
@@ -137,7 +137,7 @@ def sample_tokens(
         p = (zs - lse).exp_()  # (N, k)
     else:
         # top-p alone: a partial sort that already holds top_p of the mass (a full sort of a 50k-150k
-        # vocabulary costs ~100 ms per step on a CPU); grow it in the rare case it does not
+        # vocabulary is slow on a CPU); grow it in the rare case it does not
         k = min(V, 256)
         while True:
             zs, idx = z.topk(k, dim=-1)  # (N, k)

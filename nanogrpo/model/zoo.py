@@ -361,7 +361,7 @@ if __name__ == "__main__":
 
 
 # tokenizer classes that are a tokenizer.json and nothing more: loaded directly, since AutoTokenizer first
-# reads the model's config, which imports that architecture's transformers modules (~3 s on a CPU)
+# reads the model's config, which imports that architecture's transformers modules (seconds on a CPU)
 _PLAIN_TOKENIZERS = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
 

@@ -34,7 +34,7 @@ from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
 from nanogrpo.infra.heap import keep_freed_memory
-from nanogrpo.infra.memory import fit_to_memory
+from nanogrpo.infra.memory_fit import fit_to_memory
 from nanogrpo.infra.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
 from nanogrpo.infra.provenance import write_environment
 from nanogrpo.infra.resume import (

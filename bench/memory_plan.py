@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nanogrpo import memory  # noqa: E402
+from nanogrpo.infra import memory  # noqa: E402
 from nanogrpo.model.zoo import RANDOM_SHAPES, random_config  # noqa: E402
 
 GB = memory.GiB

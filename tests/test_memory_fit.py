@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.infra import memory
+from nanogrpo.infra import memory, memory_fit
 from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +50,12 @@ def readme_config():
 
 def gpu_step(cfg, prompt_len: int) -> memory.Step:
     """cfg's step on a GPU in bf16 with the Triton log-prob kernel (what a CUDA install runs)."""
-    return replace(memory.run_step(cfg, torch.device("cuda"), torch.bfloat16, prompt_len), logprobs="triton")
+    return replace(memory_fit.run_step(cfg, torch.device("cuda"), torch.bfloat16, prompt_len), logprobs="triton")
 
 
 def figure_for(budget: int) -> int:
     """A free-memory figure whose usable part (after the margin) is `budget` bytes, give or take one."""
-    return math.ceil((budget + memory.MARGIN_BYTES) / (1 - memory.MARGIN_FRACTION)) + 1
+    return math.ceil((budget + memory_fit.MARGIN_BYTES) / (1 - memory_fit.MARGIN_FRACTION)) + 1
 
 
 def mock_cuda(monkeypatch, free: int) -> list:
@@ -72,8 +72,8 @@ def mock_meminfo(monkeypatch, tmp_path, available: int) -> None:
     """/proc/meminfo with MemAvailable = `available` bytes, and no memory cgroup."""
     f = tmp_path / "meminfo"
     f.write_text(f"MemTotal:       99999999 kB\nMemFree:  1 kB\nMemAvailable:   {available // 1024} kB\n")
-    monkeypatch.setattr(memory, "MEMINFO", str(f))
-    monkeypatch.setattr(memory, "CGROUP_FILES", ())
+    monkeypatch.setattr(memory_fit, "MEMINFO", str(f))
+    monkeypatch.setattr(memory_fit, "CGROUP_FILES", ())
 
 
 def no_model_load(monkeypatch) -> None:
@@ -94,12 +94,12 @@ def tiny_plans(cfg, device: str) -> dict[tuple[int, bool], int]:
     from train import training_data
 
     rows = training_data(cfg)[0]
-    prompt_len, new_tokens = memory.lengths(cfg, rows)
-    s = memory.run_step(cfg, torch.device(device), torch.float32, prompt_len, new_tokens)
+    prompt_len, new_tokens = memory_fit.lengths(cfg, rows)
+    s = memory_fit.run_step(cfg, torch.device(device), torch.float32, prompt_len, new_tokens)
     c = memory.model_config(cfg.model.path)
     return {
         (m, ck): memory.plan(c, replace(s, micro_batch=m, checkpointing=ck)).peak
-        for m in memory.micro_batches(s)
+        for m in memory_fit.micro_batches(s)
         for ck in (False, True)
     }
 
@@ -113,7 +113,7 @@ def test_readme_gpu_command_fits_an_80_gib_card():
     c = memory.model_config(QWEN)
     for prompt_len in (256, 1024):  # README's my.jsonl is anyone's: short and long prompts
         p = memory.plan(c, gpu_step(cfg, prompt_len))
-        assert p.peak <= memory.usable(CARD), (prompt_len, p.peak / memory.GiB)
+        assert p.peak <= memory_fit.usable(CARD), (prompt_len, p.peak / memory.GiB)
     # all 128 completions at once without checkpointing, what the command ran before, is ~200 GiB
     s = replace(gpu_step(cfg, 256), micro_batch=0, checkpointing=False)
     assert memory.plan(c, s).peak > 2 * CARD
@@ -124,17 +124,17 @@ def test_a_run_past_the_card_is_fitted_in_one_line(monkeypatch, capsys):
     cfg = replace(cfg, model=replace(cfg.model, activation_checkpointing=False))
     asked = mock_cuda(monkeypatch, CARD)
     rows = [{"_prompt_ids": [1] * 256}]
-    fitted = memory.fit_to_memory(cfg, torch.device("cuda:0"), torch.bfloat16, rows)
+    fitted = memory_fit.fit_to_memory(cfg, torch.device("cuda:0"), torch.bfloat16, rows)
     out = capsys.readouterr().out.strip().splitlines()
     assert asked == [torch.device("cuda:0")]
     assert len(out) == 1 and out[0].startswith("memory: the memory plan"), out
     assert fitted.micro_batch > 0 and f"--micro-batch {fitted.micro_batch}" in out[0]
     assert "cuda:0 has 80.0 GiB free" in out[0]  # the free memory it read
     c = memory.model_config(QWEN)
-    before = memory.plan(c, memory.run_step(cfg, torch.device("cuda"), torch.bfloat16, 256)).peak
-    after = memory.plan(c, memory.run_step(fitted, torch.device("cuda"), torch.bfloat16, 256)).peak
+    before = memory.plan(c, memory_fit.run_step(cfg, torch.device("cuda"), torch.bfloat16, 256)).peak
+    after = memory.plan(c, memory_fit.run_step(fitted, torch.device("cuda"), torch.bfloat16, 256)).peak
     assert f"{before / memory.GiB:.1f} GiB" in out[0] and f"{after / memory.GiB:.1f} GiB" in out[0]
-    assert after <= memory.usable(CARD) < before
+    assert after <= memory_fit.usable(CARD) < before
     # whole groups, and without checkpointing when some whole-group micro-batch fits without it
     assert fitted.micro_batch % cfg.grpo.group_size == 0 and not fitted.model.activation_checkpointing
 
@@ -144,15 +144,15 @@ def test_refuse_names_the_flags_that_fit_and_off_reads_nothing(monkeypatch):
     cfg = replace(cfg, model=replace(cfg.model, path=QWEN, activation_checkpointing=False))
     asked = mock_cuda(monkeypatch, CARD)
     rows = [{"_prompt_ids": [1] * 256}]
-    best = memory.fit(memory.model_config(QWEN), gpu_step(cfg, 256), memory.usable(CARD))
-    with pytest.raises(ValueError, match=re.escape(memory.flags(best)) + " fits") as e:
-        memory.fit_to_memory(cfg, torch.device("cuda"), torch.bfloat16, rows)
+    best = memory_fit.fit(memory.model_config(QWEN), gpu_step(cfg, 256), memory_fit.usable(CARD))
+    with pytest.raises(ValueError, match=re.escape(memory_fit.flags(best)) + " fits") as e:
+        memory_fit.fit_to_memory(cfg, torch.device("cuda"), torch.bfloat16, rows)
     assert "--memory-check off" in str(e.value)
     asked.clear()
     off = replace(cfg, memory_check="off")
-    assert memory.fit_to_memory(off, torch.device("cuda"), torch.bfloat16, rows) is off and not asked
+    assert memory_fit.fit_to_memory(off, torch.device("cuda"), torch.bfloat16, rows) is off and not asked
     sft = replace(cfg, algo="sft")  # not planned: passes unchecked
-    assert memory.fit_to_memory(sft, torch.device("cuda"), torch.bfloat16, rows) is sft and not asked
+    assert memory_fit.fit_to_memory(sft, torch.device("cuda"), torch.bfloat16, rows) is sft and not asked
 
 
 def test_the_plan_counts_full_fine_tunes_and_the_cpu_paths():
@@ -238,17 +238,17 @@ def test_a_cpu_run_is_fitted_saved_and_resumed_as_saved(tmp_path, monkeypatch, c
 
 def test_host_available_reads_meminfo_and_a_cgroup_limit(tmp_path, monkeypatch):
     mock_meminfo(monkeypatch, tmp_path, 24 * memory.GiB)
-    assert memory.host_available() == 24 * memory.GiB
+    assert memory_fit.host_available() == 24 * memory.GiB
     (tmp_path / "max").write_text(f"{8 * memory.GiB}\n")
     (tmp_path / "current").write_text(f"{3 * memory.GiB}\n")
-    monkeypatch.setattr(memory, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current")),))
-    assert memory.host_available() == 5 * memory.GiB  # the cgroup's limit less its usage
+    monkeypatch.setattr(memory_fit, "CGROUP_FILES", ((str(tmp_path / "max"), str(tmp_path / "current")),))
+    assert memory_fit.host_available() == 5 * memory.GiB  # the cgroup's limit less its usage
     (tmp_path / "max").write_text("max\n")
-    assert memory.host_available() == 24 * memory.GiB
-    monkeypatch.setattr(memory, "MEMINFO", str(tmp_path / "absent"))  # no /proc: the free pages, or None
-    got = memory.host_available()
+    assert memory_fit.host_available() == 24 * memory.GiB
+    monkeypatch.setattr(memory_fit, "MEMINFO", str(tmp_path / "absent"))  # no /proc: the free pages, or None
+    got = memory_fit.host_available()
     assert got is None or got > 0
-    found = memory.available_memory(torch.device("cpu"))
+    found = memory_fit.available_memory(torch.device("cpu"))
     assert found is None or found[1] == "the host has {} available (MemAvailable)"
 
 

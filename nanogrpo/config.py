@@ -357,10 +357,9 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.algo != "grpo":
         return
     g, s = cfg.grpo, cfg.sampling
-    if g.group_size < 2:
-        raise ValueError(
-            f"--grpo.group-size {g.group_size}: GRPO compares completions of the same prompt; use >= 2"
-        )
+    from nanogrpo.grpo import check_group_size  # beside the advantages that need it
+
+    check_group_size(g.group_size)
     _check_ratio_sampling(s, "GRPO")
     if g.kl_placement != "none" and g.beta == 0:
         raise ValueError(

@@ -58,8 +58,7 @@ def compute_advantages(
     exactly 0 and are flagged.
     """
     G = cfg.group_size
-    if G < 2:
-        raise ValueError(f"group_size must be >= 2 (got {G}): advantages compare completions within a group")
+    check_group_size(G)
     if rewards.dim() != 1 or rewards.numel() % G:
         raise ValueError(
             f"rewards must be 1-D with a multiple of group_size={G} entries, got {tuple(rewards.shape)}"
@@ -88,6 +87,14 @@ def compute_advantages(
         adv = adv / (batch_std(moments) + cfg.adv_eps)  # (B, G)
     adv = torch.where(zero_std[:, None] | ~ok, 0.0, adv)  # exactly 0, not rounding noise
     return adv.reshape(-1), zero_std
+
+
+def check_group_size(G: int) -> None:
+    """Advantages compare the completions of one prompt: a group needs two at least."""
+    if G < 2:
+        raise ValueError(
+            f"--grpo.group-size {G}: GRPO compares completions of the same prompt (group_size >= 2); use >= 2"
+        )
 
 
 def reward_moments(rewards: torch.Tensor) -> dict[str, float]:
@@ -173,8 +180,9 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy loss (+ beta * KL when kl_placement='loss', - entropy_coef * entropy) of N completions, T tokens.
 
-    logp (N, T) differentiable; old_logp (N, T) the sampler's (or the previous pass's) log-probs; ref_logp
-    (N, T) or None (needed for placement 'loss'); adv (N,) or (N, T); mask (N, T), 1 on completion tokens.
+    logp (N, T) differentiable; old_logp (N, T) pi_old: the trainer's own log-probs at the start of the step
+    (the first pass's, detached, the same for every pass; the sampler's are `sampler_logp`); ref_logp (N, T)
+    or None (needed for placement 'loss'); adv (N,) or (N, T); mask (N, T), 1 on completion tokens.
     num_seqs / num_tokens: completions / mask sum of the WHOLE optimizer step (all micro-batches and ranks);
     max_len: the step's max_new_tokens (Dr. GRPO's constant). Rows are independent, so the loss of a step is
     the sum of grpo_loss over any split of its rows.

@@ -20,10 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python train.py
 
+# the tests in parallel, one worker per core (-n 0: one process, as plain `pytest` runs them)
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -4,12 +4,20 @@ header names the CPU capability the run found, since which paths run (bf16 packi
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.model.zoo import resolve_model
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n N` (make test): N workers share the cores, so each computes on one thread, and so do the
+    # processes its tests start (golden_runs.py sets its own two: its records were made with two)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def _cpu_line() -> str:

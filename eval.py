@@ -6,7 +6,7 @@
   grade     one grader (or a weighted mix) per row as JSON lines; agreement with a `human` column
   compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM
   elo       pairwise judging of two or more systems (both orders), Bradley-Terry Elo with CIs
-  report    (re)write a run folder's index.html
+  report    (re)draw a run folder's plots and its index.html
   seeds     train.py over seeds (42 123 456), then seeds-table on the runs
   seeds-table  mean ± std over seeds per metric; vs a baseline run set: paired bootstrap CI, McNemar
 
@@ -24,7 +24,7 @@ from typing import Literal
 
 import tyro
 
-from nanogrpo.eval import evaluate, pairwise, report, seeds
+from nanogrpo.eval import elo_plots, evaluate, overlay, pairwise, report, seeds
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
@@ -157,7 +157,8 @@ class Elo:
 
 @dataclass(frozen=True)
 class Report:
-    """(Re)write RUN/index.html, the static run page; with several runs and --out, one page overlaying their curves."""
+    """(Re)draw RUN's plots (*.png) and (re)write RUN/index.html, the static run page that embeds them; with
+    several runs and --out, one page overlaying their curves."""
 
     runs: Positional[tuple[str, ...]]
     """Run folder(s) (config.json, metrics.jsonl, samples.jsonl)."""
@@ -406,10 +407,10 @@ def run_elo(args: Elo) -> None:
         records = pairwise.run_pairwise(systems, judges)
     evaluate.write_jsonl(comparisons, records)
     rep = pairwise.elo_report(records, names, args.resamples, args.seed, args.prior)
-    wrote = [f"{args.out}.json", str(pairwise.plot_elo(rep, f"{args.out}.png")), str(comparisons)]
+    wrote = [f"{args.out}.json", str(elo_plots.plot_elo(rep, f"{args.out}.png")), str(comparisons)]
     if acc:
         rep["accuracy"] = pairwise.accuracy_report(acc, rep, args.accuracy_metric)
-        png = pairwise.plot_accuracy_vs_elo(
+        png = elo_plots.plot_accuracy_vs_elo(
             rep["accuracy"], f"{args.out}_accuracy.png", args.accuracy_baseline
         )
         wrote.append(str(png))
@@ -427,7 +428,7 @@ def run_report(args: Report) -> None:
     elif not args.out:
         raise ValueError(f"{len(args.runs)} runs: name the overlay page with --out FILE.html")
     else:
-        print(report.write_overlay(list(args.runs), args.out))
+        print(overlay.write_overlay(list(args.runs), args.out))
 
 
 COMMANDS = {

@@ -96,7 +96,7 @@ def test_one_sample_per_prompt_has_no_samples_summary():
 
 # ----------------------------------------------------------------------------- Elo over judges and runs
 
-from nanogrpo.eval import pairwise  # noqa: E402
+from nanogrpo.eval import elo_plots, pairwise  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -156,7 +156,7 @@ def test_variant_elo_is_mean_over_judges_and_runs_with_min_max(tmp_path):
     assert rep["invalid_verdicts"]["j#2"]["values"] == {"Answer B": 1}
     assert "(mean over judges and runs)" in res.stdout and "'Answer B' x1" in res.stdout
     assert (tmp_path / "elo.png").read_bytes()[:4] == b"\x89PNG"
-    names, mid, lo, hi, what = pairwise._bars(rep)
+    names, mid, lo, hi, what = elo_plots._bars(rep)
     assert names == ["base", "grpo"] and what == "min-max over 2 judges x 2 runs"
     assert (mid[1], lo[1], hi[1]) == (v["mean"], v["min"], v["max"])
     # refitting into the file it reads from would destroy it
@@ -366,7 +366,7 @@ def test_run_page_says_when_its_eval_used_the_training_graders(tmp_path):
 
 # ----------------------------------------------------------------------------- rubric verdicts on the run page
 
-from nanogrpo.eval import report  # noqa: E402
+from nanogrpo.eval import report, report_rubric  # noqa: E402
 
 RUBRIC = [("Names the drug class", 2.0), ("Gives the dose", 1.0), ("Invents a citation", -1.0)]
 
@@ -400,7 +400,7 @@ def _rubric_run(root, verdicts_per_step):
 
 def test_rubric_pass_rates_over_steps(tmp_path):
     run = _rubric_run(tmp_path, {1: [[0, 0, 1], [1, None, 1]], 5: [[1, 1, 0], [1, 0, 0]]})
-    steps, rates = report.rubric_rates(report.read_jsonl(run / "samples.jsonl"))
+    steps, rates = report_rubric.rubric_rates(report.read_jsonl(run / "samples.jsonl"))
     assert steps == [1.0, 5.0]
     assert rates["Names the drug class"]["rates"] == [0.5, 1.0] and rates["Names the drug class"]["n"] == 4
     assert (
@@ -420,8 +420,8 @@ def test_rubric_section_on_the_run_page(tmp_path):
     assert page.count("class='criterion'") == 3  # the latest step's one group: a row per criterion
     rubric = page[page.index("<section id='rubric'>") : page.index("<section id='samples'>")]
     assert 'data-title="rubric: share met per criterion"' in rubric
-    assert rubric.count('class="rate"') == 2 + 3  # met and pitfalls, then each criterion
-    assert 'class="series"' not in rubric  # the page's series paths stay one per metrics.jsonl curve
+    assert rubric.count('<span class="key">') == 2 + 3  # met and pitfalls, then each criterion
+    assert (run / "rubric_met.png").exists() and (run / "rubric_criteria.png").exists()
     # the latest table: 'Invents a citation' not committed is good news (green), a missed dose bad (red)
     latest = rubric[rubric.index("Latest verdicts") :]
     row = latest[latest.index("Invents a citation</td>") :].split("</tr>")[0]

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanogrpo.eval import report
 from nanogrpo.eval.report import write_report
+from nanogrpo.infra import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -112,28 +112,26 @@ def expected(run: Path) -> dict:
 
 
 class DomCounter(HTMLParser):
-    """Counts elements by tag.class and collects each curve's path and its <title>."""
+    """Counts elements by tag.class and collects each chart's caption entries ('key: last value')."""
 
     def __init__(self):
         super().__init__()
-        self.counts, self.paths, self.stack, self.titles = {}, [], [], []
+        self.counts, self.stack, self.keys = {}, [], []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         for cls in (a.get("class") or "").split() or [""]:
             key = f"{tag}.{cls}" if cls else tag
             self.counts[key] = self.counts.get(key, 0) + 1
-        if tag == "path" and "series" in (a.get("class") or ""):
-            self.paths.append(a["d"])
-        self.stack.append(tag)
+        self.stack.append((tag, a.get("class")))
 
     def handle_endtag(self, tag):
-        if self.stack and self.stack[-1] == tag:
+        if self.stack and self.stack[-1][0] == tag:
             self.stack.pop()
 
     def handle_data(self, data):
-        if self.stack[-2:] == ["path", "title"]:
-            self.titles.append(data)
+        if self.stack and self.stack[-1] == ("span", "key"):
+            self.keys.append(data)
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -153,17 +151,17 @@ def test_page_renders_in_chromium(run_dir, tmp_path):
     assert c.get("details.step", 0) == want["steps"]
     assert c.get("div.group", 0) == want["groups"] > 0
     assert c.get("tr.completion", 0) == want["completions"]
-    # every numeric metric is one curve, with one vertex per finite value
-    assert c.get("path.series", 0) == len(want["series"]) and len(dom.titles) == len(dom.paths)
-    for title, d in zip(dom.titles, dom.paths):
-        key = title.split(": last")[0]
-        assert d.count("M") + d.count("L") == want["series"][key], key
-    assert c.get("svg.curve", 0) >= 4  # reward, KL, entropy, length at least
+    # every numeric metric is drawn in exactly one chart (its caption names it); the points of each line
+    # are checked in test_every_metric_is_one_line_with_a_point_per_value
+    keys = [k.split(": last")[0] for k in dom.keys if ": last" in k]
+    assert sorted(keys) == sorted(want["series"])
+    assert c.get("figure.chart", 0) >= 4 and c.get("img", 0) == c["figure.chart"]  # reward, KL, length, ...
     assert c.get("script", 0) == 2  # the data and the page's own script: completions stay text
     assert c.get("table.config", 0) == 1
-    for name in ("reward", "KL", "entropy", "length", "score-length correlation in groups"):
+    for name in ("reward", "KL and entropy", "length", "score-length correlation in groups"):
         assert f'data-title="{name}"' in res.stdout
-    assert c.get("svg.scatter", 0) == 1 and c.get("circle.point", 0) == want["completions"]
+    assert 'data-title="reward vs completion length"' in res.stdout
+    assert f"{want['completions']} completions, coloured by step" in res.stdout
 
     shot = tmp_path / "page.png"
     res = chromium(f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri(), tmp=tmp_path)
@@ -181,8 +179,10 @@ def test_page_renders_in_chromium(run_dir, tmp_path):
 
 def test_page_is_self_contained_and_escaped(tmp_path):
     page = write_report(make_fake_run(tmp_path)).read_text()
-    for needle in ("http://", "https://", "src=", "@import", "url("):
+    for needle in ("http://", "https://", "@import", "url("):
         assert needle not in page, f"the page must load nothing ({needle!r} found)"
+    srcs = page.split(" src=")[1:]  # the charts are PNGs inside the page, not files beside it
+    assert srcs and all(s.startswith('"data:image/png;base64,') for s in srcs)
     assert "<script>alert(" not in page and "&lt;script&gt;alert(" in page
     assert "<b>not bold</b>" not in page
     assert (
@@ -191,15 +191,13 @@ def test_page_is_self_contained_and_escaped(tmp_path):
 
 
 def test_reward_length_scatter_and_hacking_curves(tmp_path):
-    """One point per logged completion with a reward and a length, coloured from the first logged step
-    (the first colour) to the last (the second); each hack/len_corr/<grader> is one line of one panel."""
+    """One point per logged completion with a reward and a length, coloured from the first logged step to
+    the last; each hack/len_corr/<grader> is one line of one panel; the PNGs are in the run folder."""
     run = make_fake_run(tmp_path)
     with (run / "samples.jsonl").open("a") as f:  # no reward, no length: no point
         f.write(json.dumps({"step": 12, "groups": [{"completions": [{"text": "x", "reward": None, "length": 3},
                                                                     {"text": "y", "reward": 0.5}]}]}) + "\n")  # fmt: skip
     page = write_report(run).read_text()
-    scatter = page[page.index('<svg class="curve scatter"') :]
-    scatter = scatter[: scatter.index("</svg>")]
     samples = _jsonl(run / "samples.jsonl")
     n = sum(
         c.get("reward") is not None and "length" in c
@@ -207,13 +205,36 @@ def test_reward_length_scatter_and_hacking_curves(tmp_path):
         for g in s["groups"]
         for c in g["completions"]
     )
-    assert scatter.count('<circle class="point"') == n == 12 + 8 + 12  # 3, 2 and 3 groups of 4
-    assert f'fill="{report.COLORS[0]}"' in scatter and f'fill="{report.COLORS[1]}"' in scatter
-    assert "step 1</text>" in scatter and "step 11</text>" in scatter
+    points = plots.length_points(samples)
+    assert len(points) == n == 12 + 8 + 12  # 3, 2 and 3 groups of 4
+    dots = plots.length_figure(points).axes[0].collections[0]
+    assert len(dots.get_offsets()) == n and (dots.get_array().min(), dots.get_array().max()) == (1, 11)
+    assert f"{n} completions, coloured by step" in page
+    for png in ("reward", "kl_entropy", "length", "len_corr", "reward_vs_length"):
+        assert (run / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
     panel = page[page.index('data-title="score-length correlation in groups"') :]
-    panel = panel[: panel.index("</svg>")]
-    assert panel.count('<path class="series"') == 2 and "hack/len_corr/reward: last 0.480" in panel
-    assert report.svg_scatter("empty", []).count("<circle") == 0  # no points: an empty frame, no error
+    panel = panel[: panel.index("</figure>")]
+    assert panel.count('<span class="key">') == 2 and "hack/len_corr/reward: last 0.480" in panel
+    assert [k for k, _, _ in plots.metric_lines(_jsonl(run / "metrics.jsonl"))["len_corr"]] == [
+        "hack/len_corr/reward", "hack/len_corr/rouge_l"]  # fmt: skip
+    assert plots.length_figure([]).axes[0].collections[0].get_offsets().shape[0] == 0  # no points, no error
+
+
+def test_every_metric_is_one_line_with_a_point_per_value(tmp_path):
+    """Each numeric key of metrics.jsonl is one line of one panel, a point per finite value (a null is a
+    gap), in the panels of nanogrpo.infra.metrics.METRICS; the figure draws those lines."""
+    run = make_fake_run(tmp_path)
+    want = expected(run)["series"]
+    lines = plots.metric_lines(_jsonl(run / "metrics.jsonl"))
+    got = {k: sum(y is not None for y in ys) for ls in lines.values() for k, _, ys in ls}
+    assert got == want
+    assert [k for k, _, _ in lines["reward"]] == ["reward", "reward/exact", "reward/rouge_l", "reward_std"]
+    assert {k for k, _, _ in lines["other"]} == {"ratio_max", "lr", "tok_per_s"}  # no row of the table
+    ax = plots.line_figure("reward", lines["reward"]).axes[0]
+    assert [ln.get_label() for ln in ax.get_lines()] == ["reward", "reward/exact", "reward/rouge_l"]
+    assert len(ax.collections) == 1  # reward_std: the band around the reward, not a line
+    kl = dict((k, ys) for k, _, ys in lines["kl_entropy"])["kl"]
+    assert kl[4] is None and len(kl) == 12  # step 5's null stays a gap
 
 
 def test_page_of_an_empty_or_missing_run(tmp_path):

@@ -12,7 +12,9 @@ import pytest
 from test_report import ROOT, chromium, make_fake_run, needs_chromium
 
 from nanogrpo.eval import report
-from nanogrpo.eval.report import write_overlay, write_report
+from nanogrpo.eval.overlay import overlay_lines, write_overlay
+from nanogrpo.eval.report import write_report
+from nanogrpo.infra import plots
 
 JUDGE = {"marks": {"correctness": 4, "helpfulness": 2, "tone": 5, "format": 1},
          "reason": "right answer, <terse> & curt", "score": 0.5, "position": 2}  # fmt: skip
@@ -111,24 +113,25 @@ def test_overlay_page_has_both_runs(tmp_path):
     (tmp_path / "a").mkdir()
     runs = two_runs(tmp_path)
     page = write_overlay(runs, tmp_path / "out" / "both.html").read_text()
-    for needle in ("http://", "https://", "src=", "@import", "url("):
+    for needle in ("http://", "https://", "@import", "url("):
         assert needle not in page
     assert "a/fake-run" in page and "b/fake-run" in page
-    chart = _between(page, 'data-title="reward"', "</svg>")
-    assert chart.count('<path class="series"') == 2
-    assert f'stroke="{report.COLORS[0]}"' in chart and f'stroke="{report.COLORS[1]}"' in chart
-    assert (
-        "<title>a/fake-run: last 0.560</title>" in chart and "<title>b/fake-run: last 0.740</title>" in chart
-    )
-    d = [p.split('d="')[1].split('"')[0] for p in chart.split('<path class="series"')[1:]]
-    assert [x.count("M") + x.count("L") for x in d] == [12, 8]  # each run's own steps
-    only_b = _between(page, 'data-title="only_b"', "</svg>")
-    assert only_b.count('<path class="series"') == 1 and f'stroke="{report.COLORS[1]}"' in only_b
-    kl = _between(page, 'data-title="kl"', "</svg>")  # a gap in run a's KL at step 5: two pieces
-    assert (
-        kl.count('<path class="series"') == 2
-        and kl.split('<path class="series"')[1].split('d="')[1].count("M") == 2
-    )
+    srcs = page.split(" src=")[1:]  # the charts are PNGs inside the page
+    assert srcs and all(x.startswith('"data:image/png;base64,') for x in srcs)
+    chart = _between(page, 'data-title="reward"', "</figure>")
+    assert "a/fake-run: last 0.560" in chart and "b/fake-run: last 0.740" in chart
+    names = ["a/fake-run", "b/fake-run"]
+    lines = overlay_lines(names, [[json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()
+                                   if x.endswith("}")] for r in runs])  # fmt: skip
+    assert [(n, len(xs)) for n, xs, _ in lines["reward"]] == [("a/fake-run", 12), ("b/fake-run", 8)]
+    assert [n for n, _, _ in lines["only_b"]] == ["b/fake-run"]
+    assert "b/fake-run: last 1.000" in _between(page, 'data-title="only_b"', "</figure>")
+    kl = dict((n, ys) for n, _, ys in lines["kl"])["a/fake-run"]  # a gap in run a's KL at step 5
+    assert kl[4] is None and sum(y is not None for y in kl) == 11
+    # each run keeps its colour on every chart, also where only run b logs the key
+    colors = [plots.COLORS[names.index(n)] for n, _, _ in lines["only_b"]]
+    ax = plots.line_figure("only_b", lines["only_b"], colors, legend=True).axes[0]
+    assert [ln.get_color() for ln in ax.get_lines()] == [plots.COLORS[1]]
     data = json.loads(
         _between(page, "id='run-data'>", "</script>")[len("id='run-data'>") :].replace("<\\/", "</")
     )
@@ -180,18 +183,18 @@ def test_new_elements_are_drawn_in_chromium(tmp_path):
         "table.heldout",
         "tr.heldout-row",
         "#heldout-filter",
-        "svg.scatter",
+        "figure.chart img",
     ]
     sizes = measure(page, sel, tmp_path)
     assert len(sizes["table.judge-marks"]) == 12 and len(sizes["td.mark"]) == 48
-    assert len(sizes["tr.heldout-row"]) == 4 and len(sizes["svg.scatter"]) == 1
+    assert len(sizes["tr.heldout-row"]) == 4 and len(sizes["figure.chart img"]) >= 10
     for s in sel:
         assert sizes[s] and all(w > 5 and h > 5 for w, h in sizes[s]), (s, sizes[s])
     assert sizes["table.heldout"][0][0] > 600  # prompt, reference, both answers and the scores side by side
 
     overlay = write_overlay(runs, tmp_path / "both.html")
-    sizes = measure(overlay, ["ul.legend li", "svg.curve", "path.series"], tmp_path)
-    assert len(sizes["ul.legend li"]) == 2 and len(sizes["svg.curve"]) >= 10
+    sizes = measure(overlay, ["ul.legend li", "figure.chart img"], tmp_path)
+    assert len(sizes["ul.legend li"]) == 2 and len(sizes["figure.chart img"]) >= 10
     assert all(w > 20 for w, _ in sizes["ul.legend li"])
     shot = tmp_path / "overlay.png"
     res = chromium(f"--screenshot={shot}", "--window-size=1280,1000", overlay.as_uri(), tmp=tmp_path)
@@ -199,7 +202,7 @@ def test_new_elements_are_drawn_in_chromium(tmp_path):
     import matplotlib.image
 
     img = (matplotlib.image.imread(shot)[..., :3] * 255).astype(int)
-    for color in report.COLORS[:2]:  # each run's colour is drawn (its lines, its legend swatch)
+    for color in plots.COLORS[:2]:  # each run's colour is drawn (its lines, its legend swatch)
         rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])
         near = (np.abs(img - rgb).sum(-1) < 30).sum()
         assert near > 200, f"run colour {color} not drawn ({near} pixels)"

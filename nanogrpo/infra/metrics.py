@@ -1,5 +1,6 @@
-"""Step metrics: the console line, the progress bar, metrics.jsonl / samples.jsonl, plots, optional W&B/TB,
-and the run folder's file primitives that every writer of the folder uses.
+"""Step metrics: which are shown and where (METRICS: the console line, the PNGs, the run page), the console
+line, metrics.jsonl / samples.jsonl, optional W&B/TB, and the run folder's file primitives that every writer
+of the folder uses. The PNGs are drawn in infra/plots.py.
 
 Only rank 0 writes. Every write is a whole line flushed at once, so a crash loses at most the step in
 flight; on resume the files are truncated back to the checkpoint's step so no step appears twice. That
@@ -22,24 +23,78 @@ import json
 import math
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-# the console line: (metric key, label, format)
-_CONSOLE = [
-    ("loss", "loss", "{:.4f}"),
-    ("ppl", "ppl", "{:.1f}"),  # CPT: the perplexity of the text
-    ("reward_acc", "acc", "{:.2f}"),  # DPO: the fraction of pairs whose chosen answer wins
-    ("reward_margin", "margin", "{:.3f}"),  # DPO: beta * (chosen - rejected log-ratio)
-    ("len_mean", "len", "{:.0f}"),
-    ("kl", "kl", "{:.4f}"),
-    ("sampler_kl", "gap", "{:.0e}"),  # KL(sampler || trainer) per token: rounding is ~1e-13, a bug ~1e-3
-    ("entropy", "ent", "{:.2f}"),
-    ("frac_zero_std", "zero-std", "{:.2f}"),
-    ("grad_norm", "gnorm", "{:.3f}"),
-    ("vf_loss", "vf", "{:.3f}"),  # PPO's value loss
-    ("explained_variance", "ev", "{:.2f}"),  # PPO's critic: 1 fits the returns, <= 0 does not
+# What nanogrpo shows of a step: the one table the console line, the PNGs (infra/plots.py) and the run page
+# (eval/report.py) read. Rows: (key, panel, console label, console format), in the console line's order; a
+# key ending in "*" stands for every key that starts so. A panel is one PNG, <panel>.png, and one chart of the
+# run page, in the order of its first row; a logged number of no row goes to the panel "other". A row without
+# a label stays off the console line.
+METRICS = [
+    ("reward", "reward", "", ""),  # the console line writes the reward and its graders itself
+    ("reward/*", "reward", "", ""),  # each grader's mean score
+    ("reward_std", "reward", "", ""),  # drawn as a +-1 std band around the reward
+    ("loss", "loss", "loss", "{:.4f}"),
+    ("ppl", "ppl", "ppl", "{:.1f}"),  # CPT: the perplexity of the text
+    ("reward_acc", "dpo_rewards", "acc", "{:.2f}"),  # DPO: the fraction of pairs whose chosen answer wins
+    ("reward_margin", "dpo_rewards", "margin", "{:.3f}"),  # DPO: beta * (chosen - rejected log-ratio)
+    ("reward_chosen", "dpo_rewards", "", ""),
+    ("reward_rejected", "dpo_rewards", "", ""),
+    ("logp_chosen", "dpo_logp", "", ""),
+    ("logp_rejected", "dpo_logp", "", ""),
+    ("len_mean", "length", "len", "{:.0f}"),
+    ("len_max", "length", "", ""),
+    ("kl", "kl_entropy", "kl", "{:.4f}"),
+    (
+        "sampler_kl",
+        "sampler_gap",
+        "gap",
+        "{:.0e}",
+    ),  # KL(sampler || trainer)/token: rounding ~1e-13, bug ~1e-3
+    ("sampler_abs_diff", "sampler_gap", "", ""),
+    ("entropy", "kl_entropy", "ent", "{:.2f}"),
+    ("frac_zero_std", "zero_std", "zero-std", "{:.2f}"),  # groups whose completions all scored the same
+    ("trunc_rate", "zero_std", "", ""),  # completions cut at the token limit
+    ("grad_norm", "grad_norm", "gnorm", "{:.3f}"),
+    ("vf_loss", "value", "vf", "{:.3f}"),  # PPO's value loss
+    ("explained_variance", "value", "ev", "{:.2f}"),  # PPO's critic: 1 fits the returns, <= 0 does not
+    ("clip_low", "clip", "", ""),
+    ("clip_high", "clip", "", ""),
+    ("offpolicy/clip_*", "clip", "", ""),  # the passes after the first
+    ("hack/len_corr/*", "len_corr", "", ""),  # within-group correlation of each grader's score and length
+    ("hack/best_is_longest/*", "best_is_longest", "", ""),  # groups whose best completion is the longest
+    ("t_sample", "time", "", ""),
+    ("t_score", "time", "", ""),
+    ("t_train", "time", "", ""),
+    ("eval/*", "eval", "", ""),  # --eval-every: held-out greedy means, pass@k, avg@k at step 0 and every K
 ]
+TITLES = {
+    "kl_entropy": "KL and entropy",
+    "sampler_gap": "sampler-trainer gap",
+    "zero_std": "zero-std groups / truncation",
+    "clip": "clipped fraction",
+    "len_corr": "score-length correlation in groups",
+    "best_is_longest": "best is longest (fraction of groups)",
+    "time": "time per step (s)",
+    "eval": "held-out eval",
+    "other": "every other number",
+}  # a panel's title on its PNG and on the run page where it is not the panel's name
+
+
+def panels(keys: Iterable[str]) -> dict[str, list[str]]:
+    """The logged keys by panel (METRICS), in the table's order, a prefix's keys sorted; the keys of no row
+    last, in the panel 'other'. Panels without a key are left out."""
+    keys = list(dict.fromkeys(keys))
+    out: dict[str, list[str]] = {}
+    for key, panel, _, _ in METRICS:
+        prefix = key[:-1] if key.endswith("*") else None
+        hits = sorted(k for k in keys if k.startswith(prefix)) if prefix else [key] * (key in keys)
+        out.setdefault(panel, []).extend(hits)
+    shown = {k for ks in out.values() for k in ks}
+    out["other"] = [k for k in keys if k not in shown]
+    return {p: ks for p, ks in out.items() if ks}
 
 
 def _fmt_rate(x: float) -> str:
@@ -55,8 +110,8 @@ def console_line(m: dict[str, Any]) -> str:
         ]
         r = "reward none" if m["reward"] is None else f"reward {m['reward']:.3f}"  # no grader scored
         parts.append(r + (f" ({', '.join(comps)})" if len(comps) > 1 else ""))
-    for key, label, fmt in _CONSOLE:
-        v = m.get(key)
+    for key, _, label, fmt in METRICS:
+        v = m.get(key) if label else None
         if v is not None:  # kl is None when no KL is computed
             parts.append(f"{label} {fmt.format(v)}")
     if m.get("resample_rounds"):  # --grpo.dynamic-sampling drew more: informative groups of those drawn
@@ -416,109 +471,3 @@ class Logger:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
-
-
-# ----------------------------------------------------------------------------------------------------------
-# plots
-
-PLOTS = {
-    "reward": ["reward"],
-    "kl_entropy": ["kl", "entropy"],
-    "sampler_gap": ["sampler_abs_diff", "sampler_kl"],
-    "length": ["len_mean", "len_max"],
-    "len_corr": [],  # every hack/len_corr/<grader>: within-group correlation of score and length
-    "clip": ["clip_low", "clip_high", "frac_zero_std"],  # + offpolicy/*: the passes after the first
-    "grad_norm": ["grad_norm"],
-    "loss": ["loss"],
-    "dpo_rewards": ["reward_chosen", "reward_rejected", "reward_margin"],  # --algo dpo
-    "dpo_logp": ["logp_chosen", "logp_rejected"],
-    "value": ["vf_loss", "explained_variance"],  # --algo ppo
-    "eval": [],  # --eval-every: every eval/* (held-out greedy means, pass@k, avg@k), at step 0 and every K
-}
-
-
-PREFIXES = {
-    "reward": "reward/",
-    "len_corr": "hack/len_corr/",
-    "clip": "offpolicy/clip_",
-    "eval": "eval/",
-}  # panels that also show every key so prefixed
-
-
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_metrics(out_dir: Path) -> list[Path]:
-    """One PNG per panel from metrics.jsonl (reward also shows each grader and a +-1 std band), and
-    reward_vs_length.png from samples.jsonl."""
-    plt = _pyplot()
-    rows = read_jsonl(out_dir / "metrics.jsonl")
-    if not rows:
-        return []
-    written = []
-    for name, keys in PLOTS.items():
-        if name in PREFIXES:
-            keys = keys + sorted({k for r in rows for k in r if k.startswith(PREFIXES[name])})
-        keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
-        if not keys:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for k in keys:
-            # each curve over the lines that log its key: eval/* comes every K steps, and step 0's line
-            # (--eval-every) holds nothing else; a null value stays a gap
-            has = [r for r in rows if k in r]
-            steps = [r["step"] for r in has]
-            ys = [r[k] if r[k] is not None else float("nan") for r in has]
-            ax.plot(steps, ys, label=k, lw=2 if k == "reward" else 1, marker="o" if name == "eval" else None)
-            if k == "reward" and all(r.get("reward_std") is not None for r in has):
-                sd = [r["reward_std"] for r in has]
-                ax.fill_between(
-                    steps, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15
-                )
-        ax.set_xlabel("step")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{name}.png"
-        with open_run_file(path, "wb") as f:  # never through a link
-            fig.savefig(f, format="png", dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written + plot_reward_vs_length(out_dir)
-
-
-def plot_reward_vs_length(out_dir: Path) -> list[Path]:
-    """reward_vs_length.png: every logged completion's reward against its length (tokens), coloured by
-    step: a cloud that tilts up over the run says the reward pays for length. [] with no samples."""
-    pts = [
-        (c["length"], c["reward"], s["step"])
-        for s in read_jsonl(out_dir / "samples.jsonl")
-        for g in s.get("groups") or []
-        for c in g.get("completions") or []
-        if c.get("reward") is not None and c.get("length") is not None
-    ]
-    if not pts:
-        return []
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    xs, ys, steps = zip(*pts)
-    dots = ax.scatter(xs, ys, c=steps, cmap="viridis", s=8, alpha=0.6)
-    fig.colorbar(dots, ax=ax, label="step")
-    ax.set_xlabel("completion length (tokens)")
-    ax.set_ylabel("reward")
-    ax.set_title("reward vs length")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / "reward_vs_length.png"
-    with open_run_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-    return [path]

@@ -219,10 +219,9 @@ def plot(
     optimum (toy): per beta, pi*'s KL / entropy fraction / reward, drawn dashed; the entropy panel also shows
     the collapse threshold (25% of the start) dotted. smooth > 1: each curve is first averaged over its last
     `smooth` steps (trailing), as the collapse detector sees it."""
-    import matplotlib
+    from nanogrpo.infra.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in results:

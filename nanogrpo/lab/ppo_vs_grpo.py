@@ -194,10 +194,9 @@ def markdown(rows: list[dict], tail: int = 5) -> str:
 def plot(results: list[dict], path: Path, shape: Shape = Shape()) -> Path:
     """Three panels against the step: the loss of both, PPO's value loss, the reward (3-step trailing
     mean); one line per run, a colour per configuration, PPO warm colours and GRPO cool ones."""
-    import matplotlib
+    from nanogrpo.infra.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     configs = sorted({Cell(**r["cell"]).config for r in results})
     warm = [c for c in configs if c.startswith("PPO")]

@@ -35,7 +35,8 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
 from nanogrpo.infra.heap import keep_freed_memory
 from nanogrpo.infra.memory_fit import fit_to_memory
-from nanogrpo.infra.metrics import Logger, console_line, fsync_path, plot_metrics, step_line
+from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
+from nanogrpo.infra.plots import plot_metrics
 from nanogrpo.infra.provenance import write_environment
 from nanogrpo.infra.resume import (
     check_rerun_dir,

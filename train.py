@@ -32,6 +32,7 @@ from nanogrpo.eval.during import HeldOutEval
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
+from nanogrpo.infra.config_file import check_rerun_dir, load_config, pop_config_flag, read_config
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
 from nanogrpo.infra.heap import keep_freed_memory
 from nanogrpo.infra.memory_fit import fit_to_memory
@@ -39,13 +40,9 @@ from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
 from nanogrpo.infra.plots import plot_metrics
 from nanogrpo.infra.provenance import write_environment
 from nanogrpo.infra.resume import (
-    check_rerun_dir,
     check_resume,
     check_run_record,
-    load_config,
-    pop_config_flag,
     prepare_run_dir,
-    read_config,
     release_run_dir,
     started_record,
 )

@@ -12,9 +12,9 @@ from test_train import ROOT, metrics, run_train
 
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import heap
+from nanogrpo.infra.config_file import load_config
 from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.infra.provenance import git_state
-from nanogrpo.infra.resume import load_config
 from train import cli, main
 
 

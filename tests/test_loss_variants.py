@@ -22,7 +22,7 @@ from nanogrpo.grpo import (
     high_entropy_tokens,
     reward_moments,
 )
-from nanogrpo.infra.resume import load_config
+from nanogrpo.infra.config_file import load_config
 from nanogrpo.recipes.presets import PRESETS
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

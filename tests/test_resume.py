@@ -8,7 +8,7 @@ import pytest
 from test_train import metrics, run_train
 
 from nanogrpo.config import OptimConfig
-from nanogrpo.infra.resume import load_config
+from nanogrpo.infra.config_file import load_config
 from nanogrpo.recipes.presets import PRESETS
 from rewards.options import JudgeConfig, RewardConfig
 from train import cli, main

@@ -34,6 +34,7 @@ import tyro
 
 from nanogrpo.eval import stats
 from nanogrpo.eval.evaluate import read_jsonl
+from nanogrpo.infra.config_file import flat_config
 
 DEFAULT_SEEDS = (42, 123, 456)
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -185,19 +186,9 @@ def load_runs(folder: str | Path, seeds: Sequence[int] = ()) -> list[SeedRun]:
 def config_differences(runs: Sequence[SeedRun]) -> list[str]:
     """The config keys whose values differ between runs of one set, apart from seed and folder: a set
     whose runs were trained with different flags is not one method over seeds."""
-    flat = [_flatten(r.config) for r in runs]
+    flat = [flat_config(r.config) for r in runs]
     keys = sorted({k for f in flat for k in f} - set(_PER_RUN_KEYS))
     return [k for k in keys if len({json.dumps(f.get(k)) for f in flat}) > 1]
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """Key/value caches: the sampler's preallocated caches, and the training forward's shared-prompt prefix.
 
 Every cache offers the same two calls to the attention layer, which has one path whatever the cache:
-`k, v = cache.update(layer, k, v)` (store this block's keys/values, return all the block attends to) and
-`y = cache.attend(layer, q, k, v, mask)` (y (B, T, nh, D)). `NO_CACHE` is the forward without one.
+`k, v = cache.update(layer, k, v)` (store this block's keys/values, and return the keys/values `attend` is
+to be given) and `y = cache.attend(layer, q, k, v, mask)` (y (B, T, nh, D)): attention over those and over
+whatever the cache keeps apart. For `NO_CACHE` (the forward without one), `KVCache` and `PrefixKV`, update
+returns every key/value the block attends to and attend is plain attention; `GroupedKVCache`'s update
+returns only the completions' own keys/values, and its attend adds each row's prompt keys, which it keeps
+once per group.
 
 - `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
 - `GroupedKVCache`: after the prefill, each prompt's keys/values once for its G completions, plus each

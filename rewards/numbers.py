@@ -58,13 +58,6 @@ def figure_credits(
     return out
 
 
-def figure_credit(
-    ref: Decimal, answer: list[Decimal], full: float | Decimal = 0.01, half: float | Decimal = 0.05
-) -> float:
-    """`figure_credits` of one reference figure."""
-    return figure_credits([ref], answer, full, half)[0]
-
-
 _reference_figures = functools.lru_cache(maxsize=256)(key_figures)  # read-only: never mutate a result
 
 

@@ -85,12 +85,6 @@ def length_ratio_check(n_answer: int, n_ref: int, tol: float = 0.5) -> float | N
     return 1.0
 
 
-def element_check(name: str, answer: str, reference: str) -> float:
-    """1 when the answer has the markdown element exactly when the reference has it."""
-    pat = _PATTERNS[name]
-    return float(bool(pat.search(answer)) == bool(pat.search(reference)))
-
-
 def text_style(text: str, checks: tuple[str, ...] = BUILTIN) -> tuple[int, frozenset[str]]:
     """(word count, the markdown elements of `checks` the text uses): what the built-in checks compare."""
     n = len(words(text)) if "length" in checks else 0

@@ -47,8 +47,9 @@ from nanogrpo.infra.resume import (
     started_record,
 )
 from nanogrpo.model import judge_backend
-from nanogrpo.optim import build_optimizer, build_scheduler
-from nanogrpo.policy import in_slices, load_policy, prompt_budget, update
+from nanogrpo.model.logprobs import Batch, completion_logprobs
+from nanogrpo.optim import Update, build_optimizer, build_scheduler, in_slices, step_counts, update
+from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
@@ -91,34 +92,7 @@ def main(cfg: TrainConfig) -> dict:
     logger = Logger(
         out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
     )
-    step0 = 0
-    if cfg.resume:
-        # the newest complete checkpoint, whatever ckpt/latest says: a damaged one is passed over, by name
-        point = ckpt.find_resume_point(out / "ckpt")
-        if point.path is not None:
-            state = point.state
-            policy.load_checkpoint(point.path, opt, state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            order.load_state_dict(state["data"])
-            ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
-            step0 = state["step"]
-            # what it was trained with against config.json and the data now (nanogrpo/infra/resume.py)
-            point.notes.extend(check_run_record(state.get("run"), cfg, point.path))
-        # steps logged after it will run again: dropped (with a torn last line), so none appears twice
-        dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
-        # the checkpoint's own copy of its step's line, if the log lost it (torn, or not yet on the disk)
-        if point.path is not None and logger.restore_line(step0, point.state.get("metrics_line")):
-            point.notes.append(
-                f"metrics.jsonl's line of step {step0} was torn or lost: restored from {point.path}"
-            )
-        if dist.is_main():
-            for note in point.notes:
-                print(f"note: {note}")
-            cut = f"; logs cut back to it (lines dropped: {dropped})" if dropped else ""
-            if point.path is not None:
-                print(f"resumed from {point.path} at step {step0}{cut}")
-            else:  # the run died before its first checkpoint: its logged steps will be run again
-                print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
+    step0 = resume(cfg, policy, opt, sched, order, logger) if cfg.resume else 0  # --resume: its step
 
     run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
     evaluator = HeldOutEval(cfg, policy, device)  # --eval-every: held-out scores (nanogrpo/eval/during.py)
@@ -157,7 +131,47 @@ def main(cfg: TrainConfig) -> dict:
             _save(policy, out, step + 1, opt, sched, order)
     bar.close()
 
-    # ------------------------------------------------------------------------ end: adapter, plots, eval, page
+    return finish(cfg, policy, logger)  # the adapter or model, plots, final eval, run page
+
+
+def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Logger) -> int:
+    """--resume: the run's state back from its newest complete checkpoint (the weights, the optimizer, the
+    schedule, the data order, every rank's RNG) and its logs cut back to that step; returns the step."""
+    out, rank, world = Path(cfg.out_dir), dist.rank(), dist.world()
+    step0 = 0
+    # the newest complete checkpoint, whatever ckpt/latest says: a damaged one is passed over, by name
+    point = ckpt.find_resume_point(out / "ckpt")
+    if point.path is not None:
+        state = point.state
+        policy.load_checkpoint(point.path, opt, state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        order.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
+        step0 = state["step"]
+        # what it was trained with against config.json and the data now (nanogrpo/infra/resume.py)
+        point.notes.extend(check_run_record(state.get("run"), cfg, point.path))
+    # steps logged after it will run again: dropped (with a torn last line), so none appears twice
+    dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
+    # the checkpoint's own copy of its step's line, if the log lost it (torn, or not yet on the disk)
+    if point.path is not None and logger.restore_line(step0, point.state.get("metrics_line")):
+        point.notes.append(
+            f"metrics.jsonl's line of step {step0} was torn or lost: restored from {point.path}"
+        )
+    if dist.is_main():
+        for note in point.notes:
+            print(f"note: {note}")
+        cut = f"; logs cut back to it (lines dropped: {dropped})" if dropped else ""
+        if point.path is not None:
+            print(f"resumed from {point.path} at step {step0}{cut}")
+        else:  # the run died before its first checkpoint: its logged steps will be run again
+            print(f"no complete checkpoint in {out / 'ckpt'} yet: starting again from step 0{cut}")
+    return step0
+
+
+def finish(cfg: TrainConfig, policy, logger: Logger) -> dict:
+    """The end of a run: the final adapter (or model), the plots, the held-out eval, the run page and
+    summary.json; then the logs closed and the folder's lock released."""
+    out = Path(cfg.out_dir)
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
     policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
     if cfg.plots and dist.is_main():
@@ -244,7 +258,7 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)
     # 5. the loss's rows: all, or --grpo.mask-truncated: not the truncated ones (their rewards counted above)
     batch, adv_b, ref_b, sampler_b, masked = loss_rows(roll, adv.to(run.device), ref_logp, g.mask_truncated)
-    upd = update(policy, run.opt, run.sched, batch, adv_b, ref_b, sampler_b, cfg)
+    upd = grpo_update(policy, run.opt, run.sched, batch, adv_b, ref_b, sampler_b, cfg)  # 6. the passes
     m = {"step": step + 1, **grpo_summary(roll, reward, parts, zero_std, upd, kl_pen, ref_logp is not None)}
     m.update(draw_summary(draw, masked if g.mask_truncated else None))  # groups drawn and kept, rounds
     m.update(t_sample=draw.t_sample, t_score=draw.t_score)
@@ -253,6 +267,61 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
         run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, draw.details))
     return m
+
+
+def grpo_update(
+    policy,
+    opt,
+    sched,
+    batch: Batch,
+    adv: torch.Tensor,
+    ref_logp,
+    sampler_logp: torch.Tensor,
+    cfg: TrainConfig,
+) -> Update:
+    """--grpo.num-iterations passes of the GRPO loss over the batch, each ended by an optimizer step (optim.update:
+    the micro-batches, backward, clip, step); passes after the first are off-policy.
+
+    The loss is normalised by the step's counts summed over all ranks, so the sum over micro-batches and
+    ranks is the full-batch loss. pi_old is the first pass's own log-probs (the weights the samples came
+    from), not the sampler's: the sampler's go in as `sampler_logp`, to log the gap and, with
+    --grpo.is-correction, to correct it. --grpo.entropy-coef makes the entropy differentiable;
+    --grpo.top-entropy-quantile picks the tokens that keep the policy gradient first (entropy_mask)."""
+    g, temp = cfg.grpo, cfg.sampling.temperature
+    counts = step_counts(batch)  # seqs, tokens of the step on all ranks
+    keep = entropy_mask(policy, batch, cfg) if g.top_entropy_quantile < 1 else None  # (N, Tc)
+    old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
+
+    def loss_fn(it: int, sl: slice, mb: Batch) -> tuple[torch.Tensor, dict]:
+        logp, ent = completion_logprobs(
+            policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0
+        )  # (n, Tc), (n, Tc)
+        if it == 0:  # pi_old: the first pass runs the weights the samples came from
+            old_logp[sl] = logp.detach()
+        loss, stats = grpo.grpo_loss(
+            logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
+            num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
+            sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
+        )  # fmt: skip
+        stats["entropy"] = (ent.detach() * mb.mask).sum()  # logged for the first pass
+        return loss, stats
+
+    return update(
+        policy, opt, sched, batch, counts, loss_fn,
+        passes=g.num_iterations, micro=cfg.micro_batch, grad_clip=cfg.optim.grad_clip,
+    )  # fmt: skip
+
+
+def entropy_mask(policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    """keep (N, Tc) bool: the tokens whose entropy under pi_old is at or above the (1 - q) quantile of the
+    step's tokens on ALL ranks, q = --grpo.top-entropy-quantile (Wang et al. 2025).
+
+    One no-grad forward (dropout off) in the step's micro-batches before the update; the mask then holds for
+    every --grpo.num-iterations pass (the paper recomputes it each update, from the live policy)."""
+    ent = in_slices(lambda b: policy.trainer_entropy(b, cfg.sampling.temperature), batch, cfg.micro_batch)
+    pool = torch.cat(dist.gather_objects(ent[batch.mask > 0].cpu()))  # (tokens of the step,) every rank's
+    threshold = grpo.entropy_threshold(pool, cfg.grpo.top_entropy_quantile)
+    return grpo.high_entropy_tokens(ent, batch.mask, threshold)  # (N, Tc)
 
 
 def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> Scored:

@@ -1,4 +1,11 @@
-"""Optimizers and the learning-rate schedule.
+"""Optimizers, the learning-rate schedule, and the update every stage's step runs.
+
+    upd = update(policy, opt, sched, batch, counts, loss_fn, passes=..., micro=..., grad_clip=...)
+
+`update` is the part of a step that does not depend on the loss: passes over the batch, micro-batch by
+micro-batch (DDP all-reduces once a pass), backward, clip, optimizer and scheduler step, the first pass's
+stats apart from the later ones. GRPO (train.py), PPO, SFT, CPT and DPO (nanogrpo/stages/) each hand it the
+loss of one micro-batch.
 
 AdamW by default. `muon` (seed 000's ablation) uses torch.optim.Muon as its authors do: for the 2-D weight
 matrices of the hidden layers (LoRA A and B included), with AdamW for the embeddings, the LM head, norms and
@@ -10,10 +17,15 @@ learning rate.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from nanogrpo.config import OptimConfig
+from nanogrpo.grpo import accumulate_stats
+from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import Batch, micro_slices
 
 
 class Combined(torch.optim.Optimizer):
@@ -95,3 +107,74 @@ def lr_lambda(cfg: OptimConfig, total_steps: int):
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg, total_steps))
+
+
+# ----------------------------------------------------------------------------- the update skeleton
+
+
+@dataclass
+class Update:
+    """What an update did on this rank."""
+
+    seqs: float  # rows of the step, summed over ranks
+    tokens: float  # completion tokens of the step, summed over ranks
+    stats: dict[str, float]  # loss_fn's stats of the first pass, summed over micro-batches (*_max maxed)
+    later: dict[str, float] | None  # the same over the passes after it (None with one pass): off-policy
+    loss: float  # this rank's share of the first pass's loss
+    grad_norm: float  # before clipping, at the last optimizer step
+
+    @property
+    def entropy(self) -> float:
+        """The sum of the first pass's token entropies on this rank (GRPO's and PPO's stats 'entropy')."""
+        return self.stats["entropy"]
+
+
+def step_counts(batch: Batch) -> dict[str, float]:
+    """{'seqs', 'tokens'}: the step's rows and completion tokens on all ranks, what a loss is normalised by
+    so that its micro-batches and ranks add up to the whole batch's."""
+    return dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+
+
+def update(
+    policy,
+    opt,
+    sched,
+    batch: Batch,
+    counts: dict[str, float],
+    loss_fn: Callable[[int, slice, Batch], tuple[torch.Tensor, dict]],
+    *,
+    passes: int,
+    micro: int,
+    grad_clip: float,
+) -> Update:
+    """`passes` optimizer steps over the batch (GRPO's --grpo.num-iterations, PPO's --ppo.epochs; 1 for SFT,
+    CPT and DPO), each on the gradient summed over the batch's micro-batches of `micro` rows (0: one).
+
+    loss_fn(it, sl, mb) -> (loss, stats): the loss of micro-batch mb = batch.rows(sl) in pass `it`, normalised
+    by the step's `counts` on all ranks, so the micro-batches add up to the batch's loss with no scaling
+    here; stats: detached sums over mb (*_max ones: maxes), added up over micro-batches, the first pass apart
+    from the later, off-policy ones."""
+    slices = micro_slices(len(batch), micro)
+    policy.model.train()
+    first: dict[str, float] | None = None
+    later: dict[str, float] | None = None  # passes >= 2: where clip-higher, dual-clip and CISPO act
+    loss_sum = grad_norm = 0.0
+    for it in range(passes):
+        for k, sl in enumerate(slices):
+            with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
+                loss, stats = loss_fn(it, sl, batch.rows(sl))
+                policy.backward(loss)  # x world: the gradient is the sum over ranks, DDP and FSDP average
+            if it == 0:  # the metrics describe the on-policy pass; the later passes' apart
+                first = accumulate_stats(first, stats)
+                loss_sum += float(loss.detach())
+            else:
+                later = accumulate_stats(later, stats)
+        grad_norm = policy.step(opt, sched, grad_clip)
+    assert first is not None
+    return Update(counts["seqs"], counts["tokens"], first, later, loss_sum, grad_norm)
+
+
+def in_slices(fn: Callable[[Batch], torch.Tensor], batch: Batch, micro: int) -> torch.Tensor:
+    """fn over the batch's rows in micro-batches of `micro` (0 = all at once), concatenated: (N, Tc). For the
+    no-grad forwards before an update (the reference, pi_old), in the slices the update runs."""
+    return torch.cat([fn(batch.rows(sl)) for sl in micro_slices(len(batch), micro)])

@@ -1,6 +1,5 @@
-"""The policy: the trained model with its tokenizer, reference and wrapping, how it is loaded, and update():
-the num_iterations x micro-batch passes of one GRPO step, every optimizer step included (the other stages'
-updates live in nanogrpo/stages/).
+"""The policy: the trained model with its tokenizer, reference and wrapping, how it is loaded, and its
+checkpoint files. The update that trains it is optim.update, run by train.py's GRPO step and the stages'.
 
 Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
 fine-tunes, nanogrpo/infra/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.
@@ -26,12 +25,11 @@ from pathlib import Path
 
 import torch
 
-from nanogrpo import grpo
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.model import lora
-from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs, micro_slices
+from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
@@ -227,88 +225,6 @@ class Policy:
                 if (self.model_dir / name).is_file():
                     shutil.copyfile(self.model_dir / name, folder / name)
         self.tokenizer.save_pretrained(str(folder))
-
-
-def in_slices(fn: Callable[[Batch], torch.Tensor], batch: Batch, micro: int) -> torch.Tensor:
-    """fn over the batch's rows in micro-batches of `micro` (0 = all at once), concatenated: (N, Tc)."""
-    return torch.cat([fn(batch.rows(sl)) for sl in micro_slices(len(batch), micro)])
-
-
-@dataclass
-class Update:
-    """What one update did, on this rank (the metrics describe the first, on-policy pass)."""
-
-    seqs: float  # completions of the step, summed over ranks
-    tokens: float  # completion tokens of the step, summed over ranks
-    stats: dict[str, float]  # grpo_loss's stats of the first pass, summed over micro-batches (*_max maxed)
-    later: dict[str, float] | None  # the same over the passes after it (None with one pass): off-policy
-    entropy: float  # sum over this rank's tokens
-    loss: float  # this rank's share of the loss
-    grad_norm: float  # before clipping, at the last optimizer step
-
-
-def update(
-    policy: Policy,
-    opt,
-    sched,
-    batch: Batch,
-    adv: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    sampler_logp: torch.Tensor,
-    cfg: TrainConfig,
-) -> Update:
-    """num_iterations passes of the GRPO loss over the batch, micro-batch by micro-batch, each pass ended by
-    an optimizer step; passes after the first are off-policy.
-
-    The loss is normalised by the step's counts summed over all ranks, so the sum over micro-batches and
-    ranks is the full-batch loss. pi_old is the first pass's own log-probs (the weights the samples came
-    from), not the sampler's: the sampler's go in as `sampler_logp`, to log the gap and, with
-    --grpo.is-correction, to correct it. --grpo.entropy-coef makes the entropy differentiable;
-    --grpo.top-entropy-quantile picks the tokens that keep the policy gradient first (entropy_mask)."""
-    g, temp = cfg.grpo, cfg.sampling.temperature
-    slices = micro_slices(len(batch), cfg.micro_batch)
-    counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
-    keep = entropy_mask(policy, batch, cfg) if g.top_entropy_quantile < 1 else None  # (N, Tc)
-    policy.model.train()
-    old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
-    stats: dict[str, float] | None = None
-    later: dict[str, float] | None = None  # passes >= 2: where clip-higher, dual-clip and CISPO act
-    ent_sum = loss_sum = grad_norm = 0.0
-    for it in range(g.num_iterations):
-        for k, sl in enumerate(slices):
-            mb = batch.rows(sl)
-            with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
-                logp, ent = completion_logprobs(
-                    policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0
-                )  # (n, Tc), (n, Tc)
-                if it == 0:  # pi_old: the first pass runs the weights the samples came from
-                    old_logp[sl] = logp.detach()
-                loss, mb_stats = grpo.grpo_loss(
-                    logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
-                    num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
-                    sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
-                )  # fmt: skip
-                policy.backward(loss)
-            if it == 0:  # metrics describe the on-policy pass; the clip metrics of later passes apart
-                ent_sum += float((ent.detach() * mb.mask).sum())
-                stats = grpo.accumulate_stats(stats, mb_stats)
-                loss_sum += float(loss.detach())
-            else:
-                later = grpo.accumulate_stats(later, mb_stats)
-        grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    return Update(counts["seqs"], counts["tokens"], stats, later, ent_sum, loss_sum, grad_norm)
-
-
-def entropy_mask(policy: Policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
-    """keep (N, Tc) bool: the tokens whose entropy under pi_old is at or above the (1 - q) quantile of the
-    step's tokens on ALL ranks, q = --grpo.top-entropy-quantile (Wang et al. 2025).
-
-    One no-grad forward (dropout off) in the step's micro-batches before the update; the mask then holds for
-    every --grpo.num-iterations pass (the paper recomputes it each update, from the live policy)."""
-    ent = in_slices(lambda b: policy.trainer_entropy(b, cfg.sampling.temperature), batch, cfg.micro_batch)
-    pool = torch.cat(dist.gather_objects(ent[batch.mask > 0].cpu()))  # (tokens of the step,) every rank's
-    threshold = grpo.entropy_threshold(pool, cfg.grpo.top_entropy_quantile)
-    return grpo.high_entropy_tokens(ent, batch.mask, threshold)  # (N, Tc)
 
 
 def needs_reference(cfg: TrainConfig) -> bool:

@@ -4,8 +4,9 @@
 
 `run` (Run, below) is what every step works with; `rows` are this rank's share of the step's rows (prompts,
 preference pairs, or CPT windows), and `first` the index of rows[0] in the step's global batch. A stage
-builds its own batch, loss and update; the model, LoRA, optimizer, logging, checkpoints, resume and torchrun
-are train.py's, the same for every stage.
+builds its own batch and the loss of one micro-batch, which optim.update runs (passes, micro-batches,
+backward, optimizer step); the model, LoRA, optimizer, logging, checkpoints, resume and torchrun are
+train.py's, the same for every stage.
 
     sft.py  supervised fine-tuning on each row's reference (or --data.template)
     cpt.py  continued pre-training: the causal-LM loss over windows of raw text

@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from nanogrpo.config import TrainConfig
 from nanogrpo.data import preference_texts
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
-from nanogrpo.policy import Policy, in_slices
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, pad_left
+from nanogrpo.optim import in_slices, step_counts, update
+from nanogrpo.policy import Policy
 from nanogrpo.stages import Run
 from nanogrpo.stages.sft import pad_right
 
@@ -108,21 +109,21 @@ def dpo_update(
     policy: Policy, opt, sched, batch: Batch, ref_seq: torch.Tensor, cfg: TrainConfig
 ) -> tuple[dict[str, float], float]:
     """The DPO loss over the batch (rows alternate chosen, rejected; ref_seq (2P,) the reference's sequence
-    log-probs), micro-batch by micro-batch, then the optimizer step. Returns dpo_loss's stats summed over
-    this rank's micro-batches, and the grad norm."""
-    n_pairs = dist.sum_floats({"n": len(batch) / 2})["n"]  # the loss is the mean over ALL ranks' pairs
-    policy.model.train()
-    sums: dict[str, float] = {}
-    slices = micro_slices(len(batch), pair_micro(cfg.micro_batch))  # even sizes: a pair stays together
-    for k, sl in enumerate(slices):
-        mb = batch.rows(sl)
-        with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
-            logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)  # (n, Tc)
-            seq, ref = (logp * mb.mask).sum(1), ref_seq[sl]  # (n,), (n,)
-            loss, stats = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], cfg.dpo.beta, n_pairs)
-            policy.backward(loss)
-        sums = {key: sums.get(key, 0.0) + v for key, v in stats.items()}
-    return sums, policy.step(opt, sched, cfg.optim.grad_clip)
+    log-probs): one pass of optim.update, micro-batch by micro-batch, then the optimizer step. Returns
+    dpo_loss's stats summed over this rank's micro-batches, and the grad norm."""
+    counts = step_counts(batch)
+    n_pairs = counts["seqs"] / 2  # the loss is the mean over ALL ranks' pairs
+
+    def loss_fn(it: int, sl: slice, mb: Batch) -> tuple[torch.Tensor, dict]:
+        logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)  # (n, Tc)
+        seq, ref = (logp * mb.mask).sum(1), ref_seq[sl]  # (n,), (n,)
+        return dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], cfg.dpo.beta, n_pairs)
+
+    micro = pair_micro(cfg.micro_batch)  # even sizes: a pair stays together
+    upd = update(
+        policy, opt, sched, batch, counts, loss_fn, passes=1, micro=micro, grad_clip=cfg.optim.grad_clip
+    )
+    return upd.stats, upd.grad_norm
 
 
 def pair_micro(micro: int) -> int:

@@ -41,7 +41,8 @@ from nanogrpo import grpo
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch, completion_logprobs, micro_slices
-from nanogrpo.policy import Policy, in_slices
+from nanogrpo.optim import in_slices, step_counts, update
+from nanogrpo.policy import Policy
 from nanogrpo.rollout import rollout
 from nanogrpo.stages import Run
 from nanogrpo.summary import Totals, reduce_stats, reward_summary, sample_groups
@@ -228,56 +229,42 @@ def ppo_update(
     ref_logp: torch.Tensor | None,
     cfg: TrainConfig,
 ) -> PPOUpdate:
-    """--ppo.epochs passes over the batch, micro-batch by micro-batch, each pass ended by an optimizer step:
-    grpo_loss's clipped surrogate on the per-token advantages (N, Tc) + vf_coef * value_loss.
+    """--ppo.epochs passes over the batch (optim.update: micro-batch by micro-batch, each pass ended by an
+    optimizer step): grpo_loss's clipped surrogate on the per-token advantages (N, Tc) + vf_coef * value_loss.
 
     loss, pg_loss, vf_loss, kl, entropy, clip_low and clip_high describe the first (on-policy) pass, and
     offpolicy/clip_* and offpolicy/ratio_max the passes after it, as GRPO's do (grpo.later_pass_stats);
     vf_clip_frac is over all passes (the first pass's values are the old ones, so it never clips)."""
     g, p, temp = cfg.grpo, cfg.ppo, cfg.sampling.temperature
-    slices = micro_slices(len(batch), cfg.micro_batch)
-    counts = dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+    counts = step_counts(batch)  # seqs, tokens of the step on all ranks
     n_tok = max(counts["tokens"], 1.0)
-    policy.model.train()
     old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the first pass's log-probs: pi_old of the ratio
-    first: dict[str, float] | None = None  # grpo_loss's stats of the first pass, summed over micro-batches
-    later: dict[str, float] | None = None  # the same over the later (off-policy) passes
-    ent_sum = loss_sum = vf_first = grad_norm = 0.0
-    vf_clip_sum = 0.0  # over all passes
-    vf_losses: list[float] = []
-    for it in range(p.epochs):
-        vf_pass = 0.0
-        for k, sl in enumerate(slices):
-            mb = batch.rows(sl)
-            with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
-                logp, ent, v = completion_logprobs(
-                    policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0, values=True
-                )  # (n, Tc) x 3
-                if it == 0:
-                    old_logp[sl] = logp.detach()
-                pg, stats = grpo.grpo_loss(
-                    logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
-                    num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
-                    sampler_logp=sampler_logp[sl], entropy=ent,
-                )  # fmt: skip
-                vf, vf_stats = value_loss(v, old_values[sl], returns[sl], mb.mask, p.value_clip, n_tok)
-                loss = pg + p.vf_coef * vf
-                policy.backward(loss)
-            vf_pass += float(vf_stats["vf_loss"])
-            vf_clip_sum += float(vf_stats["vf_clipped"])
-            if it == 0:  # metrics describe the on-policy pass; the clip metrics of later passes apart
-                first = grpo.accumulate_stats(first, stats)
-                ent_sum += float((ent.detach() * mb.mask).sum())
-                loss_sum += float(loss.detach())
-                vf_first += float(vf_stats["vf_loss"])
-            else:
-                later = grpo.accumulate_stats(later, stats)
-        vf_losses.append(dist.sum_floats({"v": vf_pass})["v"])
-        grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    assert first is not None
+    vf_pass = [0.0] * p.epochs  # each pass's value loss on this rank: it falls as the head fits
+
+    def loss_fn(it: int, sl: slice, mb: Batch) -> tuple[torch.Tensor, dict]:
+        logp, ent, v = completion_logprobs(
+            policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0, values=True
+        )  # (n, Tc) x 3
+        if it == 0:
+            old_logp[sl] = logp.detach()
+        pg, stats = grpo.grpo_loss(
+            logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
+            num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
+            sampler_logp=sampler_logp[sl], entropy=ent,
+        )  # fmt: skip
+        vf, vf_stats = value_loss(v, old_values[sl], returns[sl], mb.mask, p.value_clip, n_tok)
+        vf_pass[it] += float(vf_stats["vf_loss"])
+        return pg + p.vf_coef * vf, {**stats, **vf_stats, "entropy": (ent.detach() * mb.mask).sum()}
+
+    upd = update(
+        policy, opt, sched, batch, counts, loss_fn,
+        passes=p.epochs, micro=cfg.micro_batch, grad_clip=cfg.optim.grad_clip,
+    )  # fmt: skip
+    vf_losses = [dist.sum_floats({"v": v})["v"] for v in vf_pass]
+    first, later = upd.stats, upd.later or {}
+    vf_clip = first["vf_clipped"] + later.get("vf_clipped", 0.0)  # counts: exact in any order
     sums = Totals(
-        {"loss": loss_sum, "vf": vf_first, "ent": ent_sum, "vf_clip": vf_clip_sum,
-         **{k: v for k, v in first.items() if not grpo.is_max_stat(k)}},
+        {"loss": upd.loss, "vf_clip": vf_clip, **{k: v for k, v in first.items() if not grpo.is_max_stat(k)}},
         {k: v for k, v in first.items() if grpo.is_max_stat(k)},
     ).reduce()  # fmt: skip
     s, passes = sums.sums, n_tok * p.epochs
@@ -285,20 +272,20 @@ def ppo_update(
     metrics = {
         "loss": s["loss"],
         "pg_loss": fin["pg_loss"],
-        "vf_loss": s["vf"],
+        "vf_loss": s["vf_loss"],
         "clip_low": fin["clip_low"],
         "clip_high": fin["clip_high"],
         "vf_clip_frac": s["vf_clip"] / passes,
         "ratio_max": fin["ratio_max"],
-        **grpo.later_pass_stats(reduce_stats(later)),
+        **grpo.later_pass_stats(reduce_stats(upd.later)),
         "kl": fin["kl"],  # k3 per token, pi_old against the reference (0 without one: replaced by None)
-        "entropy": s["ent"] / n_tok,
+        "entropy": s["entropy"] / n_tok,
         "tokens": counts["tokens"],
     }
     for key in ("sampler_kl", "sampler_abs_diff", "entropy_bonus", "clip_dual"):
         if key in fin:
             metrics[key] = fin[key]
-    return PPOUpdate(counts["seqs"], counts["tokens"], metrics, vf_losses, grad_norm)
+    return PPOUpdate(counts["seqs"], counts["tokens"], metrics, vf_losses, upd.grad_norm)
 
 
 # ----------------------------------------------------------------------------- the step's numbers

@@ -14,8 +14,9 @@ import torch
 from nanogrpo.config import TrainConfig
 from nanogrpo.data import sft_target
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, micro_slices, pad_left
-from nanogrpo.policy import Policy, Update
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, pad_left
+from nanogrpo.optim import Update, step_counts, update
+from nanogrpo.policy import Policy
 from nanogrpo.stages import Run
 
 
@@ -48,18 +49,14 @@ def pad_right(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 def sft_update(policy: Policy, opt, sched, batch: Batch, cfg: TrainConfig) -> Update:
-    """The NLL of the completion tokens given the prompt, per token of the step (all ranks), micro-batch by
-    micro-batch, then the optimizer step."""
-    n_tok = dist.sum_floats({"n": float(batch.mask.sum())})["n"]
-    policy.model.train()
-    loss_sum = 0.0
-    slices = micro_slices(len(batch), cfg.micro_batch)
-    for k, sl in enumerate(slices):
-        mb = batch.rows(sl)
-        with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per step
-            logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)  # (n, Tc)
-            loss = -(logp * mb.mask).sum() / n_tok
-            policy.backward(loss)
-        loss_sum += loss.item()
-    grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)
-    return Update(float(len(batch)), n_tok, {}, None, 0.0, loss_sum, grad_norm)
+    """The NLL of the completion tokens given the prompt, per token of the step (all ranks): one pass of
+    optim.update, micro-batch by micro-batch, then the optimizer step."""
+    counts = step_counts(batch)  # the loss is per token of the step, on all ranks
+
+    def nll(it: int, sl: slice, mb: Batch) -> tuple[torch.Tensor, dict]:
+        logp, _ = completion_logprobs(policy.model, mb, 1.0, policy.autocast)  # (n, Tc)
+        return -(logp * mb.mask).sum() / counts["tokens"], {}
+
+    return update(
+        policy, opt, sched, batch, counts, nll, passes=1, micro=cfg.micro_batch, grad_clip=cfg.optim.grad_clip
+    )

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nanogrpo.infra.metrics import Logger, check_logger_packages, samples_markdown
+from nanogrpo.infra.metrics import Logger, check_logger_packages
+from nanogrpo.infra.sample_table import samples_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -123,7 +123,7 @@ def console_line(m: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def _clean(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """JSON-safe: tensors to floats, NaN/inf to None."""
     if hasattr(x, "item"):
         x = x.item()
@@ -284,7 +284,7 @@ class JsonlWriter:
         return any(o.get("step") == step for o in read_jsonl(self.path))
 
     def write(self, obj: dict) -> None:
-        self.append_line(json.dumps({k: _clean(v) for k, v in obj.items()}, ensure_ascii=False))
+        self.append_line(json.dumps({k: json_safe(v) for k, v in obj.items()}, ensure_ascii=False))
 
     def append_line(self, line: str) -> None:
         """One whole line at the end, never through a link (open_run_file)."""
@@ -342,40 +342,6 @@ def check_logger_packages(wandb_project: str = "", tensorboard: bool = False) ->
                 f"{flag} needs the {package} package, which is not installed: pip install -e '.[{extra}]' "
                 f"(or pip install {package}), or drop {flag}"
             ) from e
-
-
-def _sample_rows(groups: list[dict]) -> tuple[list[str], list[list]]:
-    """The logged groups as a table: the grader names (in order of first appearance) and one row per
-    completion: prompt, completion, each grader's score, advantage, reward."""
-    graders: list[str] = []
-    for g in groups:
-        for c in g.get("completions") or []:
-            graders += [k for k in c.get("scores") or {} if k not in graders]
-    rows = [
-        [g.get("prompt"), c.get("text"), *[(c.get("scores") or {}).get(k) for k in graders]]
-        + [c.get("advantage"), c.get("reward")]
-        for g in groups
-        for c in g.get("completions") or []
-    ]
-    return graders, [[_clean(v) for v in r] for r in rows]
-
-
-def _md_cell(v: Any) -> str:
-    """A markdown table cell: numbers to 3 decimals, None as '-', pipes escaped, newlines as <br>."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "\n").replace("\n", "<br>")
-
-
-def samples_markdown(groups: list[dict]) -> str:
-    """The step's completions as a markdown table (TensorBoard's text tab renders it)."""
-    graders, rows = _sample_rows(groups)
-    head = ["prompt", "completion", *graders, "advantage", "reward"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_md_cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 class Logger:
@@ -436,7 +402,9 @@ class Logger:
         if not self.enabled:
             return
         self.metrics.write(m)
-        nums = {k: _clean(v) for k, v in m.items() if isinstance(_clean(v), (int, float)) and k != "step"}
+        nums = {
+            k: json_safe(v) for k, v in m.items() if isinstance(json_safe(v), (int, float)) and k != "step"
+        }
         if self._wandb is not None:
             self._wandb.log(nums, step=m["step"])
         if self._tb is not None:
@@ -447,11 +415,16 @@ class Logger:
         """samples.jsonl, and the completions table to W&B / TensorBoard."""
         if not self.enabled:
             return
+        from nanogrpo.infra.sample_table import (
+            sample_rows,
+            samples_markdown,
+        )  # it imports json_safe from here
+
         self.samples.write({"step": step, "groups": groups})
         if self._wandb is not None:
             import wandb
 
-            graders, rows = _sample_rows(groups)
+            graders, rows = sample_rows(groups)
             columns = ["prompt", "completion", *graders, "advantage", "reward"]
             table = wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
             self._wandb.log({"samples": table}, step=step)

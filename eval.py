@@ -25,6 +25,7 @@ from typing import Literal
 import tyro
 
 from nanogrpo.eval import elo_plots, evaluate, overlay, pairwise, report, seeds
+from nanogrpo.formats import write_jsonl
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
@@ -220,7 +221,7 @@ def run_generate(args: Generate) -> None:
         for r, cs in zip(rows, outs)
         for k, c in enumerate(cs)
     ]
-    evaluate.write_jsonl(args.out, recs)
+    write_jsonl(args.out, recs)
     # how the file was made, and the training run it comes from (for the same-judge warning)
     meta = evaluate.write_meta(
         args.out,
@@ -254,7 +255,7 @@ def run_score(args: Score) -> None:
         rows, graders=args.graders, reward_cfg=args.reward, target=args.target, path=args.file
     )
     out = args.out or str(Path(args.file).with_suffix("")) + ".scored.jsonl"
-    evaluate.write_jsonl(out, [{**r, "scores": s} for r, s in zip(rows, scores)])
+    write_jsonl(out, [{**r, "scores": s} for r, s in zip(rows, scores)])
     summary = evaluate.summarise(scores, args.resamples, args.seed)
     table = evaluate.format_summary_table(summary) + f"\n({len(rows)} rows; per-row scores in {out})"
     result = {"file": args.file, "n": len(rows), "metrics": summary}
@@ -405,7 +406,7 @@ def run_elo(args: Elo) -> None:
         pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
         judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
         records = pairwise.run_pairwise(systems, judges)
-    evaluate.write_jsonl(comparisons, records)
+    write_jsonl(comparisons, records)
     rep = pairwise.elo_report(records, names, args.resamples, args.seed, args.prior)
     wrote = [f"{args.out}.json", str(elo_plots.plot_elo(rep, f"{args.out}.png")), str(comparisons)]
     if acc:

@@ -1,4 +1,5 @@
-"""Reading training rows from JSONL, CSV, Parquet, datasets folders and the HF cache, with validation.
+"""Reading training rows from JSONL, CSV, Parquet, datasets folders and the HF cache, with validation; and
+writing rows as JSONL (`write_jsonl`: every tool's output file, replaced whole).
 
 A row is one JSON object a line (README "Data"): `prompt` (text or chat messages) is required; the
 reference-based graders read `reference`, `answer`, `labels`, `key_points`, `rubric`, ... Bad input is
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
 import math
 import os
 import re
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from nanogrpo.infra.metrics import replace_atomically
 from rewards.rows import (
     MAX_LINE_BYTES,
     DataError,
@@ -285,3 +288,19 @@ def _hub_rows(spec: str) -> Iterator[tuple[int, dict]]:
         ) from None
     for i, row in enumerate(ds):
         yield i, _columnar(row)
+
+
+def jsonl_text(rows: Iterable[dict]) -> str:
+    """Rows as JSONL, one a line; keys starting with '_' are the reader's bookkeeping (the source line, the
+    prompt's tokens), not data."""
+    return "".join(
+        json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
+        for row in rows
+    )
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    """Write rows as JSONL (jsonl_text), replacing the file whole: a crash or a full disk leaves the old one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(path, jsonl_text(rows))

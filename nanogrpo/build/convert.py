@@ -33,7 +33,7 @@ from pathlib import Path
 import tyro
 
 from nanogrpo.data import correct_option, preference_texts
-from nanogrpo.formats import validate_row
+from nanogrpo.formats import validate_row, write_jsonl
 from rewards.rows import DataError, read_rows
 
 Positional = tyro.conf.Positional
@@ -229,15 +229,6 @@ def split_rows(
                 split_of[i] = s
             start += c
     return [[r for r, s in zip(rows, split_of) if s == k] for k in range(len(ratios))]
-
-
-def write_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    """One row a line; keys starting with '_' are the reader's bookkeeping, not data."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False))
-            f.write("\n")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ rejected file, one JSON line {"line", "id", "why"}, and to stderr as `file:line:
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from nanogrpo.formats import write_jsonl
 from rewards.rows import read_rows
 
 
@@ -46,16 +45,6 @@ def out_paths(out: str, source: str) -> tuple[Path, Path]:
 def clean(row: dict[str, Any]) -> dict[str, Any]:
     """The row as it goes out: without the reader's `_line`."""
     return {k: v for k, v in row.items() if k != "_line"}
-
-
-def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    """Write rows atomically (a temporary file renamed over the target): a crash leaves the old file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    os.replace(tmp, path)
 
 
 @dataclass

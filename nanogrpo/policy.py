@@ -30,6 +30,7 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
+from nanogrpo.model.sampling import eos_and_pad
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
@@ -306,12 +307,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
             ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             if parallel == "fsdp" and device.type == "cuda" and dtype != torch.float32:
                 ref_model.to(dtype)
-    eos_ids = list(
-        dict.fromkeys(
-            [*model.config.eos_token_ids, *([tok.eos_token_id] if tok.eos_token_id is not None else [])]
-        )
-    )
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    eos_ids, pad_id = eos_and_pad(model.config, tok)
     # PPO's critic shares the trunk and its adapters: one forward gives the log-probs and the values
     value_head = ValueHead(model.config.hidden_size).to(device) if cfg.algo == "ppo" else None
     head = LogprobHead(model, value_head)

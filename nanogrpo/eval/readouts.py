@@ -44,7 +44,6 @@ logistic regression, L-BFGS), and the paper's MLP heads are not offered.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -53,207 +52,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from nanogrpo.eval.stats import bootstrap_means
-from rewards.rows import prompt_text
+from nanogrpo.eval.label_rows import SPLITS, assign_folds, read_label_rows
+from nanogrpo.eval.readout_scores import METRICS, paired_bootstrap, scores
 
 READOUTS = ("generative", "logprob", "probe")
-METRICS = ("macro_f1", "weighted_accuracy")
-SPLITS = ("train", "dev", "test")
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def decision_counts(
-    pred: Sequence[int], label: Sequence[int], weight: Sequence[float] | None = None
-) -> np.ndarray:
-    """(n, 6) per decision: [tp, fp, fn, tn, w * correct, w]; sums of these make every metric below."""
-    p = np.asarray(pred, dtype=np.float64)
-    y = np.asarray(label, dtype=np.float64)
-    w = np.ones_like(y) if weight is None else np.abs(np.asarray(weight, dtype=np.float64))
-    if p.shape != y.shape or w.shape != y.shape:
-        raise ValueError(f"predictions, labels and weights differ in length: {p.shape}, {y.shape}, {w.shape}")
-    correct = (p == y).astype(np.float64)
-    return np.stack([p * y, p * (1 - y), (1 - p) * y, (1 - p) * (1 - y), w * correct, w], axis=1)
-
-
-def metrics_from_counts(c: np.ndarray) -> dict[str, np.ndarray]:
-    """Metrics from summed (or mean) counts (..., 6) of `decision_counts`; batched over leading dims.
-
-    macro_f1: the mean over the classes present (in labels or predictions) of F1 = 2TP / (2TP + FP + FN),
-    class 0's TP being the true negatives; weighted_accuracy: sum w correct / sum w; accuracy; and
-    balanced_accuracy, the mean recall of the classes present in the labels.
-    """
-    tp, fp, fn, tn, wc, w = np.moveaxis(np.asarray(c, dtype=np.float64), -1, 0)
-    with np.errstate(invalid="ignore", divide="ignore"):  # an absent class gives 0/0: left out below
-        f1 = np.stack([2 * tp / (2 * tp + fp + fn), 2 * tn / (2 * tn + fn + fp)])  # (2, ...)
-        recall = np.stack([tp / (tp + fn), tn / (tn + fp)])  # (2, ...)
-        return {
-            "macro_f1": _nanmean(f1),
-            "weighted_accuracy": wc / w,
-            "accuracy": (tp + tn) / (tp + fp + fn + tn),
-            "balanced_accuracy": _nanmean(recall),
-        }
-
-
-def _nanmean(x: np.ndarray) -> np.ndarray:
-    n = (~np.isnan(x)).sum(0)
-    return np.where(n > 0, np.nansum(x, 0) / np.maximum(n, 1), np.nan)
-
-
-def scores(
-    pred: Sequence[int], label: Sequence[int], weight: Sequence[float] | None = None
-) -> dict[str, float]:
-    """Macro-F1, weighted accuracy, accuracy and balanced accuracy of hard verdicts against labels."""
-    m = metrics_from_counts(decision_counts(pred, label, weight).sum(0))
-    return {k: float(v) for k, v in m.items()}
-
-
-def paired_bootstrap(
-    preds: dict[str, Sequence[int]], label: Sequence[int], weight: Sequence[float] | None, cluster: Sequence[str],
-    n_resamples: int = 10_000, seed: int = 0, level: float = 0.95,
-) -> dict[str, Any]:  # fmt: skip
-    """Percentile intervals of each readout's metrics and of every difference 'b - a' (b after a in `preds`).
-
-    Clusters (questions) are resampled with replacement, the same ones for every readout; a resample's
-    metrics are computed from its mean per-cluster counts. A readout against itself gives [0, 0].
-    """
-    names = list(preds)
-    cols = np.concatenate([decision_counts(preds[k], label, weight) for k in names], axis=1)  # (n, 6K)
-    keys = {c: i for i, c in enumerate(dict.fromkeys(cluster))}
-    sums = np.zeros((len(keys), cols.shape[1]))  # (C, 6K): each question's counts
-    np.add.at(sums, [keys[c] for c in cluster], cols)
-    means = bootstrap_means(sums, n_resamples, seed)  # (R, 6K)
-    point = {k: metrics_from_counts(sums[:, 6 * i : 6 * i + 6].sum(0)) for i, k in enumerate(names)}
-    boot = {k: metrics_from_counts(means[:, 6 * i : 6 * i + 6]) for i, k in enumerate(names)}
-    q = [(1 - level) / 2, (1 + level) / 2]
-
-    def interval(x: np.ndarray) -> list[float]:
-        if np.isnan(x).all():  # e.g. only zero weights: no interval
-            return [math.nan, math.nan]
-        return [float(v) for v in np.nanquantile(x, q)]
-
-    out: dict[str, Any] = {"resamples": n_resamples, "level": level, "clusters": len(keys), "readouts": {}}
-    for k in names:
-        out["readouts"][k] = {m: {"value": float(point[k][m]), "ci": interval(boot[k][m])} for m in METRICS}
-    out["differences"] = {}
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            out["differences"][f"{b} - {a}"] = {
-                m: {"diff": float(point[b][m] - point[a][m]), "ci": interval(boot[b][m] - boot[a][m])}
-                for m in METRICS
-            }
-    return out
-
-
-# ----------------------------------------------------------------------------- rows and splits
-
-
-def read_label_rows(path: str | Path, rubrics: Sequence[str | Path] = ()) -> list[dict[str, Any]]:
-    """Label rows with a 'weight' each: the row's own, else its criterion's in --rubrics, else 1."""
-    from rewards.probe import read_rows
-
-    rows = read_rows(path)
-    for n, r in enumerate(rows, 1):
-        if not all(isinstance(r.get(k), str) for k in ("prompt", "response", "criterion")):
-            raise ValueError(
-                f"{path}: row {n} has no 'prompt', 'response' and 'criterion'; the readouts ask about a criterion "
-                "of a response, so 'text' rows cannot be compared (python -m nanogrpo.build label writes the rows)"
-            )
-    table: dict[tuple[str, str], float] = {}
-    for f in rubrics:
-        for n, line in enumerate(Path(f).read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                from rewards.rubric import parse_rubric
-
-                row = json.loads(line)
-                try:
-                    crit = parse_rubric(row.get("rubric"))
-                except ValueError as e:
-                    raise ValueError(f"{f}:{n}: field 'rubric' {e}") from None
-                table.update({(prompt_text(row.get("prompt")), c): w for c, w in crit})
-    missing = []
-    for r in rows:
-        if "weight" not in r:
-            w = table.get((r["prompt"], r["criterion"]))
-            if w is None and table:
-                missing.append(r)
-            r["weight"] = 1.0 if w is None else w
-        if isinstance(r["weight"], bool) or not isinstance(r["weight"], (int, float)):
-            raise ValueError(f"{path}: field 'weight' must be a number, got {r['weight']!r}")
-        r["weight"] = abs(float(r["weight"]))
-    if missing:
-        raise ValueError(
-            f"{len(missing)} label rows have no weight in --rubrics (first: criterion {missing[0]['criterion']!r} "
-            f"of {missing[0]['prompt'][:60]!r}); give the rubric rows their questions came from, or a 'weight' "
-            "field on the label rows"
-        )
-    return rows
-
-
-def _order(questions: Sequence[str], seed: int, salt: str = "") -> list[str]:
-    """Questions in a seeded order (sha256 of seed, salt and the question): the same for the same inputs."""
-    h = lambda q: hashlib.sha256(f"{seed}:{salt}:{q}".encode()).hexdigest()
-    return sorted(questions, key=h)
-
-
-def assign_folds(
-    rows: Sequence[dict[str, Any]],
-    folds: int = 0,
-    test_frac: float = 0.3,
-    dev_frac: float = 0.2,
-    seed: int = 0,
-) -> list[dict[str, list[int]]]:
-    """Row indices per fold: [{"train", "dev", "test"}]. Without folds, one: the rows' 'split' fields when
-    every row has one, else a seeded split of the questions. With K folds, K: each question in one fold's
-    test split, the other questions its train and dev ('split' fields are not read)."""
-    questions = list(dict.fromkeys(r["prompt"] for r in rows))
-    marked = [r.get("split") for r in rows]
-    if folds == 0 and all(s is not None for s in marked):
-        bad = sorted({str(s) for s in marked} - set(SPLITS))
-        if bad:
-            raise ValueError(f"field 'split' must be train, dev or test, got {', '.join(bad)}")
-        parts = [{s: [i for i, m in enumerate(marked) if m == s] for s in SPLITS}]
-    else:
-        if folds == 0 and any(s is not None for s in marked):
-            raise ValueError(
-                "some rows have a 'split' and some not: give every row one, or none (then the split is seeded)"
-            )
-        if folds == 1 or folds < 0:
-            raise ValueError(f"--folds must be 0 (one split) or at least 2, got {folds}")
-        need = max(3, folds)  # every fold needs a test question and two more for train and dev
-        while folds and need - math.ceil(need / folds) < 2:
-            need += 1
-        if len(questions) < need:
-            raise ValueError(
-                f"{len(questions)} questions cannot be split into train, dev and test"
-                + (f" {folds} times" if folds else "")
-                + f"; give at least {need} (or fewer --folds)"
-            )
-        order = _order(questions, seed)
-        if folds:
-            tests = [order[f::folds] for f in range(folds)]
-        else:
-            tests = [order[: min(len(order) - 2, max(1, round(test_frac * len(order))))]]
-        parts = []
-        for f, test in enumerate(tests):
-            rest = _order([q for q in questions if q not in set(test)], seed, f"dev{f}")
-            n_dev = min(len(rest) - 1, max(1, round(dev_frac * len(rest))))
-            split_of = (
-                {q: "test" for q in test}
-                | {q: "dev" for q in rest[:n_dev]}
-                | {q: "train" for q in rest[n_dev:]}
-            )
-            parts.append({s: [i for i, r in enumerate(rows) if split_of[r["prompt"]] == s] for s in SPLITS})
-    for f, part in enumerate(parts):
-        for s in SPLITS:
-            if not part[s]:
-                raise ValueError(
-                    f"fold {f}: no {s} rows; give rows of more questions or mark every row's 'split'"
-                )
-    return parts
-
 
 # ----------------------------------------------------------------------------- readouts
 
@@ -419,9 +221,7 @@ def compare(
     parts = assign_folds(rows, folds, test_frac, dev_frac, seed)
     judge_backend.register()  # model names ('tiny', 'smollm2') for the judge and the probe's LM
     resolve_model(model)  # a bad name or folder stops here, before any model loads
-    label = [int(r["label"]) for r in rows]
     test = sorted(i for part in parts for i in part["test"])
-    fold_of = {i: f for f, part in enumerate(parts) for i in part["test"]}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     p: dict[str, list[float | None]] = {}
@@ -429,58 +229,99 @@ def compare(
     info: dict[str, Any] = {"seconds": {}}
 
     if "generative" in readouts or "logprob" in readouts:
-        from rewards.llm_client import make_client
-
         jcfg = JudgeConfig(backend="local", model=model, device=device, dtype=dtype,
                            cache=str(outdir / "judge_cache.jsonl"))  # fmt: skip
-        client = make_client(jcfg)
-        for name in ("generative", "logprob"):
-            if name not in readouts:
-                continue
-            # logprob-tuned fits its threshold on the rows not held out: those are scored too
-            todo = test if name == "generative" and folds == 0 else list(range(len(rows)))
-            t0 = time.perf_counter()
-            got, counts = judge_verdicts([rows[i] for i in todo], name, client, jcfg)
-            info["seconds"][name] = time.perf_counter() - t0
-            p[name] = [None] * len(rows)
-            for i, v in zip(todo, got):
-                p[name][i] = v
-            info[name] = {
-                "unparsed": sum(p[name][i] is None for i in test),
-                "calls": counts.get("calls", 0.0),
-            }
-        if "logprob" in readouts:
-            p["logprob-tuned"] = p["logprob"]
-            info["logprob-tuned"] = {"thresholds": []}
-            pred["logprob-tuned"] = [None] * len(rows)
-            for part in parts:
-                t = tuned_margin(p["logprob"], label, part["train"] + part["dev"])
-                info["logprob-tuned"]["thresholds"].append({"p_yes": t, "margin": math.log(t / (1 - t))})
-                for i in part["test"]:
-                    pred["logprob-tuned"][i] = hard(p["logprob"][i], t, label[i])
-        for name in ("generative", "logprob"):
-            if name in p:
-                pred[name] = [
-                    hard(p[name][i], 0.5, label[i]) if i in fold_of else None for i in range(len(rows))
-                ]
-
+        judge_readouts(rows, readouts, parts, folds, jcfg, p, pred, info)
     if "probe" in readouts:
-        from rewards.probe import FrozenLM
-
-        t0 = time.perf_counter()
-        lm = FrozenLM(model, device=device, dtype=dtype, max_len=max_len)
-        xs = lm.features(rows, batch_size=batch_size, pool=probe_pool)  # (L+1, N, H): every row once
-        info["seconds"]["probe_features"] = time.perf_counter() - t0
-        _log(f"probe: hidden states of {len(rows)} rows, {info['seconds']['probe_features']:.0f} s")
-        t0 = time.perf_counter()
-        p["probe"], pred["probe"], fits = probe_verdicts(
-            xs, rows, parts, probe_layer, probe_l2, probe_threshold
-        )
-        info["seconds"]["probe_fit"] = time.perf_counter() - t0
-        info["probe"] = {"layer": probe_layer, "pool": probe_pool, "l2": probe_l2, "threshold": probe_threshold,
-                         "folds": fits}  # fmt: skip
-
+        probe_readout(rows, parts, model, device, dtype, max_len, batch_size, p, pred, info,
+                      layer=probe_layer, pool=probe_pool, l2=probe_l2, threshold=probe_threshold)  # fmt: skip
     order = [c for c in ("generative", "logprob", "logprob-tuned", "probe") if c in pred]
+    weighted = any(r["weight"] != 1.0 for r in rows)
+    report = {
+        "data": data, "model": model, "rows": len(rows), "questions": len({r["prompt"] for r in rows}),
+        "held_out": len(test), "by": by, "columns": order,
+        "split": {"folds": folds} if folds else {s: len(parts[0][s]) for s in SPLITS},
+        "weights": "rubric |w|" if weighted else "none: weighted accuracy is plain accuracy",
+        **info, "results": grouped_results(rows, pred, order, test, by, resamples, seed),
+    }  # fmt: skip
+    write_readouts(outdir, report, rows, parts, p, pred)
+    print(format_table(report))
+    print(f"written: {outdir / 'readouts.json'}, {outdir / 'predictions.jsonl'}")
+    return report
+
+
+def judge_readouts(
+    rows: list[dict],
+    readouts: Sequence[str],
+    parts: list[dict],
+    folds: int,
+    jcfg,
+    p: dict,
+    pred: dict,
+    info: dict,
+) -> None:
+    """The generative and logprob readouts through the local judge (and logprob-tuned, a threshold per fold
+    fitted on the rows not held out): each one's P(met) into p, its verdicts into pred, counts into info."""
+    from rewards.llm_client import make_client
+
+    label = [int(r["label"]) for r in rows]
+    test = sorted(i for part in parts for i in part["test"])
+    client = make_client(jcfg)
+    for name in ("generative", "logprob"):
+        if name not in readouts:
+            continue
+        # logprob-tuned fits its threshold on the rows not held out: those are scored too
+        todo = test if name == "generative" and folds == 0 else list(range(len(rows)))
+        t0 = time.perf_counter()
+        got, counts = judge_verdicts([rows[i] for i in todo], name, client, jcfg)
+        info["seconds"][name] = time.perf_counter() - t0
+        p[name] = [None] * len(rows)
+        for i, v in zip(todo, got):
+            p[name][i] = v
+        info[name] = {
+            "unparsed": sum(p[name][i] is None for i in test),
+            "calls": counts.get("calls", 0.0),
+        }
+    if "logprob" in readouts:
+        p["logprob-tuned"] = p["logprob"]
+        info["logprob-tuned"] = {"thresholds": []}
+        pred["logprob-tuned"] = [None] * len(rows)
+        for part in parts:
+            t = tuned_margin(p["logprob"], label, part["train"] + part["dev"])
+            info["logprob-tuned"]["thresholds"].append({"p_yes": t, "margin": math.log(t / (1 - t))})
+            for i in part["test"]:
+                pred["logprob-tuned"][i] = hard(p["logprob"][i], t, label[i])
+    held = set(test)
+    for name in ("generative", "logprob"):
+        if name in p:
+            pred[name] = [hard(p[name][i], 0.5, label[i]) if i in held else None for i in range(len(rows))]
+
+
+def probe_readout(
+    rows: list[dict], parts: list[dict], model: str, device: str, dtype: str, max_len: int, batch_size: int,
+    p: dict, pred: dict, info: dict, *, layer: str, pool: str, l2: float, threshold: str,
+) -> None:  # fmt: skip
+    """The probe readout: every row's hidden states once, then a probe per fold (probe_verdicts); its P(met)
+    into p, its verdicts into pred, the fits and timings into info."""
+    from rewards.probe import FrozenLM
+
+    t0 = time.perf_counter()
+    lm = FrozenLM(model, device=device, dtype=dtype, max_len=max_len)
+    xs = lm.features(rows, batch_size=batch_size, pool=pool)  # (L+1, N, H): every row once
+    info["seconds"]["probe_features"] = time.perf_counter() - t0
+    _log(f"probe: hidden states of {len(rows)} rows, {info['seconds']['probe_features']:.0f} s")
+    t0 = time.perf_counter()
+    p["probe"], pred["probe"], fits = probe_verdicts(xs, rows, parts, layer, l2, threshold)
+    info["seconds"]["probe_fit"] = time.perf_counter() - t0
+    info["probe"] = {"layer": layer, "pool": pool, "l2": l2, "threshold": threshold, "folds": fits}
+
+
+def grouped_results(
+    rows: list[dict], pred: dict, order: list[str], test: list[int], by: str, resamples: int, seed: int
+) -> dict[str, dict]:
+    """Per value of `by` and 'overall': the held-out rows' scores of each readout, with the paired
+    bootstrap's intervals and differences."""
+    label = [int(r["label"]) for r in rows]
     groups = {"overall": test} | {
         str(v): [i for i in test if str(rows[i][by]) == v]
         for v in dict.fromkeys(str(rows[i][by]) for i in test)
@@ -496,25 +337,24 @@ def compare(
             )
             res["readouts"][c].update(accuracy=full["accuracy"], balanced_accuracy=full["balanced_accuracy"])
         results[g] = {"n": len(idx), "met": sum(label[i] for i in idx), **res}
-    weighted = any(r["weight"] != 1.0 for r in rows)
-    report = {
-        "data": data, "model": model, "rows": len(rows), "questions": len({r["prompt"] for r in rows}),
-        "held_out": len(test), "by": by, "columns": order,
-        "split": {"folds": folds} if folds else {s: len(parts[0][s]) for s in SPLITS},
-        "weights": "rubric |w|" if weighted else "none: weighted accuracy is plain accuracy",
-        **info, "results": results,
-    }  # fmt: skip
+    return results
+
+
+def write_readouts(
+    outdir: Path, report: dict, rows: list[dict], parts: list[dict], p: dict, pred: dict
+) -> None:
+    """readouts.json (the report) and predictions.jsonl (each held-out row's P(met) and verdict per readout)."""
+    order = report["columns"]
+    fold_of = {i: f for f, part in enumerate(parts) for i in part["test"]}
     (outdir / "readouts.json").write_text(json.dumps(report, indent=2) + "\n")
     with (outdir / "predictions.jsonl").open("w", encoding="utf-8") as fh:
-        # the verdict as read: null where the reply gave none (scored as the wrong verdict above)
+        # the verdict as read: null where the reply gave none (scored as the wrong verdict)
         verdict = {c: [None if p[c][i] is None else pred[c][i] for i in range(len(rows))] for c in order}
-        for i in test:
+        for i in sorted(fold_of):
             fh.write(json.dumps({"row": i, "fold": fold_of[i], "prompt": rows[i]["prompt"],
-                                 "criterion": rows[i]["criterion"], "label": label[i], "weight": rows[i]["weight"],
-                                 "p": {c: p[c][i] for c in order}, "verdict": {c: verdict[c][i] for c in order}}) + "\n")  # fmt: skip
-    print(format_table(report))
-    print(f"written: {outdir / 'readouts.json'}, {outdir / 'predictions.jsonl'}")
-    return report
+                                 "criterion": rows[i]["criterion"], "label": int(rows[i]["label"]),
+                                 "weight": rows[i]["weight"], "p": {c: p[c][i] for c in order},
+                                 "verdict": {c: verdict[c][i] for c in order}}) + "\n")  # fmt: skip
 
 
 def format_table(report: dict[str, Any], width: int = 44) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.eval import stats
+from nanogrpo.formats import write_jsonl
 from nanogrpo.model import judge_backend
 from rewards.rows import prompt_text
 
@@ -57,19 +58,6 @@ def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> li
     return read_rows(path, check)
 
 
-def jsonl_text(rows: Sequence[dict]) -> str:
-    """Rows as JSONL; keys starting with '_' are bookkeeping (the source line), not data."""
-    return "".join(
-        json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
-        for row in rows
-    )
-
-
-def write_jsonl(path: str | Path, rows: Sequence[dict]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(jsonl_text(rows), encoding="utf-8")
-
-
 # ----------------------------------------------------------------------------- generation
 
 
@@ -103,15 +91,12 @@ def generate_completions(
     from tqdm import tqdm
 
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.sampling import generate
+    from nanogrpo.model.sampling import eos_and_pad, generate
 
     prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
     # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    eos = set(getattr(model.config, "eos_token_ids", None) or ())
-    if tokenizer.eos_token_id is not None:
-        eos.add(tokenizer.eos_token_id)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos, pad_id = eos_and_pad(model.config, tokenizer)
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     out: list[list[str]] = [[] for _ in rows]
@@ -130,7 +115,7 @@ def generate_completions(
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,
-                eos_ids=tuple(sorted(eos)),
+                eos_ids=tuple(eos),
                 stop_strings=tuple(stop),
                 tokenizer=tokenizer,
                 generator=gen,
@@ -576,8 +561,9 @@ def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
         meta = {"made_by": "train.py", "model": f"{side} (LoRA {'on' if run else 'off'})", "run": run}
         replace_atomically(meta_path(run_dir / f"eval_{side}.jsonl"), json.dumps(meta, indent=2) + "\n")
         scored = zip(rows, result[side], result[f"{side}_scores"])
-        text = jsonl_text([{**r, "completion": c, "scores": s} for r, c, s in scored])
-        replace_atomically(run_dir / f"eval_{side}.jsonl", text)
+        write_jsonl(
+            run_dir / f"eval_{side}.jsonl", [{**r, "completion": c, "scores": s} for r, c, s in scored]
+        )
     path = run_dir / "eval.json"
     replace_atomically(path, json.dumps({"n": len(rows), "metrics": result["summary"]}, indent=2))
     return path

@@ -179,6 +179,18 @@ class _StopStrings:
         return hits
 
 
+def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
+    """(the ids that end a completion, the pad id) the sampler is given: the EOS ids of the model's
+    config.json, then the tokenizer's; its pad token, else the first EOS id (0 when there is none). Pads are
+    masked and cut off when decoding, so the pad id never changes a completion."""
+    eos = [*(getattr(model_config, "eos_token_ids", None) or ())]
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    eos = list(dict.fromkeys(eos))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return eos, pad
+
+
 @torch.inference_mode()
 def generate(
     model,

@@ -2,7 +2,7 @@
 
 rewards/ imports nothing of nanogrpo, so `python -m rewards.probe` takes a model folder only. This entry
 registers nanogrpo as the model backend first (nanogrpo.model.judge_backend), then runs the same command line
-(rewards/probe/cli.py): `--model` takes what train.py's --model.path takes, 'tiny', 'smollm2',
+(rewards/probe_cli.py): `--model` takes what train.py's --model.path takes, 'tiny', 'smollm2',
 'random:SHAPE' or an HF folder, and so does the model a probe was trained on when `eval` loads it.
 `compare` is nanogrpo's own: it scores the generative, log-prob and probe readouts of one model side by
 side on labelled rows (seed 004's comparison; nanogrpo/eval/readouts.py), and needs the local judge
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nanogrpo.model import judge_backend
-from rewards.probe.cli import main as probe_main
+from rewards.probe_cli import main as probe_main
 
 
 def main(argv: Sequence[str] | None = None) -> None:

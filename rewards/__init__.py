@@ -26,8 +26,9 @@ from rewards.registry import (
     register,
 )
 
-# `grade` is the command line (python -m rewards.grade); importing it here would make -m warn
-_NOT_GRADERS = {"base", "diagnostics", "options", "registry", "grade", "text"}
+# `grade` and `probe` are command lines (python -m rewards.grade, python -m rewards.probe): importing them
+# here would make -m warn; probe_cli is its command line's parser
+_NOT_GRADERS = {"base", "diagnostics", "options", "registry", "grade", "text", "probe", "probe_cli"}
 for _m in pkgutil.iter_modules(__path__):
     if _m.name not in _NOT_GRADERS and not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")

@@ -136,7 +136,7 @@ def test_command_line_train_and_eval(tiny_model_dir, tmp_path):
 def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, capsys):
     from nanogrpo import probe as nanogrpo_probe
     from rewards import local_client
-    from rewards.probe.cli import main as rewards_main
+    from rewards.probe_cli import main as rewards_main
 
     monkeypatch.setattr(local_client, "_backend", None)  # whatever other tests registered
     data, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"

@@ -22,7 +22,7 @@ small L2 penalty (float64) rather than SGD.
 Hidden states come from transformers (`output_hidden_states`) on the same model folder the local
 judge loads, since a judge's model returns only the last layer. A model name ('tiny', 'smollm2') is
 resolved by the backend registered in rewards.local_client: nanogrpo registers one in train.py, eval.py
-and `python -m nanogrpo.probe` (the same command line as `python -m rewards.probe`, rewards/probe/cli.py);
+and `python -m nanogrpo.probe` (the same command line as `python -m rewards.probe`, rewards/probe_cli.py);
 without one a model is a folder.
 """
 
@@ -352,3 +352,9 @@ def evaluate_probe(
         "layer": probe.layer,
         "threshold": probe.threshold,
     }
+
+
+if __name__ == "__main__":  # python -m rewards.probe train|eval ... (rewards/probe_cli.py)
+    from rewards.probe_cli import main
+
+    main()

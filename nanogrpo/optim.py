@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from nanogrpo.config import OptimConfig
 from nanogrpo.grpo import accumulate_stats
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch, micro_slices
+
+if TYPE_CHECKING:  # for the hint only: the update calls the policy, it needs none of its module
+    from nanogrpo.policy import Policy
 
 
 class Combined(torch.optim.Optimizer):
@@ -136,7 +140,7 @@ def step_counts(batch: Batch) -> dict[str, float]:
 
 
 def update(
-    policy,
+    policy: Policy,
     opt,
     sched,
     batch: Batch,
@@ -148,7 +152,7 @@ def update(
     grad_clip: float,
 ) -> Update:
     """`passes` optimizer steps over the batch (GRPO's --grpo.num-iterations, PPO's --ppo.epochs; 1 for SFT,
-    CPT and DPO), each on the gradient summed over the batch's micro-batches of `micro` rows (0: one).
+    CPT and DPO), each on the gradient summed over the batch's micro-batches of `micro` rows (0: all at once).
 
     loss_fn(it, sl, mb) -> (loss, stats): the loss of micro-batch mb = batch.rows(sl) in pass `it`, normalised
     by the step's `counts` on all ranks, so the micro-batches add up to the batch's loss with no scaling

@@ -2,7 +2,11 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +172,22 @@ def test_lm_grid_end_to_end(tmp_path):
     mtime = (rd / "metrics.jsonl").stat().st_mtime
     ablate.main(argv)
     assert (rd / "metrics.jsonl").stat().st_mtime == mtime
+
+
+def test_lm_smoke_command_prints_every_variant(tmp_path):
+    """`python -m nanogrpo.lab.ablate lm --smoke` as a user types it (about 30 s on two idle cores): the warm-up
+    and one cell per smoke variant, KL off ('none') included, each through train.py; exit 0, and the table
+    printed with a row per variant, every cell run for the smoke's steps."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "nanogrpo.lab.ablate", "lm", "--smoke", "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| on | on | 0.04 |")]
+    assert [r[3] for r in rows] == ablate.SMOKE["variants"] and "none" in ablate.SMOKE["variants"]
+    assert "wrote" in p.stdout and (tmp_path / "lm_table.md").exists()
+    data = json.loads((tmp_path / "lm_results.json").read_text())
+    assert len(data["runs"]) == len(ablate.SMOKE["variants"]) * len(ablate.SMOKE["seeds"])
+    for r in data["runs"]:
+        assert len(r["curves"]["reward"]) == ablate.SMOKE["steps"]
+        assert all(0 <= x <= 1 for x in r["curves"]["reward"])

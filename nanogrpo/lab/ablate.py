@@ -2,8 +2,8 @@
 
     python -m nanogrpo.lab.ablate toy [--variants none k1-reward k3-loss ...] [--betas 0.01 0.05 0.2] [--seeds 0 1 2]
                                   [--policy on off] [--std-norm on off] [--steps 300] [--out runs/ablate-toy]
-    python -m nanogrpo.lab.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 300] [--out runs/ablate-lm]
-                                  [-- extra train.py flags]
+    python -m nanogrpo.lab.ablate lm  [same grid flags | --smoke] [--preset tiny] [--steps 300] [--jobs 1]
+                                  [--out runs/ablate-lm] [-- extra train.py flags]
 
 'toy': stochastic GRPO (sampled groups, noisy rewards, Adam, grpo.py's own advantages and loss) on the
 enumerable tabular policy of nanogrpo.lab.toy, so KL(pi || ref), entropy, expected reward and the distance to the
@@ -11,8 +11,10 @@ analytic optimum pi* ∝ ref * exp(r / beta) are exact at every step. Seconds pe
 'lm' (nanogrpo/lab/ablate_lm.py): the same grid through `train.py` (one subprocess per run, curves read back
 from metrics.jsonl): a short SFT warm-up of the preset's model on 16 prompts of the built-in demo task
 (once per output folder), then GRPO from it with ROUGE-L against the one-word answers; the warmed-up model
-is also the KL reference. About half a minute per 300-step run of the tiny preset on one CPU thread;
-`--smoke` is 2 variants x 2 seeds.
+is also the KL reference. About half a minute per 300-step on-policy cell of the tiny preset on one CPU thread,
+a minute off-policy; `--jobs N` runs N cells at once (one thread each: give it N free cores). `--smoke` checks
+that the machinery runs, not what it finds: both KL settings (none and k3-loss), one seed, 10 GRPO steps
+after the usual warm-up, in runs/ablate-lm-smoke (half a minute).
 
 Collapse (each criterion reported separately, first step where it holds): entropy below 25% of its start;
 reward more than 50% below its running peak; grad norm above 10x the running median of the previous steps.
@@ -46,10 +48,8 @@ VARIANTS: dict[str, dict] = {
     "k3-is-seq-loss": dict(kl_placement="loss", kl_estimator="k3", kl_is_weight=True, kl_reward_to_go=True),
 }
 DEFAULT_VARIANTS = ["none", "k1-loss", "k3-loss", "k2-seq-loss", "k3-is-loss", "k1-reward"]
-# lm --smoke: the grid's defaults become these
-SMOKE = dict(
-    variants=["none", "k3-loss"], betas=[0.04], seeds=[0, 1], policy=["on"], std_norm=["on"], steps=300
-)
+# lm --smoke: the grid's defaults become these (KL off and on, one cell each, 10 steps)
+SMOKE = dict(variants=["none", "k3-loss"], betas=[0.04], seeds=[0], policy=["on"], std_norm=["on"], steps=10)
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--smoke",
         action="store_true",
-        help="lm: the grid defaults become none and k3-loss, beta 0.04, seeds 0 1, on-policy, std-norm on",
+        help="lm: a quick check that it runs: none and k3-loss, beta 0.04, seed 0, on-policy, std-norm on, "
+        "10 steps, in runs/ablate-lm-smoke",
     )
     ap.add_argument("--mu", type=int, default=4, help="num_iterations of the off-policy runs")
     ap.add_argument("--lr", type=float, default=ToySettings.lr, help="toy: Adam learning rate")
@@ -310,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=38, help="lm: SFT warm-up steps (every row each step)")
     ap.add_argument("--sft-lr", type=float, default=1e-2, help="lm: SFT warm-up learning rate")
     ap.add_argument("--threads", type=int, default=1, help="lm: torch threads of each train.py")
+    ap.add_argument("--jobs", type=int, default=1, help="lm: cells run at once (each --threads threads)")
     ap.add_argument("--out", default=None, help="output folder (runs/ablate-<kind>)")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         k: getattr(a, k) if getattr(a, k) is not None else (SMOKE if a.smoke else defaults)[k]
         for k in defaults
     }
-    out = Path(a.out or f"runs/ablate-{a.kind}")
+    out = Path(a.out or f"runs/ablate-{a.kind}{'-smoke' if a.smoke else ''}")  # never the full grid's cells
     runs = grid(g["variants"], g["betas"], g["seeds"], g["policy"], g["std_norm"])
     t0 = time.perf_counter()
     if a.kind == "toy":
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
 
         task = lm_task(out, a.rows or LM_ROWS)
         model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
-        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads)
+        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads, a.jobs)
         results = run_lm(runs, out, s)
         meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": LM_FLAGS, "tail": 5, "smooth": 5,
                 "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip

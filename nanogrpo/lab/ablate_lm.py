@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class LMSettings:
     model: str = ""  # the warmed-up model folder ('' = the preset's model)
     task: str = ""  # the JSONL task ('' = the preset's)
     threads: int = 1  # OMP_NUM_THREADS of each train.py
+    jobs: int = 1  # cells run at once
 
 
 def lm_task(out: Path, n: int = LM_ROWS) -> Path:
@@ -125,24 +127,37 @@ def cell_name(run: Run) -> str:
     return f"{run.variant}{beta}_s{run.seed}_{'off' if run.off_policy else 'on'}_{'std' if run.std_norm else 'nostd'}"
 
 
+def run_cell(run: Run, rd: Path, s: LMSettings) -> None:
+    """Train one cell afresh in rd (a half-written cell would append to its metrics)."""
+    shutil.rmtree(rd, ignore_errors=True)
+    cmd = lm_command(run, rd, s)
+    print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
+    train_logged(cmd, rd, s.threads)
+
+
 def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
-    """Each cell as a train.py subprocess (sequential: one CPU), then the toy's collapse detection on its
-    curves (reward and entropy smoothed over 5 steps: one LM step is a noisy sample). A cell whose
+    """Each cell as a train.py subprocess, s.jobs at a time (in grid order), then the toy's collapse detection
+    on its curves (reward and entropy smoothed over 5 steps: one LM step is a noisy sample). A cell whose
     summary.json exists (train.py writes it last) is read back, not re-run."""
-    results = []
-    for i, run in enumerate(runs):
-        rd = out / "runs" / cell_name(run)
-        if not (rd / "summary.json").exists():
-            shutil.rmtree(rd, ignore_errors=True)  # a half-written cell would append to its metrics
-            cmd = lm_command(run, rd, s)
-            print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
-            train_logged(cmd, rd, s.threads)
-        done = rd / "ablate.json"  # absent when the folder came from elsewhere
-        wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
-        c = read_metrics(rd)
-        col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
-        results.append({"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall})
-        print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
-              f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
-              f"collapse {col['any']} ({wall or 0:.0f} s)", flush=True)  # fmt: skip
+    dirs = [out / "runs" / cell_name(run) for run in runs]
+    pool = ThreadPoolExecutor(max(1, s.jobs))
+    try:
+        pending = {}  # one job per folder: the no-KL cells of every beta share one
+        for run, rd in zip(runs, dirs):
+            if rd not in pending and not (rd / "summary.json").exists():
+                pending[rd] = pool.submit(run_cell, run, rd, s)
+        results = []
+        for i, (run, rd) in enumerate(zip(runs, dirs)):
+            if rd in pending:
+                pending[rd].result()  # a failed cell raises here and cancels the cells not started
+            done = rd / "ablate.json"  # absent when the folder came from elsewhere
+            wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
+            c = read_metrics(rd)
+            col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
+            results.append({"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall})
+            print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
+                  f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
+                  f"collapse {col['any']} ({wall or 0:.0f} s)", flush=True)  # fmt: skip
+    finally:
+        pool.shutdown(cancel_futures=True)
     return results

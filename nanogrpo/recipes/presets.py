@@ -159,7 +159,11 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         TrainConfig(
             epochs=1.0,  # "GRPO uses 1 epoch"; the steps follow from the data (--epochs 0 --steps N instead)
             prompts_per_step=4,  # not in the paper
-            eval_prompts=0,  # the base-vs-trained eval needs LoRA; evaluate runs/rlvrr/model with eval.py
+            # not in the paper (it scores benchmarks with judges): up to 100 held-out rows of --data.eval (the
+            # 12 embedded ones). With --lora.r 16 the run ends with the base-vs-trained table (LoRA off vs on,
+            # paired CIs); a full fine-tune has no LoRA-off base: add --eval-every K to score them at step 0
+            # (the base), every K steps and after the last
+            eval_prompts=100,
             out_dir="runs/rlvrr",
             model=ModelConfig(path="smollm2"),  # the paper: Qwen2.5-3B/7B, Llama3.1-8B
             # the paper names no adapter and its GRPO/DPO learning rate 5e-7 is a full-parameter one, so

@@ -57,7 +57,7 @@ from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 from rewards.options import with_max_tokens
-from rewards.registry import parse_spec
+from rewards.spec import parse_spec
 
 
 def main(cfg: TrainConfig) -> dict:

@@ -1,8 +1,8 @@
 """The grader registry and the composite reward.
 
 `@register("name")` on a factory `f(cfg: RewardConfig) -> Grader` makes a grader available to
-`--reward.spec`; `build_reward(cfg)` parses the spec ('judge:0.6,concepts:0.3,consistency:0.1') into a
-`RewardFunction`.
+`--reward.spec`; `build_reward(cfg)` turns the spec ('judge:0.6,concepts:0.3,consistency:0.1', read by
+rewards/spec.py) into a `RewardFunction`.
 
 The composite reward is the weighted sum of the components that apply to a row. A component that is
 None for a row (the grader does not apply) drops out and the remaining weights are scaled up so they
@@ -11,7 +11,7 @@ unweighted sum 'a:1,b:1' stays a sum in [0, 2]. A weight of 0 computes and logs 
 letting it into the reward. All components None -> the reward is None (the trainer skips the row).
 `mix(...)` builds a named composite grader (e.g. 'judge+numbers') with the same rule, as a weighted mean.
 
-Two options change what goes into that sum (docs/STABILITY.md). `--reward.gate 'rouge_l<format'` scores
+Two options change what goes into that sum (rewards/blend.py, docs/STABILITY.md). `--reward.gate 'rouge_l<format'` scores
 rouge_l 0 on the rows where format is below its threshold (a gate). `--reward.aggregate
 normalize-then-sum` z-scores each grader's scores within their group before the sum (GDPO, Liu et al.
 2026), which then goes through the trainer's usual group advantage where GDPO normalises the summed
@@ -26,14 +26,13 @@ apply within each mix). The components cover every mix's graders (None on the ro
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rewards.base import Grader, Sample
+from rewards.blend import AGGREGATES, Gate, apply_gates, combine, normalize_in_groups, parse_gates
 from rewards.options import RewardConfig
+from rewards.spec import parse_spec, spec_entries
 from rewards.tasks import parse_tasks, route, task_flag
 from rewards.user import make_user_grader, split_ref
 
@@ -80,152 +79,6 @@ def make(name: str, cfg: RewardConfig, flag: str = "--reward.spec") -> Grader:
 
 def _known_hint() -> str:
     return f"known graders: {', '.join(known())}; or your own function, 'file.py:function:weight'"
-
-
-def spec_entries(spec: str, flag: str = "--reward.spec") -> list[tuple[str, str, float]]:
-    """'my_rewards.py:brevity:0.3,rouge_l:0.7' -> [('brevity', 'my_rewards.py:brevity', 0.3),
-    ('rouge_l', 'rouge_l', 0.7)]: (the grader's name, what builds it with `make`, its weight). A user
-    grader, 'file.py:function[:weight]', is named by its function; its path may not hold ',' or ':'."""
-    out: list[tuple[str, str, float]] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        ref = split_ref(part)
-        if ref is not None:
-            name, source, w = ref[1], f"{ref[0]}:{ref[1]}", ref[2]
-        else:
-            name, _, w = part.partition(":")
-            name = source = name.strip()
-            if name.endswith(".py"):
-                raise ValueError(
-                    f"{flag}: cannot read {part!r}; a grader of your own is 'file.py:function:weight', "
-                    f"e.g. '{name}:my_reward:0.5'"
-                )
-        try:
-            weight = float(w) if w.strip() else 1.0
-        except ValueError:
-            raise ValueError(
-                f"{flag}: weight {w!r} of '{name}' is not a number; write e.g. '{source}:0.5'"
-            ) from None
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"{flag}: weight of '{name}' must be a number >= 0, got {w!r}")
-        twice = [s for n, s, _ in out if n == name]
-        if twice and (ref is not None or twice[0] != name):  # a user grader is named by its function
-            raise ValueError(
-                f"{flag}: '{twice[0]}' and '{source}' are both named '{name}' (logged as reward/{name}); "
-                "give each grader once, renaming a function if they differ"
-            )
-        if twice:
-            raise ValueError(f"{flag}: grader '{name}' appears twice; give it once with its total weight")
-        out.append((name, source, weight))
-    if not out:
-        raise ValueError(f"{flag} {spec!r} names nothing; write 'name:weight,name:weight', e.g. 'rouge_l:1'")
-    if sum(w for _, _, w in out) <= 0:
-        raise ValueError(f"{flag} {spec!r}: the weights sum to 0; give at least one grader a weight > 0")
-    return out
-
-
-def parse_spec(spec: str, flag: str = "--reward.spec") -> list[tuple[str, float]]:
-    """'judge:0.6,concepts:0.3' -> [('judge', 0.6), ('concepts', 0.3)]; a bare name weighs 1; a user
-    grader 'file.py:function:w' gives (function, w) (`spec_entries` keeps its file)."""
-    return [(name, w) for name, _, w in spec_entries(spec, flag)]
-
-
-def combine(
-    scores: Sequence[float | None], weights: Sequence[float], total: float | None = None
-) -> float | None:
-    """Weighted sum of the available scores, the weights rescaled to keep their total (default: the sum
-    of all weights); None when no score with a positive weight is available."""
-    avail = [(s, w) for s, w in zip(scores, weights) if s is not None and w > 0]
-    wsum = sum(w for _, w in avail)
-    if wsum <= 0:
-        return None
-    total = sum(weights) if total is None else total
-    return total * sum(s * (w / wsum) for s, w in avail)  # normalise first: tiny weights stay exact
-
-
-AGGREGATES = ("sum", "normalize-then-sum")
-GATE_FORM = (
-    "'A<B' (A counts where B scores >= 1) or 'A<B>=0.5', several separated by ';', e.g. 'rouge_l<format'"
-)
-
-
-def normalize_in_groups(scores: Sequence[float | None], groups: Sequence[int]) -> list[float | None]:
-    """Each score z-scored within its group (rows sharing `groups[i]`): (s - mean) / std over the group's
-    scored rows (std unbiased, as the advantages). None stays None and is left out of the statistics; a
-    group with fewer than 2 scored rows, or whose scores are all equal, gets exactly 0."""
-    by_group: dict[int, list[int]] = {}
-    for i, (s, g) in enumerate(zip(scores, groups)):
-        if s is not None:
-            by_group.setdefault(g, []).append(i)
-    out = list(scores)
-    for idx in by_group.values():
-        vals = [scores[i] for i in idx]
-        n, mean = len(vals), sum(vals) / len(vals)
-        spread = n >= 2 and max(vals) > min(vals)  # exact equality, as the advantages' zero-spread flag
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if spread else 0.0
-        for i, v in zip(idx, vals):
-            out[i] = (v - mean) / std if spread else 0.0
-    return out
-
-
-@dataclass(frozen=True)
-class Gate:
-    """'A<B>=t': grader A's score counts only on rows where grader B scores at least t."""
-
-    target: str
-    gate: str
-    threshold: float = 1.0
-
-    @property
-    def key(self) -> str:
-        return f"{self.target}<{self.gate}" + ("" if self.threshold == 1.0 else f">={self.threshold:g}")
-
-
-def parse_gates(text: str) -> list[Gate]:
-    """'rouge_l<format; judge<numbers>=0.5' -> [Gate('rouge_l', 'format', 1.0), Gate('judge', 'numbers', 0.5)]."""
-    out: list[Gate] = []
-    for part in re.split(r"[;,]", text):
-        part = part.strip()
-        if not part:
-            continue
-        target, sep, rest = part.partition("<")
-        gate, has_t, t = rest.partition(">=")
-        target, gate = target.strip(), gate.strip()
-        if not (sep and target and gate) or any(c in gate + target for c in "<>="):
-            raise ValueError(f"--reward.gate: cannot read {part!r}; write {GATE_FORM}")
-        try:
-            threshold = float(t) if has_t else 1.0
-        except ValueError:
-            threshold = math.nan
-        if not math.isfinite(threshold):
-            raise ValueError(
-                f"--reward.gate: threshold {t.strip()!r} in {part!r} is not a number; write {GATE_FORM}"
-            )
-        if target == gate:
-            raise ValueError(f"--reward.gate: {part!r} gates '{target}' on itself; name another grader as B")
-        out.append(Gate(target, gate, threshold))
-    return out
-
-
-def apply_gates(
-    components: dict[str, list[float | None]], gates: Sequence[Gate]
-) -> tuple[dict[str, list[float | None]], list[tuple[int, int]]]:
-    """The components with each gate applied: A becomes 0.0 where B scored below the threshold (A None stays
-    None; B None, B not applying, leaves A as it is). Gates read B's own score, not B after its gates.
-    Also, per gate, (rows it closed, rows A scored)."""
-    out, counts = dict(components), []
-    for g in gates:
-        a, b = list(out[g.target]), components[g.gate]
-        shut = [
-            i for i, (x, y) in enumerate(zip(a, b)) if x is not None and y is not None and y < g.threshold
-        ]
-        for i in shut:
-            a[i] = 0.0
-        out[g.target] = a
-        counts.append((len(shut), sum(x is not None for x in components[g.target])))
-    return out, counts
 
 
 def _line(row: Any, i: int) -> Any:

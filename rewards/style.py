@@ -44,8 +44,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rewards.base import Grader, Sample, check_text_field
+from rewards.blend import combine
 from rewards.options import RewardConfig
-from rewards.registry import combine, parse_spec, register
+from rewards.registry import register
+from rewards.spec import parse_spec
 from rewards.text import reply_text, words
 
 _PATTERNS = {

@@ -24,7 +24,7 @@ def task_flag(task: str) -> str:
 
 def parse_tasks(text: str) -> dict[str, str]:
     """'math=exact:1; open=rouge_l:1' -> {'math': 'exact:1', 'open': 'rouge_l:1'}: each task's spec as
-    written ('' -> {}). Only the syntax of the flag is checked here; `registry.parse_spec` reads each spec."""
+    written ('' -> {}). Only the syntax of the flag is checked here; `spec.parse_spec` reads each spec."""
     out: dict[str, str] = {}
     for part in text.split(";"):
         part = part.strip()

@@ -8,7 +8,8 @@ import pytest
 
 import rewards
 from rewards import Grader, Mix, RewardConfig, Sample, build_reward
-from rewards.registry import combine, parse_spec
+from rewards.blend import combine
+from rewards.spec import parse_spec
 
 
 class Fixed(Grader):

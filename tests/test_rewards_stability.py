@@ -14,10 +14,10 @@ import torch
 
 from rewards import RewardConfig, RewardFunction, Sample, build_reward, mean_metrics
 from rewards.base import Grader
+from rewards.blend import combine, normalize_in_groups, parse_gates
 from rewards.diagnostics import best_is_longest, hacking_totals, len_corr
 from rewards.options import with_max_tokens
 from rewards.overlong import overlong_limits, overlong_penalty
-from rewards.registry import combine, normalize_in_groups, parse_gates
 
 ROOT = Path(__file__).resolve().parents[1]
 S3 = 1 / math.sqrt(3)

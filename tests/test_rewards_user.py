@@ -16,7 +16,7 @@ import pytest
 
 import train
 from rewards import RewardConfig, Sample, build_reward
-from rewards.registry import parse_spec, spec_entries
+from rewards.spec import parse_spec, spec_entries
 from rewards.user import DEFAULT_TIMEOUT_S, UserGraderError
 
 ROOT = Path(__file__).resolve().parents[1]

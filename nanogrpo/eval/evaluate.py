@@ -177,7 +177,7 @@ def grade(
     """Scores of each named grader of rewards/ (one component each), e.g. spec 'rouge_l,numbers' (and, with
     reward_cfg.tasks, of every task's graders and each task's total). The rows are validated first: a field a grader needs and a row lacks is a ValueError naming `path`."""
     import rewards
-    from rewards.registry import parse_spec
+    from rewards.spec import parse_spec
 
     names = [n for n, _ in parse_spec(spec)] if spec.strip() else []
     if not names:
@@ -432,7 +432,7 @@ def _uses_judge(grader: str, rubric_readout: str) -> bool:
 
 def trained_with(reward: dict) -> tuple[set[str], dict[str, str]]:
     """(graders with a weight > 0, {judge model key: model}) of a run's config.json `reward` section."""
-    from rewards.registry import parse_spec
+    from rewards.spec import parse_spec
 
     graders = {n for n, w in parse_spec(reward.get("spec", "")) if w > 0} if reward.get("spec") else set()
     readout = (reward.get("rubric") or {}).get("readout", "generative")
@@ -448,7 +448,7 @@ def trained_with(reward: dict) -> tuple[set[str], dict[str, str]]:
 
 def grader_names(spec: str) -> list[str]:
     """'rouge_l,judge:0.5' -> ['rouge_l', 'judge']; '' -> []."""
-    from rewards.registry import parse_spec
+    from rewards.spec import parse_spec
 
     return [n for n, _ in parse_spec(spec, "--graders")] if spec.strip() else []
 

@@ -26,8 +26,8 @@ from nanogrpo.eval.report_rubric import rubric_cell, rubric_html
 from nanogrpo.infra import plots
 from nanogrpo.infra.config_file import flat_config
 from nanogrpo.infra.metrics import TITLES, read_jsonl, replace_atomically
-from rewards.registry import parse_spec
 from rewards.rows import prompt_text
+from rewards.spec import parse_spec
 
 
 def curves_html(run_dir: Path, metrics: list[dict]) -> str:

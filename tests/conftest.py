@@ -50,6 +50,16 @@ def smollm2_dir() -> Path:
     return resolve_model("smollm2")
 
 
+@pytest.fixture(scope="session")
+def dist_runs(tmp_path_factory) -> Path:
+    """The folder of every one-process and two-rank run the torchrun tests compare (tests/dist_runs.py): one
+    launch of each kind makes them all, the first time a test asks. Those tests share the xdist group
+    "torchrun", so under `pytest -n N --dist loadgroup` one worker makes them once."""
+    from dist_runs import launch
+
+    return launch(tmp_path_factory.mktemp("dist_runs"))
+
+
 @pytest.fixture
 def server():
     """start(script, **kw): a fake OpenAI-compatible server on 127.0.0.1 (test_judge.FakeServer) answering

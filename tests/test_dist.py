@@ -1,49 +1,32 @@
-"""torchrun on the CPU (gloo): 2 ranks give the single-process update on the same global batch."""
+"""torchrun on the CPU (gloo): 2 ranks give the single-process update on the same global batch.
+
+The runs come from tests/dist_runs.py (the session fixture `dist_runs`: one launch of each kind for the
+suite); dist_runs.RUNS names each run's flags."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dist_runs import AGGS, KL, folder, ok
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
 
 
-def _run(args, nproc=1, timeout=900):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "train.py"), "tiny", *args]
-    if nproc > 1:
-        with socket.socket() as sock:  # a free port for the rendezvous
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(port), *cmd[1:],
-        ]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
+def pair(root: Path, name: str) -> tuple[Path, Path]:
+    """The one-process and the two-rank folders of run `name`, both made without an error."""
+    ok(root, "one", name)
+    ok(root, "two", name)
+    return root / "one" / folder(name), root / "two" / folder(name)
 
 
 def _adapter(run: Path) -> dict:
     return load_file(str(run / "adapter" / "adapter_model.safetensors"))
 
 
-KL = {
-    "none": [],
-    "loss": ["--grpo.kl-placement", "loss", "--grpo.beta", "0.1"],
-    "reward": ["--grpo.kl-placement", "reward", "--grpo.beta", "0.1"],
-}
-
-
 @pytest.mark.parametrize("kl", list(KL))
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_two_ranks_equal_one_process(tmp_path, agg, kl):
+@pytest.mark.parametrize("agg", AGGS)
+def test_two_ranks_equal_one_process(dist_runs, agg, kl):
     """Micro-batches of 2 rows cut every group of 4 in two (and DDP syncs only the last one of a pass).
 
     Each rank's rows are rows 0-7 and 8-15 of the one process, so with 2-row micro-batches both runs put the
@@ -55,11 +38,8 @@ def test_two_ranks_equal_one_process(tmp_path, agg, kl):
     rounding (on the demo prompts 0.7% apart in the gradient norm at step 2, 1.6e-4 in the adapter; 2.6e-8
     without the division). lr 1e-4: the tiny preset's 1e-3 with its low sampling temperature (logits / 0.15)
     lets the reduction order's rounding reach 1.7e-6 after 3 steps."""
-    common = ["--steps", "3", "--prompts-per-step", "4", "--grpo.loss-agg", agg, "--log-samples-every", "0"]
-    common += ["--micro-batch", "2", "--optim.lr", "1e-4", "--grpo.scale-rewards", "none", *KL[kl]]
-    _run([*common, "--out-dir", str(tmp_path / "one")])
-    _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
-    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    one, two = pair(dist_runs, f"equal-{agg}-{kl}")
+    a, b = _adapter(one), _adapter(two)
     assert a.keys() == b.keys()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-6, worst
@@ -71,20 +51,17 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(("t_", "tok_per_s"))} for m in rows]
 
 
-def test_two_ranks_with_dynamic_sampling_equal_one_process(tmp_path):
+def test_two_ranks_with_dynamic_sampling_equal_one_process(dist_runs):
     """Every round's global batch is the same list on every rank; the informative groups are chosen in
     global order and moved to the rank that trains them, so the ranks train, and log, what one process does.
 
     lr 1e-5: Adam's first steps move a weight by ~lr * sign(g), so a weight whose gradient is at rounding
     level (~1e-8, o_proj's here) moves by up to lr either way depending on the reduction order: 1.2e-6 after
     3 steps at 1e-4, 1.3e-8 at 1e-5. A wrong group moves every weight by ~lr, far above the bound."""
-    common = ["--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2", "--optim.lr", "1e-5"]
-    common += ["--grpo.dynamic-sampling", "--grpo.zero-spread-tol", "0.3", "--log-samples-every", "1"]
-    _run([*common, "--out-dir", str(tmp_path / "one")])
-    _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
-    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    one_run, two_run = pair(dist_runs, "dynamic")
+    a, b = _adapter(one_run), _adapter(two_run)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
-    one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    one, two = _metrics(one_run), _metrics(two_run)
     assert any(m["resample_rounds"] > 0 and m["groups_kept"] > 0 for m in one)  # groups moved between ranks
     for x, y in zip(one, two, strict=True):
         assert x.keys() == y.keys()
@@ -98,68 +75,52 @@ def test_two_ranks_with_dynamic_sampling_equal_one_process(tmp_path):
         for line in (run / "samples.jsonl").read_text().splitlines()
     ]
     # rank 0 logs the groups it trained: the first half of the step's, as one process trains them
-    assert [step[:2] for step in texts(tmp_path / "one")] == texts(tmp_path / "two")
+    assert [step[:2] for step in texts(one_run)] == texts(two_run)
 
 
-def test_two_ranks_log_once_checkpoint_once_and_resume(tmp_path):
-    run = tmp_path / "run"
-    r = _run(["--steps", "2", "--out-dir", str(run)], nproc=2)
+def test_two_ranks_log_once_checkpoint_once_and_resume(dist_runs):
+    """A 2-step run as it ends (log-once), and the same run resumed to 4 steps (log-once-resumed)."""
+    stdout, run = ok(dist_runs, "two", "log-once"), dist_runs / "two" / "log-once"
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]  # rank 0 logs, once per step
-    assert r.stdout.count("step 2 |") == 1
+    assert stdout.count("step 2 |") == 1
     assert sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith("step_")) == ["step_000002"]
-    r = _run(["--steps", "4", "--resume", "--out-dir", str(run)], nproc=2)
-    assert "resumed from" in r.stdout
+    ok(dist_runs, "two", "log-once-resumed")
+    stdout, run = ok(dist_runs, "two", "log-once-resumed+"), dist_runs / "two" / "log-once-resumed"
+    assert "resumed from" in stdout
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
-def test_full_fine_tune_with_ddp_equals_one_process(tmp_path):
+def test_full_fine_tune_with_ddp_equals_one_process(dist_runs):
     """--model.parallel ddp keeps the replicated path for small full fine-tunes (FSDP: tests/test_fsdp.py)."""
-    common = ["--lora.r", "0", "--optim.lr", "1e-4", "--steps", "2", "--prompts-per-step", "4"]
-    _run([*common, "--out-dir", str(tmp_path / "one")])
-    r = _run([*common, "--model.parallel", "ddp", "--out-dir", str(tmp_path / "two")], nproc=2)
-    assert "replicated with DDP" in r.stdout
-    a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("one", "two"))
+    ok(dist_runs, "one", "full")
+    assert "replicated with DDP" in ok(dist_runs, "two", "full-ddp")
+    a = load_file(str(dist_runs / "one" / "full" / "model" / "model.safetensors"))
+    b = load_file(str(dist_runs / "two" / "full-ddp" / "model" / "model.safetensors"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ["--grpo.scale-rewards", "batch"],
-        ["--grpo.top-entropy-quantile", "0.3", "--grpo.entropy-coef", "0.01"],
-    ],
-)
-def test_step_wide_statistics_span_the_ranks(tmp_path, flags):
+@pytest.mark.parametrize("name", ["batch-std", "entropy-quantile"])
+def test_step_wide_statistics_span_the_ranks(dist_runs, name):
     """The batch std of --grpo.scale-rewards batch and the entropy quantile of --grpo.top-entropy-quantile are
     taken over every rank's rows (summed moments, gathered entropies): 2 ranks train what one process does."""
-    common = ["--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2", "--optim.lr", "1e-4", *flags]
-    _run([*common, "--log-samples-every", "0", "--out-dir", str(tmp_path / "one")])
-    _run([*common, "--log-samples-every", "0", "--out-dir", str(tmp_path / "two")], nproc=2)
-    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    a, b = (_adapter(run) for run in pair(dist_runs, f"stats-{name}"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
 
 
 @pytest.mark.parametrize("algo", ["cpt", "ppo"])
-def test_two_ranks_train_each_stage_as_one_process(tmp_path, algo):
+def test_two_ranks_train_each_stage_as_one_process(dist_runs, algo):
     """CPT (windows split between the ranks, the NLL over every rank's tokens) and PPO (whitening over every
     rank's tokens, the value head inside the DDP-wrapped forward): 2 ranks train and log what one process
     does. (DPO's: tests/test_stage_dpo.py.)"""
-    common = ["--algo", algo, "--steps", "3", "--prompts-per-step", "4", "--micro-batch", "2"]
-    common += ["--optim.lr", "1e-4", "--log-samples-every", "0"]
-    if algo == "cpt":
-        text = tmp_path / "book.txt"
-        text.write_text(" ".join(f"word{i % 37} of line {i}." for i in range(200)))
-        common += ["--data.train", str(text), "--data.seq-len", "16", "--data.overlap", "4"]
-    _run([*common, "--out-dir", str(tmp_path / "one")])
-    _run([*common, "--out-dir", str(tmp_path / "two")], nproc=2)
-    a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")
+    one, two = pair(dist_runs, f"stage-{algo}")
+    a, b = _adapter(one), _adapter(two)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
     assert any(float(a[k].abs().max()) > 0 for k in a if "lora_B" in k)  # it trained
     if algo == "ppo":
-        va, vb = (load_file(str(tmp_path / r / "adapter" / "value_head.safetensors")) for r in ("one", "two"))
+        va, vb = (load_file(str(r / "adapter" / "value_head.safetensors")) for r in (one, two))
         assert float(va["weight"].abs().max()) > 0 and torch_close(va, vb)
-    for x, y in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two"), strict=True):
+    for x, y in zip(_metrics(one), _metrics(two), strict=True):
         assert x.keys() == y.keys()
         for k in x:
             if isinstance(x[k], float) and isinstance(y[k], float):

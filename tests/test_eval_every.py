@@ -33,7 +33,7 @@ def with_eval(path, every=2, prompts=3, samples=0, **kw):
 
 def test_lora_run_logs_step_0_and_every_k_steps_the_same_training_and_the_final_table(tmp_path):
     main(tiny(tmp_path / "plain", eval_prompts=3))
-    main(with_eval(tmp_path / "eval", samples=2, eval_pass_threshold=0.3))
+    main(with_eval(tmp_path / "eval", samples=2, eval_pass_threshold=0.3, plots=True))
     ev = evals(tmp_path / "eval")
     assert sorted(ev) == [0, 2, 4]
     keys = {"eval/reward", "eval/rouge_l", "eval/consistency", "eval/em", "eval/f1", "eval/seqm"}
@@ -120,17 +120,17 @@ def test_pass_and_mean_seeds_means_and_the_console_line():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_torchrun_evaluates_on_the_main_rank_as_one_process_does(tmp_path, parallel):
+def test_torchrun_evaluates_on_the_main_rank_as_one_process_does(dist_runs, parallel):
     """Two ranks (DDP with LoRA, FSDP with a full fine-tune: every rank gathers the weights, the main rank
-    evaluates): step 0 scores the same model as one process, so the same numbers."""
-    from test_dist import _run
+    evaluates): step 0 scores the same model as one process, so the same numbers. The runs (eval-ddp,
+    eval-fsdp: --steps 2 --eval-every 2 --eval-prompts 3 --eval-samples 2) come from tests/dist_runs.py."""
+    from dist_runs import ok
 
-    args = ["--steps", "2", "--prompts-per-step", "4", "--log-samples-every", "0", "--eval-prompts", "3"]
-    args += ["--eval-every", "2", "--eval-samples", "2"] + (["--lora.r", "0"] if parallel == "fsdp" else [])
-    _run([*args, "--out-dir", str(tmp_path / "one")])
-    r = _run([*args, "--out-dir", str(tmp_path / "two")], nproc=2)
-    assert ("FSDP2" in r.stdout) == (parallel == "fsdp")
-    one, two = evals(tmp_path / "one"), evals(tmp_path / "two")
+    ok(dist_runs, "one", f"eval-{parallel}")
+    stdout = ok(dist_runs, "two", f"eval-{parallel}")
+    assert ("FSDP2" in stdout) == (parallel == "fsdp")
+    one, two = (evals(dist_runs / mode / f"eval-{parallel}") for mode in ("one", "two"))
     assert sorted(two) == [0, 2] and two[0] == one[0]
-    assert r.stdout.count("eval step 0 |") == 1  # one rank prints
+    assert stdout.count("eval step 0 |") == 1  # one rank prints

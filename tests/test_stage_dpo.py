@@ -19,7 +19,11 @@ from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.stages import Run, dpo
 
 TINY = replace(
-    PRESETS["tiny"][1], algo="dpo", prompts_per_step=4, optim=replace(PRESETS["tiny"][1].optim, grad_clip=0.0)
+    PRESETS["tiny"][1],
+    algo="dpo",
+    prompts_per_step=4,
+    optim=replace(PRESETS["tiny"][1].optim, grad_clip=0.0),
+    plots=False,
 )
 TIMING = ("t_", "tok_per_s")
 
@@ -294,7 +298,16 @@ def test_a_tiny_run_learns_its_pairs(tmp_path, capsys, r, lr):
     from train import cli, main
 
     data = write_rows(tmp_path / "pairs.jsonl", ROWS)
-    args = ["tiny", "--algo", "dpo", "--data.train", str(data), "--out-dir", str(tmp_path / "run")]
+    args = [
+        "tiny",
+        "--algo",
+        "dpo",
+        "--data.train",
+        str(data),
+        "--no-plots",
+        "--out-dir",
+        str(tmp_path / "run"),
+    ]
     main(cli([*args, "--prompts-per-step", "4", "--steps", "8", "--optim.lr", lr, "--lora.r", str(r)]))
     ms = metrics(tmp_path / "run")
     assert [m["step"] for m in ms] == list(range(1, 9))
@@ -311,7 +324,7 @@ def test_dpo_resume_is_exact(tmp_path):
     from train import cli, main
 
     data = write_rows(tmp_path / "pairs.jsonl", ROWS)
-    base = ["tiny", "--algo", "dpo", "--data.train", str(data), "--optim.lr", "1e-2"]
+    base = ["tiny", "--algo", "dpo", "--data.train", str(data), "--optim.lr", "1e-2", "--no-plots"]
     main(cli([*base, "--out-dir", str(tmp_path / "straight"), "--steps", "4"]))
     main(cli([*base, "--out-dir", str(tmp_path / "resumed"), "--steps", "2"]))
     main(cli(["--out-dir", str(tmp_path / "resumed"), "--steps", "4", "--resume"]))
@@ -319,39 +332,25 @@ def test_dpo_resume_is_exact(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_one_process(tmp_path):
+@pytest.mark.xdist_group("torchrun")
+def test_two_ranks_equal_one_process(dist_runs):
     """torchrun, 2 ranks on gloo, two pairs each: the loss is normalised by the pairs of BOTH ranks and
-    the metrics summed over them, so the run logs and trains what one process does on the same batch."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
+    the metrics summed over them, so the run logs and trains what one process does on the same batch. The
+    runs (dpo: ROWS, --prompts-per-step 4 --steps 3 --micro-batch 2 --optim.lr 1e-3) come from
+    tests/dist_runs.py."""
+    from dist_runs import FILES, ok
     from safetensors.torch import load_file
 
-    root = Path(__file__).resolve().parents[1]
-    data = write_rows(tmp_path / "pairs.jsonl", ROWS)
-    args = ["tiny", "--algo", "dpo", "--data.train", str(data), "--prompts-per-step", "4", "--steps", "3"]
-    args += ["--micro-batch", "2", "--optim.lr", "1e-3", "--log-samples-every", "0"]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    launch += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    for name, cmd in (("one", [sys.executable]), ("two", launch)):
-        out = ["--out-dir", str(tmp_path / name)]
-        r = subprocess.run(
-            [*cmd, str(root / "train.py"), *args, *out], cwd=root, env=env, capture_output=True
-        )
-        assert r.returncode == 0, r.stderr[-4000:]
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert FILES["pairs.jsonl"] == "".join(json.dumps(r) + "\n" for r in ROWS)  # the pairs trained on
+    ok(dist_runs, "one", "dpo")
+    ok(dist_runs, "two", "dpo")
+    one, two = metrics(dist_runs / "one" / "dpo"), metrics(dist_runs / "two" / "dpo")
     assert [m["step"] for m in two] == [1, 2, 3] and one[-1]["reward_acc"] == two[-1]["reward_acc"] == 1.0
     for a, b in zip(one, two):
         assert a.keys() == b.keys()
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
-    wa = load_file(str(tmp_path / "one" / "adapter" / "adapter_model.safetensors"))
-    wb = load_file(str(tmp_path / "two" / "adapter" / "adapter_model.safetensors"))
+    wa = load_file(str(dist_runs / "one" / "dpo" / "adapter" / "adapter_model.safetensors"))
+    wb = load_file(str(dist_runs / "two" / "dpo" / "adapter" / "adapter_model.safetensors"))
     for key in wa:
         torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-5)

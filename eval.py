@@ -24,7 +24,7 @@ from typing import Literal
 
 import tyro
 
-from nanogrpo.eval import elo_plots, evaluate, overlay, pairwise, report, seeds
+from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds
 from nanogrpo.formats import write_jsonl
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
@@ -182,27 +182,12 @@ def _emit(obj: dict, path: str, table: str) -> None:
 
 
 def run_generate(args: Generate) -> None:
-    from nanogrpo.config import ModelConfig
     from nanogrpo.data import load_task
-    from nanogrpo.infra.device import resolve_device_dtype
-    from nanogrpo.infra.heap import keep_freed_memory
-    from nanogrpo.model import lora
-    from nanogrpo.model.transformer import Transformer
-    from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
-    device, dtype = resolve_device_dtype(ModelConfig(path=args.model, dtype=args.dtype, device=args.device))
-    if device.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
-        keep_freed_memory()
-    path = resolve_model(args.model)
-    tokenizer = load_tokenizer(path)
-    model = Transformer.from_pretrained(path, dtype=dtype, device=device)
-    if args.adapter:
-        lora.load_adapter(model, args.adapter)
-        lora.merge(model)  # one matmul per layer again: generation runs at the base model's speed
-    model.eval().requires_grad_(False)  # frozen: the sampler's packed LM head is kept across batches
-    outs = evaluate.generate_completions(
+    model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
+    outs = generation.generate_completions(
         model,
         tokenizer,
         rows,
@@ -223,7 +208,7 @@ def run_generate(args: Generate) -> None:
     ]
     write_jsonl(args.out, recs)
     # how the file was made, and the training run it comes from (for the same-judge warning)
-    meta = evaluate.write_meta(
+    meta = provenance.write_meta(
         args.out,
         data=args.data,
         model=args.model,
@@ -236,17 +221,6 @@ def run_generate(args: Generate) -> None:
         seed=args.seed,
     )
     print(f"wrote {len(recs)} completions to {args.out} (settings in {meta})")
-
-
-def _warn_same_judge(paths: list[str], graders: list[str], judge_models: list[str]) -> None:
-    """One warning line on stderr per training run that is judged by a grader or judge model it trained on."""
-    warned = set()
-    for path in paths:
-        run = evaluate.run_of(path)
-        msg = evaluate.same_judge_warning(path, graders, judge_models) if run not in warned else None
-        if msg:
-            print(msg, file=sys.stderr)
-            warned.add(run)
 
 
 def run_score(args: Score) -> None:
@@ -264,8 +238,8 @@ def run_score(args: Score) -> None:
         result["samples"] = samples
         table += "\n\n" + evaluate.format_samples_table(samples)
     _emit(result, args.json, table)
-    graders = evaluate.grader_names(args.graders)
-    _warn_same_judge([args.file], graders, evaluate.eval_judges(graders, args.reward))
+    graders = provenance.grader_names(args.graders)
+    provenance.warn_same_judge([args.file], graders, provenance.eval_judges(graders, args.reward))
 
 
 def run_grade(args: GradeArgs) -> None:
@@ -319,7 +293,7 @@ def run_compare(args: Compare) -> None:
         table,
     )
     graders = [m for m in summary if m not in evaluate.ANSWER_METRICS]  # the graders behind the scores
-    _warn_same_judge([args.a, args.b], graders, evaluate.eval_judges(graders, args.reward))
+    provenance.warn_same_judge([args.a, args.b], graders, provenance.eval_judges(graders, args.reward))
 
 
 def _system_names(args: Elo) -> list[str]:
@@ -402,7 +376,9 @@ def run_elo(args: Elo) -> None:
         acc = _accuracies(args, systems, names)  # a bad --accuracy stops before any judge is asked
         graders = [j.partition(":")[2] for j in args.judges if j.startswith("grader:")]
         models = [j.partition(":")[2] for j in args.judges if j.startswith(("openai:", "local:"))]
-        _warn_same_judge(list(args.files), graders, models + evaluate.eval_judges(graders, args.reward))
+        provenance.warn_same_judge(
+            list(args.files), graders, models + provenance.eval_judges(graders, args.reward)
+        )
         pairwise.check_judges(args.judges, args.server, args.reward)  # a judge server that is down: stop now
         judges = {j: pairwise.make_judge(j, args.server, args.reward) for j in args.judges}
         records = pairwise.run_pairwise(systems, judges)

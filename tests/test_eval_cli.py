@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 from helpers import run_eval, write_rows
 
-from nanogrpo.eval import evaluate, pairwise, stats
+from nanogrpo.eval import evaluate, generation, pairwise, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,9 +251,9 @@ def test_generate_cli_tiny_model(tmp_path):
             m.lora_B.weight.normal_(0, 0.5)  # a non-trivial adapter
     lora.save_adapter(model, tmp_path / "adapter")
     kw = dict(batch_size=1, max_new_tokens=6, temperature=0.0, progress=False, system_prompt="")
-    want_lora = [c[0] for c in evaluate.generate_completions(model, tok, rows, **kw)]
+    want_lora = [c[0] for c in generation.generate_completions(model, tok, rows, **kw)]
     with lora.disabled(model):
-        want_base = [c[0] for c in evaluate.generate_completions(model, tok, rows, **kw)]
+        want_base = [c[0] for c in generation.generate_completions(model, tok, rows, **kw)]
 
     for adapter, want in (("", want_base), (tmp_path / "adapter", want_lora)):
         out = tmp_path / f"gen{bool(adapter)}.jsonl"

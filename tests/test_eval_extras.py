@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import run_eval, write_rows
 
-from nanogrpo.eval import evaluate, stats
+from nanogrpo.eval import evaluate, provenance, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -271,17 +271,18 @@ def test_the_run_is_found_through_generate_meta(tmp_path):
     (run / "ckpt" / "step_000080").mkdir(parents=True)
     out = tmp_path / "evals" / "trained.jsonl"
     for adapter in (run / "adapter", run / "ckpt" / "step_000080"):
-        evaluate.write_meta(out, model="smollm2", adapter=str(adapter))
-        assert evaluate.run_of(out) == run.resolve()
-        assert evaluate.run_of(tmp_path / "evals" / "trained.scored.jsonl") == run.resolve()
-    msg = evaluate.same_judge_warning(out, judge_models=["qwen2.5-7b-instruct"])  # served under another name
+        provenance.write_meta(out, model="smollm2", adapter=str(adapter))
+        assert provenance.run_of(out) == run.resolve()
+        assert provenance.run_of(tmp_path / "evals" / "trained.scored.jsonl") == run.resolve()
+    # the judge model served under another name
+    msg = provenance.same_judge_warning(out, judge_models=["qwen2.5-7b-instruct"])
     assert msg and "judge model Qwen/Qwen2.5-7B-Instruct" in msg
-    assert evaluate.same_judge_warning(out, graders=["rouge_l"], judge_models=["other-judge"]) is None
+    assert provenance.same_judge_warning(out, graders=["rouge_l"], judge_models=["other-judge"]) is None
     base = run / "base.jsonl"  # in the run folder, but written by the base model
-    evaluate.write_meta(base, model="smollm2", adapter="")
+    provenance.write_meta(base, model="smollm2", adapter="")
     assert (
-        evaluate.run_of(base) is None
-        and evaluate.same_judge_warning(base, ["judge"], ["Qwen2.5-7B-Instruct"]) is None
+        provenance.run_of(base) is None
+        and provenance.same_judge_warning(base, ["judge"], ["Qwen2.5-7B-Instruct"]) is None
     )
 
 
@@ -290,9 +291,9 @@ def test_rubric_with_the_training_judge_model_warns():
     from rewards.options import JudgeConfig, RewardConfig
 
     cfg = RewardConfig(judge=JudgeConfig(model="org/judge-8b"))
-    assert evaluate.eval_judges(["rubric"], cfg) == ["org/judge-8b"]
-    assert evaluate.eval_judges(["rouge_l"], cfg) == []
-    graders, models = evaluate.trained_with(
+    assert provenance.eval_judges(["rubric"], cfg) == ["org/judge-8b"]
+    assert provenance.eval_judges(["rouge_l"], cfg) == []
+    graders, models = provenance.trained_with(
         {"spec": "judge+similarity:1,rouge_l:0", "judge": {"model": "org/judge-8b"}}
     )
     assert graders == {"judge+similarity"} and models == {
@@ -321,8 +322,8 @@ def test_train_eval_files_say_which_model_wrote_them(tmp_path):
     run = _run_folder(tmp_path / "run")
     res = {"base": ["x"], "trained": ["y"], "base_scores": [{}], "trained_scores": [{}], "summary": {}}
     evaluate.save_eval(run, [{"id": 0, "prompt": "q"}], res)
-    assert evaluate.run_of(run / "eval_base.jsonl") is None
-    assert evaluate.run_of(run / "eval_trained.jsonl") == run.resolve()
+    assert provenance.run_of(run / "eval_base.jsonl") is None
+    assert provenance.run_of(run / "eval_trained.jsonl") == run.resolve()
 
 
 @pytest.mark.slow

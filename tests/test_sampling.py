@@ -307,7 +307,7 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from types import SimpleNamespace
 
     from nanogrpo.data import render_prompt
-    from nanogrpo.eval import evaluate
+    from nanogrpo.eval import generation
     from nanogrpo.model import lora
     from nanogrpo.model.sampling import finish_text
     from nanogrpo.recipes.presets import PRESETS
@@ -332,7 +332,7 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     assert gen.texts(tok, [stop]) == [want]
     assert finish_text(upto + " and more", ["never", stop]) == want
     kw = dict(max_new_tokens=16, progress=False)
-    assert evaluate.generate_completions(model, tok, [row], stop=(stop,), **kw) == [[want]]
+    assert generation.generate_completions(model, tok, [row], stop=(stop,), **kw) == [[want]]
 
     lora.inject_lora(model, r=2, alpha=4.0, targets=("q_proj",))  # B = 0: base and trained are one model
     cfg = PRESETS["tiny"][1]

@@ -1,9 +1,10 @@
-"""Held-out evaluation: generate completions, score them, and compare two systems on the same rows.
+"""Held-out evaluation: score completions, and compare two systems on the same rows.
 
 eval.py is the command line over these functions; train.py calls `base_vs_trained` at the end of a run
 (the same model with LoRA disabled is the base) and `save_eval` to keep the result in the run folder, and
---eval-every calls `answer_and_score` during training (nanogrpo/eval/during.py). Pairwise judging and Elo
-live in nanogrpo/eval/pairwise.py.
+--eval-every calls `answer_and_score` during training (nanogrpo/eval/during.py). The completions come from
+nanogrpo/eval/generation.py; which run wrote a file, and the same-judge warning, from
+nanogrpo/eval/provenance.py. Pairwise judging and Elo live in nanogrpo/eval/pairwise.py.
 
 Scores per row (seed 002): EM, token F1 and SeqM against the row's reference(s), plus any graders of
 rewards/ by name (ROUGE-L by default). A metric that does not apply to a row (no reference, a grader's
@@ -14,13 +15,14 @@ evaluates greedily; so does `generate_completions` by default.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nanogrpo.eval import stats
+from nanogrpo.eval.generation import generate_completions
+from nanogrpo.eval.provenance import meta_path
 from nanogrpo.formats import write_jsonl
 from nanogrpo.model import judge_backend
 from rewards.rows import prompt_text
@@ -56,79 +58,6 @@ def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> li
                 raise DataError(f"{where}: missing field '{name}' (write {name} with eval.py generate)")
 
     return read_rows(path, check)
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def generate_completions(
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[dict],
-    *,
-    batch_size: int = 8,
-    num_samples: int = 1,
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop: Sequence[str] = (),
-    system_prompt: str = "",
-    seed: int = 0,
-    seeds: Sequence[int] | None = None,
-    autocast: Any = None,
-    progress: bool = True,
-    return_lengths: bool = False,
-) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
-    """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
-    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
-
-    `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
-    rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a
-    float32 model's compute dtype (sampling.generate). `return_lengths`: also each completion's token count,
-    as the trainer counts it (the token that ended it included)."""
-    import torch
-    from tqdm import tqdm
-
-    from nanogrpo.data import render_prompt
-    from nanogrpo.model.sampling import eos_and_pad, generate
-
-    prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
-    # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-    eos, pad_id = eos_and_pad(model.config, tokenizer)
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out: list[list[str]] = [[] for _ in rows]
-    lengths: list[list[int]] = [[] for _ in rows]
-    bar = tqdm(total=len(rows), desc="generate", unit="prompt", disable=not progress)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        if seeds is not None:
-            gen = [torch.Generator(device=device).manual_seed(seeds[i]) for i in idx]
-        with torch.no_grad():
-            g = generate(
-                model,
-                [prompts[i] for i in idx],
-                group_size=num_samples,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                eos_ids=tuple(eos),
-                stop_strings=tuple(stop),
-                tokenizer=tokenizer,
-                generator=gen,
-                pad_id=pad_id,
-                autocast=autocast,
-            )
-        # the training loop's decoding rule: a completion that hit a stop string ends right after it
-        for r, (text, n) in enumerate(zip(g.texts(tokenizer, stop), g.lengths.tolist())):
-            out[idx[r // num_samples]].append(text)
-            lengths[idx[r // num_samples]].append(n)
-        bar.update(len(idx))
-    bar.close()
-    return (out, lengths) if return_lengths else out
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -369,127 +298,6 @@ def format_samples_table(s: dict) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- judged by its own grader
-
-
-def meta_path(path: str | Path) -> Path:
-    """Where `eval.py generate` records how FILE was made: FILE.meta.json (also for FILE.scored.jsonl)."""
-    p = Path(path)
-    return p.with_name(p.name.removesuffix(".jsonl").removesuffix(".scored") + ".meta.json")
-
-
-def adapter_run(adapter: str | Path) -> Path | None:
-    """The run folder an adapter was trained in: the nearest of its parents (runs/x/adapter, or a checkpoint
-    runs/x/ckpt/step_000080) that holds a run's config.json; None for a base model or an adapter elsewhere."""
-    if not adapter:
-        return None
-    for parent in list(Path(adapter).resolve().parents)[:3]:
-        if (parent / "config.json").is_file() and "reward" in _read_json(parent / "config.json"):
-            return parent
-    return None
-
-
-def write_meta(out: str | Path, **fields: Any) -> Path:
-    """FILE.meta.json beside a completions file: the settings that made it, and `run`, the training run of
-    its adapter relative to the file's folder (None: no adapter, or one from no run folder)."""
-    run = adapter_run(fields.get("adapter") or "")
-    path = meta_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rel = None if run is None else os.path.relpath(run, path.parent.resolve())
-    path.write_text(json.dumps({**fields, "run": rel}, indent=2) + "\n")
-    return path
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
-def run_of(path: str | Path) -> Path | None:
-    """The training run whose model wrote a completions file: the `run` in FILE.meta.json when there is one
-    (None for the base model), else the file's own folder when it is a run folder (holds config.json)."""
-    meta = meta_path(path)
-    if meta.is_file():
-        run = _read_json(meta).get("run")
-        return (meta.parent / run).resolve() if run else None
-    folder = Path(path).resolve().parent
-    return folder if "reward" in _read_json(folder / "config.json") else None
-
-
-def _model_key(name: str) -> str:
-    """A judge model's name to compare: 'openai:Org/Model-7B' and a local 'models/model-7b/' agree."""
-    return name.strip().rstrip("/").split("/")[-1].lower()
-
-
-def _uses_judge(grader: str, rubric_readout: str) -> bool:
-    """Does this grader ask --reward.judge.model? The judge family (judge, judge+similarity, judge_entropy,
-    ...) does, and so does rubric unless its readout is a probe."""
-    return grader.startswith("judge") or (grader == "rubric" and rubric_readout != "probe")
-
-
-def trained_with(reward: dict) -> tuple[set[str], dict[str, str]]:
-    """(graders with a weight > 0, {judge model key: model}) of a run's config.json `reward` section."""
-    from rewards.spec import parse_spec
-
-    graders = {n for n, w in parse_spec(reward.get("spec", "")) if w > 0} if reward.get("spec") else set()
-    readout = (reward.get("rubric") or {}).get("readout", "generative")
-    models = {}
-    model = (reward.get("judge") or {}).get("model", "")
-    if model and any(_uses_judge(g, readout) for g in graders):
-        models[_model_key(model)] = model
-    probe = (reward.get("rubric") or {}).get("probe", "")
-    if probe and "rubric" in graders and readout == "probe":
-        models[_model_key(probe)] = probe
-    return graders, models
-
-
-def grader_names(spec: str) -> list[str]:
-    """'rouge_l,judge:0.5' -> ['rouge_l', 'judge']; '' -> []."""
-    from rewards.spec import parse_spec
-
-    return [n for n, _ in parse_spec(spec, "--graders")] if spec.strip() else []
-
-
-def eval_judges(graders: Sequence[str], reward_cfg: Any = None) -> list[str]:
-    """The judge models behind these graders under `reward_cfg` (a RewardConfig): its judge model when a
-    grader asks one, its rubric probe when rubric reads one."""
-    if reward_cfg is None:
-        return []
-    readout, out = reward_cfg.rubric.readout, []
-    if reward_cfg.judge.model and any(_uses_judge(g, readout) for g in graders):
-        out.append(reward_cfg.judge.model)
-    if reward_cfg.rubric.probe and "rubric" in graders and readout == "probe":
-        out.append(reward_cfg.rubric.probe)
-    return out
-
-
-def same_judge_warning(
-    path: str | Path, graders: Sequence[str] = (), judge_models: Sequence[str] = ()
-) -> str | None:
-    """One warning line when FILE's run was trained with one of these graders or judge models, else None.
-
-    A policy trained against a grader learns that grader's blind spots; grading it with the same grader
-    counts them as gains a second time (seed 001's common mistake), so the gain is inflated.
-    """
-    run = run_of(path)
-    if run is None:
-        return None
-    reward = _read_json(run / "config.json").get("reward") or {}
-    trained, models = trained_with(reward)
-    same = [f"grader {g}" for g in dict.fromkeys(graders) if g in trained]
-    same += [f"judge model {models[k]}" for k in dict.fromkeys(map(_model_key, judge_models)) if k in models]
-    if not same:
-        return None
-    return (
-        f"warning: {path} is judged by {', '.join(same)}, which also trained it ({run / 'config.json'}, "
-        f"reward.spec '{reward.get('spec')}'): the policy learned this judge's blind spots, so they count as "
-        "gains twice and the result is inflated; judge it with a grader or judge model it was not trained on"
-    )
-
-
 # ----------------------------------------------------------------------------- train.py's evaluations
 
 
@@ -553,7 +361,7 @@ def base_vs_trained(
 
 def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
     """Write eval_base.jsonl, eval_trained.jsonl and eval.json (the paired summary; the run page shows it),
-    and each file's .meta.json saying which model wrote it (see `run_of`)."""
+    and each file's .meta.json saying which model wrote it (see provenance.py `run_of`)."""
     from nanogrpo.infra.metrics import replace_atomically  # run-folder files: never written through a link
 
     run_dir = Path(run_dir)

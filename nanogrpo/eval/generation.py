@@ -1,0 +1,104 @@
+"""Held-out generation: a model (and its LoRA adapter) loaded for generating, and its completions of rows.
+
+`eval.py generate` loads with `load_model` and writes what `generate_completions` returns; train.py's
+end-of-run evaluation and --eval-every generate through it too (nanogrpo/eval/evaluate.py
+`answer_and_score`). Generation is greedy by default, as seed 002 evaluates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def load_model(model: str, adapter: str = "", dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
+    """(model, tokenizer) for generation: `model` a folder or a known name ('smollm2', 'tiny'), `adapter` a
+    LoRA adapter folder merged into it, frozen in eval mode on the device and dtype the flags resolve to."""
+    from nanogrpo.config import ModelConfig
+    from nanogrpo.infra.device import resolve_device_dtype
+    from nanogrpo.infra.heap import keep_freed_memory
+    from nanogrpo.model import lora
+    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model.zoo import load_tokenizer, resolve_model
+
+    device_, dtype_ = resolve_device_dtype(ModelConfig(path=model, dtype=dtype, device=device))
+    if device_.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
+        keep_freed_memory()
+    path = resolve_model(model)
+    tokenizer = load_tokenizer(path)
+    net = Transformer.from_pretrained(path, dtype=dtype_, device=device_)
+    if adapter:
+        lora.load_adapter(net, adapter)
+        lora.merge(net)  # one matmul per layer again: generation runs at the base model's speed
+    net.eval().requires_grad_(False)  # frozen: the sampler's packed LM head is kept across batches
+    return net, tokenizer
+
+
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    rows: Sequence[dict],
+    *,
+    batch_size: int = 8,
+    num_samples: int = 1,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: Sequence[str] = (),
+    system_prompt: str = "",
+    seed: int = 0,
+    seeds: Sequence[int] | None = None,
+    autocast: Any = None,
+    progress: bool = True,
+    return_lengths: bool = False,
+) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
+    """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
+    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
+
+    `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
+    rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a
+    float32 model's compute dtype (sampling.generate). `return_lengths`: also each completion's token count,
+    as the trainer counts it (the token that ended it included)."""
+    import torch
+    from tqdm import tqdm
+
+    from nanogrpo.data import render_prompt
+    from nanogrpo.model.sampling import eos_and_pad, generate
+
+    prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
+    # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    eos, pad_id = eos_and_pad(model.config, tokenizer)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out: list[list[str]] = [[] for _ in rows]
+    lengths: list[list[int]] = [[] for _ in rows]
+    bar = tqdm(total=len(rows), desc="generate", unit="prompt", disable=not progress)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        if seeds is not None:
+            gen = [torch.Generator(device=device).manual_seed(seeds[i]) for i in idx]
+        with torch.no_grad():
+            g = generate(
+                model,
+                [prompts[i] for i in idx],
+                group_size=num_samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                eos_ids=tuple(eos),
+                stop_strings=tuple(stop),
+                tokenizer=tokenizer,
+                generator=gen,
+                pad_id=pad_id,
+                autocast=autocast,
+            )
+        # the training loop's decoding rule: a completion that hit a stop string ends right after it
+        for r, (text, n) in enumerate(zip(g.texts(tokenizer, stop), g.lengths.tolist())):
+            out[idx[r // num_samples]].append(text)
+            lengths[idx[r // num_samples]].append(n)
+        bar.update(len(idx))
+    bar.close()
+    return (out, lengths) if return_lengths else out

@@ -24,7 +24,7 @@ from typing import Literal
 
 import tyro
 
-from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds
+from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import write_jsonl
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
@@ -415,8 +415,8 @@ COMMANDS = {
     "compare": Compare,
     "elo": Elo,
     "report": Report,
-    "seeds": seeds.SeedsArgs,
-    "seeds-table": seeds.TableArgs,
+    "seeds": seeds_cli.SeedsArgs,
+    "seeds-table": seeds_cli.TableArgs,
 }
 RUNNERS = {
     Generate: run_generate,
@@ -425,8 +425,8 @@ RUNNERS = {
     Compare: run_compare,
     Elo: run_elo,
     Report: run_report,
-    seeds.SeedsArgs: seeds.run_seeds_cli,
-    seeds.TableArgs: seeds.run_table_cli,
+    seeds_cli.SeedsArgs: seeds_cli.run_seeds_cli,
+    seeds_cli.TableArgs: seeds_cli.run_table_cli,
 }
 
 if __name__ == "__main__":

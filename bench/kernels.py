@@ -29,6 +29,7 @@ import kernels  # noqa: E402
 from kernels import logprobs as lp_mod  # noqa: E402
 from kernels.cosine import adjusted_cosine, cosine_torch  # noqa: E402
 from kernels.lcs import lcs_lengths, lcs_rapidfuzz  # noqa: E402
+from kernels.logprobs_tiles import CONFIG_OVERRIDE, gpu_config  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -213,12 +214,13 @@ def bench_logprobs(res: dict, n: int, v: int, hdim: int, dtype, reps: int) -> No
 
 def tune_logprobs(res: dict, n: int, v: int, hdim: int) -> None:
     """Time the forward kernel in a few tile shapes; the fastest is used for the rest of the run (through
-    lp_mod.CONFIG_OVERRIDE). The first is the shipped one for this GPU (kernels.logprobs.gpu_config), which
-    compiles without spills (bench/kernels_aot.py); the others may spill on some GPUs."""
+    kernels.logprobs_tiles.CONFIG_OVERRIDE). The first is the shipped one for this GPU
+    (kernels.logprobs_tiles.gpu_config), which compiles without spills (bench/kernels_aot.py); the others may
+    spill on some GPUs."""
     h = torch.randn(n, hdim, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(v, hdim, device="cuda", dtype=torch.bfloat16) / hdim**0.5
     y = torch.randint(0, v, (n,), device="cuda")
-    shipped = lp_mod.gpu_config("fwd", torch.bfloat16, torch.cuda.get_device_capability())
+    shipped = gpu_config("fwd", torch.bfloat16, torch.cuda.get_device_capability())
     configs = [shipped]
     for cfg in (
         dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3),
@@ -230,7 +232,7 @@ def tune_logprobs(res: dict, n: int, v: int, hdim: int) -> None:
             configs.append(cfg)
     timings = []
     for cfg in configs:
-        lp_mod.CONFIG_OVERRIDE["fwd"] = cfg
+        CONFIG_OVERRIDE["fwd"] = cfg
         try:
             t = timeit(lambda: lp_mod._logprobs_fwd_triton(h, w, y, 1.0), reps=3, warmup=1)
         except Exception as e:  # e.g. out of shared memory for this tile shape
@@ -239,12 +241,12 @@ def tune_logprobs(res: dict, n: int, v: int, hdim: int) -> None:
         timings.append((t, cfg))
     best_t, best = min(timings, key=lambda x: x[0])
     if best_t < float("inf") and best != shipped:
-        lp_mod.CONFIG_OVERRIDE["fwd"] = best
+        CONFIG_OVERRIDE["fwd"] = best
     else:
-        lp_mod.CONFIG_OVERRIDE.pop("fwd", None)
+        CONFIG_OVERRIDE.pop("fwd", None)
     res["tried"] = [dict(c, fwd_s=t) for t, c in timings]
     res["shipped"] = shipped
-    res["chosen"] = dict(lp_mod.CONFIG_OVERRIDE.get("fwd", shipped))
+    res["chosen"] = dict(CONFIG_OVERRIDE.get("fwd", shipped))
 
 
 def lcs_dp(a: list[int], b: list[int]) -> int:

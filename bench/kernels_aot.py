@@ -5,7 +5,7 @@ limits. Prints a table; exits 1 when a kernel spills, overflows shared memory or
     python bench/kernels_aot.py                         # every kernel, dtype and config, on the three GPUs
     python bench/kernels_aot.py --arch 80 --only logprobs --json aot.json
 
-The configs are the ones the kernels choose at launch: `kernels.logprobs.gpu_config` for each input dtype
+The configs are the ones the kernels choose at launch: `kernels.logprobs_tiles.gpu_config` for each input dtype
 and compute capability (forward, backward, backward with the entropy gradient), every block size
 `kernels.lcs.lcs_launch_config` can return (the register row and the tiled kernel), and the cosine kernel
 at its largest block. Pointers are compiled as 16-byte aligned and the log-probs hidden size and row
@@ -43,6 +43,7 @@ from kernels import HAS_TRITON  # noqa: E402
 from kernels import cosine as cos_mod  # noqa: E402
 from kernels import lcs as lcs_mod  # noqa: E402
 from kernels import logprobs as lp_mod  # noqa: E402
+from kernels.logprobs_tiles import gpu_config  # noqa: E402
 
 # Largest dynamic shared memory a block may opt into (CUDA programming guide, compute capabilities table).
 SHARED_LIMIT = {80: 166_912, 89: 101_376, 90: 232_448}
@@ -84,7 +85,7 @@ def logprobs_cases(arch: int, dtypes: list[str]) -> list[Case]:
     cases = []
     for dt in dtypes:
         for kernel, ent in (("fwd", None), ("bwd", False), ("bwd", True)):
-            cfg = lp_mod.gpu_config(kernel, DTYPES[dt], (arch // 10, arch % 10))
+            cfg = gpu_config(kernel, DTYPES[dt], (arch // 10, arch % 10))
             tile = {k: cfg[k] for k in ("BLOCK_N", "BLOCK_V", "BLOCK_H")}
             consts = dict(tile, DOT_F32=False, IEEE=dt == "fp32")
             warps, stages = cfg["num_warps"], cfg["num_stages"]

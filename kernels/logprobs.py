@@ -19,7 +19,8 @@ float32 logits [N, V] and a log-softmax of the same size, 2 * 4 * N * V bytes (4
   few hundred completion tokens) keeps it for the backward instead of recomputing it.
 
 Both paths otherwise save only the per-token log-sum-exp for the backward (the recomputation costs one
-more matmul: on a CPU ~5% of a training pass on SmolLM2 at 512 tokens, which the kept log-softmax saves).
+more matmul, a small share of a CPU training pass that the kept log-softmax saves; docs/BENCHMARKS.md,
+"Numbers behind the CPU paths").
 Entropy is a metric, returned detached, unless `entropy_grad=True` (an entropy bonus): then its gradient
 dH/dz_j = -(1/T) q_j (log q_j + H), q = softmax(z / T), joins the softmax gradient in the same backward
 pass (saving the entropy too); without it the backward is unchanged.
@@ -39,12 +40,13 @@ import contextlib
 
 import torch
 
-from kernels import interpreting, tl, triton, use_triton
+from kernels import tl, triton, use_triton
+from kernels.logprobs_tiles import TRITON_CHUNK_ELEMS, launch_args
 
 # Reference path: at most this many float32 logits per chunk (2**22 elements = 16 MiB: under glibc's
 # largest mmap threshold, so a process that keeps its freed memory (nanogrpo/infra/heap.py) reuses the tiles
-# instead of faulting fresh pages in for each; 2**21-2**24 ran within 3% of each other otherwise), and the
-# largest whole log-softmax kept for the backward instead of recomputed (2**25 elements = 128 MiB).
+# instead of faulting fresh pages in for each; the sizes around it ran as fast otherwise: docs/BENCHMARKS.md),
+# and the largest whole log-softmax kept for the backward instead of recomputed (2**25 elements = 128 MiB).
 DEFAULT_CHUNK_ELEMS = 1 << 22
 DEFAULT_KEEP_ELEMS = 1 << 25
 
@@ -59,7 +61,8 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    # The matmul runs in the input dtype (bf16 on AMX CPUs is ~8x float32); softmax math is float32.
+    # The matmul runs in the input dtype (bf16 on AMX CPUs is much faster than float32: docs/BENCHMARKS.md);
+    # softmax math is float32.
     return (h @ weight.T).to(_acc_dtype(h.dtype)).div_(temperature)  # (C, V)
 
 
@@ -307,66 +310,11 @@ def _logprobs_bwd_kernel(
     tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_v[None, :])
 
 
-# Tile sizes, per kernel, input width and GPU generation, chosen at launch from the device's compute
-# capability. Each one compiles with no register spills and within the shared memory of every GPU it
-# may meet (sm_80: 163 KiB per block, sm_86/89: 99 KiB, sm_90: 227 KiB) with Triton 3.6 and 3.9:
-# bench/kernels_aot.py compiles them for sm_80, sm_89 and sm_90 without a GPU and checks (table in
-# docs/BENCHMARKS.md). Why these:
-# - 16-bit forward on sm_90: 128 x 128 logits tiles, 64-wide steps over H, 3 stages (96 KiB of shared
-#   memory, ~212 registers a thread). On sm_8x that tile hits the 255-register cap and spills at 8 warps
-#   (at 16 warps too, with Triton 3.9); 128 x 64 needs ~180 registers and 48 KiB.
-# - 16-bit backward: 128 x 128 x 64 at 8 warps everywhere (~150 registers on sm_8x, ~180 with the entropy
-#   gradient; 64 KiB of shared memory, 96 KiB on sm_90).
-# - float32 (IEEE products, twice the bytes per operand): 128 x 128 x 64 needs 128 KiB of shared memory
-#   (over sm_89's 99 KiB) and spills in the forward. Forward 64 x 128 x 16 (24 KiB, ~200 registers: the
-#   float32 dot keeps more operands in registers than a bf16 one), backward 64 x 128 x 32 (48 KiB, 128).
-# Generations after sm_90 (sm_100; sm_120: 99 KiB) take the sm_90 tiles; those before it the sm_80 ones.
-# Triton specialises the loads for a hidden size that is a multiple of 16 (all released models); other
-# sizes compile without vectorised loads and spill: correct, slower.
-_TILE16 = dict(BLOCK_N=128, BLOCK_V=128, BLOCK_H=64, num_warps=8, num_stages=3)
-GPU_CONFIGS = {  # (kernel, input width, GPU generation) -> launch config
-    ("fwd", "16bit", "sm80"): dict(_TILE16, BLOCK_V=64),
-    ("fwd", "16bit", "sm90"): _TILE16,
-    ("bwd", "16bit", "sm80"): _TILE16,
-    ("bwd", "16bit", "sm90"): _TILE16,
-    ("fwd", "fp32", "sm80"): dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=16, num_warps=8, num_stages=3),
-    ("fwd", "fp32", "sm90"): dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=16, num_warps=8, num_stages=3),
-    ("bwd", "fp32", "sm80"): dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=8, num_stages=3),
-    ("bwd", "fp32", "sm90"): dict(BLOCK_N=64, BLOCK_V=128, BLOCK_H=32, num_warps=8, num_stages=3),
-}
-# The interpreter: small tiles, so that tests stay fast.
-CPU_CONFIG = dict(BLOCK_N=16, BLOCK_V=128, BLOCK_H=32)
-# bench/kernels.py tries other tiles by putting a config here under 'fwd' or 'bwd' (unchecked: it may spill).
-CONFIG_OVERRIDE: dict[str, dict] = {}
-# Triton backward: at most this many dz entries per chunk (2**28 = 512 MiB in bf16).
-TRITON_CHUNK_ELEMS = 1 << 28
-
-
-def gpu_config(kernel: str, dtype: torch.dtype, capability: tuple[int, int]) -> dict:
-    """The launch config of `kernel` ('fwd' or 'bwd') for inputs of `dtype` on a GPU of compute capability
-    `capability` (major, minor), as torch.cuda.get_device_capability gives it."""
-    width = "fp32" if dtype == torch.float32 else "16bit"
-    generation = "sm90" if capability[0] >= 9 else "sm80"
-    return dict(GPU_CONFIGS[kernel, width, generation])
-
-
-def _launch_args(hidden: torch.Tensor, kernel: str) -> dict:
-    interp = interpreting()
-    if interp:
-        cfg = dict(CPU_CONFIG)
-    elif kernel in CONFIG_OVERRIDE:
-        cfg = dict(CONFIG_OVERRIDE[kernel])
-    else:
-        cfg = gpu_config(kernel, hidden.dtype, torch.cuda.get_device_capability(hidden.device))
-    cfg.update(DOT_F32=interp, IEEE=hidden.dtype == torch.float32)
-    return cfg
-
-
 def _logprobs_fwd_triton(hidden, weight, targets, temperature, splits=None):
     """Triton forward -> (logp, entropy, lse), each [N] float32."""
     n, hdim = hidden.shape
     v = weight.shape[0]
-    cfg = _launch_args(hidden, "fwd")
+    cfg = launch_args(hidden, "fwd")
     n_blocks = triton.cdiv(n, cfg["BLOCK_N"])
     n_tiles = triton.cdiv(v, cfg["BLOCK_V"])
     if splits is None:  # enough programs to fill the GPU about 4 times over
@@ -396,7 +344,7 @@ def _logprobs_bwd_triton(
     """Triton backward -> (grad_hidden or None, grad_weight or None); given entropy, of logp and entropy."""
     n, hdim = hidden.shape
     v = weight.shape[0]
-    cfg = _launch_args(hidden, "bwd")
+    cfg = launch_args(hidden, "bwd")
     c = max(cfg["BLOCK_N"], (chunk_elems // v) // cfg["BLOCK_N"] * cfg["BLOCK_N"])
     c = min(c, n)
     dz = torch.empty(c, v, dtype=hidden.dtype, device=hidden.device)  # (C, V): the only vocab-sized tensor

@@ -16,14 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import kernels
-from kernels.logprobs import (
-    CPU_CONFIG,
-    GPU_CONFIGS,
-    LogprobsFunction,
-    gpu_config,
-    logprobs_torch,
-    token_logprobs,
-)
+from kernels.logprobs import LogprobsFunction, logprobs_torch, token_logprobs
+from kernels.logprobs_tiles import CPU_CONFIG, GPU_CONFIGS, gpu_config
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_HERE = kernels.HAS_TRITON and (DEV == "cuda" or kernels.interpreting())

@@ -28,16 +28,14 @@ from nanogrpo import grpo, kl
 from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
-from nanogrpo.eval.during import HeldOutEval
+from nanogrpo.eval.during import HeldOutEval, check_eval_every
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
 from nanogrpo.infra.config_file import check_rerun_dir, load_config, pop_config_flag, read_config
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
 from nanogrpo.infra.heap import keep_freed_memory
-from nanogrpo.infra.memory_fit import fit_to_memory
 from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
-from nanogrpo.infra.plots import plot_metrics
 from nanogrpo.infra.provenance import write_environment
 from nanogrpo.infra.resume import (
     check_resume,
@@ -47,7 +45,9 @@ from nanogrpo.infra.resume import (
     started_record,
 )
 from nanogrpo.model import judge_backend
+from nanogrpo.model.attention import check_flash
 from nanogrpo.model.logprobs import Batch, completion_logprobs
+from nanogrpo.model.memory_fit import fit_to_memory
 from nanogrpo.optim import Update, build_optimizer, build_scheduler, in_slices, step_counts, update
 from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.recipes.presets import PRESETS
@@ -62,7 +62,10 @@ from rewards.spec import parse_spec
 
 def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- checks that need no model
-    check_config(cfg)
+    check_config(cfg)  # the flags among themselves
+    check_eval_every(cfg)  # --eval-every: the held-out rows exist
+    if cfg.model.attn == "flash":  # flash-attn imports, and the run is on a GPU in 16 bits
+        check_flash(cfg.model.device, cfg.model.dtype)
     Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
     device, dtype = resolve_device_dtype(cfg.model)
     if device.type == "cpu":  # glibc: a step's freed blocks serve the next step (nanogrpo/infra/heap.py)
@@ -169,18 +172,16 @@ def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Log
 
 
 def finish(cfg: TrainConfig, policy, logger: Logger) -> dict:
-    """The end of a run: the final adapter (or model), the plots, the held-out eval, the run page and
+    """The end of a run: the final adapter (or model), the held-out eval, the plots and the run page, and
     summary.json; then the logs closed and the folder's lock released."""
     out = Path(cfg.out_dir)
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
     policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
-    if cfg.plots and dist.is_main():
-        plot_metrics(out)
     if cfg.eval_prompts > 0 and dist.is_main():
         summary["eval"] = final_eval(cfg, policy, out)
     if dist.is_main():
         if cfg.plots:
-            write_report(out)
+            write_report(out)  # the PNGs (nanogrpo/infra/plots.py) and index.html, which embeds them
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
     release_run_dir(out)  # the folder's lock (nanogrpo/infra/resume.py)

@@ -24,7 +24,7 @@
 #      ms/step, kernels per step and time per launch, share of the HBM roofline  -> generate.json, .log
 #   6. bench/attention.py: which SDPA backend training-shaped (padded, GQA) attention gets  -> attention.log
 #   7. bench/step.py --plan: one LoRA GRPO step on that model (time split, sampler-trainer gap) with
-#      torch.cuda.max_memory_allocated next to nanogrpo.infra.memory's plan for the same run  -> step.json, .log
+#      torch.cuda.max_memory_allocated next to nanogrpo.model.memory's plan for the same run  -> step.json, .log
 #   8. bench/length_groups.py: the training forward + backward with the completions in length groups
 #      against one group, and the fixed cost of a group                   -> groups.log
 #   9. bench/kernels.py: ceilings, log-probs, LCS, cosine with what the budget has left  -> kernels.json

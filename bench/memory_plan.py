@@ -9,7 +9,7 @@
 qwen2.5-0.5b, qwen2.5-1.5b, llama-3-8b) or an HF folder with a config.json. `bench/step.py --plan` runs
 this on the config.json of the model it trains and prints the prediction next to the measured CUDA peak.
 
-The arithmetic is nanogrpo/infra/memory.py's (`plan`, `plan_fsdp`: what each part counts, bytes per element, and
+The arithmetic is nanogrpo/model/memory.py's (`plan`, `plan_fsdp`: what each part counts, bytes per element, and
 where it approximates), the same plan train.py checks at start-up (--memory-check); this prints it for a
 GPU in bf16 with the Triton log-prob kernel. The first table is LoRA (r = --lora-r) on one GPU: weights,
 adapters with their AdamW state, the sampler's KV cache, one training micro-batch's activations and the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nanogrpo.infra import memory  # noqa: E402
+from nanogrpo.model import memory  # noqa: E402
 from nanogrpo.model.zoo import RANDOM_SHAPES, random_config  # noqa: E402
 
 GB = memory.GiB
@@ -57,7 +57,7 @@ def load_config(name_or_path: str) -> dict:
 
 
 def step_of(a: argparse.Namespace, ranks: int = 1, reference: bool = False) -> memory.Step:
-    """The flags as nanogrpo.infra.memory's Step: bf16 on a GPU, the Triton log-prob kernel; P split over ranks."""
+    """The flags as nanogrpo.model.memory's Step: bf16 on a GPU, the Triton log-prob kernel; P split over ranks."""
     return memory.Step(
         prompts=-(-a.prompts_per_step // ranks), group=a.group_size, prompt_len=a.prompt_len,
         new_tokens=a.max_new_tokens, micro_batch=a.micro_batch, checkpointing=a.checkpointing,
@@ -66,7 +66,7 @@ def step_of(a: argparse.Namespace, ranks: int = 1, reference: bool = False) -> m
 
 
 def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
-    """GiB per part of a LoRA step on one GPU (nanogrpo.infra.memory.plan), with the naive log-probs beside."""
+    """GiB per part of a LoRA step on one GPU (nanogrpo.model.memory.plan), with the naive log-probs beside."""
     s = step_of(a)
     p = memory.plan(c, s)
     parts = {
@@ -89,7 +89,7 @@ def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
 
 
 def plan_fsdp(c: dict, a: argparse.Namespace, ranks: int) -> dict[str, float]:
-    """Per-rank GiB of a full fine-tune sharded over `ranks` GPUs (nanogrpo.infra.memory.plan_fsdp)."""
+    """Per-rank GiB of a full fine-tune sharded over `ranks` GPUs (nanogrpo.model.memory.plan_fsdp)."""
     s = replace(step_of(a, ranks, reference=True), lora_r=0)
     p = memory.plan_fsdp(c, s, ranks)
     names = {

@@ -263,7 +263,7 @@ class TrainConfig:
     micro_batch: int = 0
     """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
     memory_check: Literal["fit", "refuse", "off"] = "fit"
-    """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/infra/memory.py) against the
+    """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/model/memory.py) against the
     device's free memory (CPU: MemAvailable) less 10% and 1 GiB. 'fit': a run that does not fit gets the
     largest --micro-batch of whole groups that fits (only when it is 0: one given is kept) and, if needed,
     --model.activation-checkpointing, printed in one line and saved in config.json; 'refuse': stop, naming
@@ -319,9 +319,7 @@ def with_epochs(cfg: TrainConfig, n_rows: int) -> TrainConfig:
 
 def updates_per_step(cfg: TrainConfig) -> int:
     """Optimizer steps a training step takes (what the learning-rate schedule counts)."""
-    if cfg.algo == "ppo":
-        return cfg.ppo.epochs
-    return cfg.grpo.num_iterations if cfg.algo == "grpo" else 1
+    return {"ppo": cfg.ppo.epochs, "grpo": cfg.grpo.num_iterations}.get(cfg.algo, 1)
 
 
 def _non_finite(obj, prefix: str = "") -> list[str]:
@@ -336,19 +334,21 @@ def _non_finite(obj, prefix: str = "") -> list[str]:
     return bad
 
 
+def check_group_size(G: int) -> None:
+    """Advantages compare the completions of one prompt: a group needs two at least."""
+    if G < 2:
+        raise ValueError(
+            f"--grpo.group-size {G}: GRPO compares completions of the same prompt (group_size >= 2); use >= 2"
+        )
+
+
 def check_config(cfg: TrainConfig) -> None:
-    """Refuse, before any model loads, settings the trainer would get wrong or silently ignore."""
+    """Refuse, before any model loads, settings the trainer would get wrong or silently ignore, from the flags
+    alone (train.py also checks --eval-every's held-out rows and --model.attn flash's flash-attn)."""
     if bad := _non_finite(cfg):  # an infinite lr or beta trains to NaN; no option means 'no limit' by inf
         raise ValueError(f"{', '.join(bad)}: every number must be finite; give a finite value")
     if not cfg.out_dir.strip():
         raise ValueError("--out-dir '': name the run's folder (e.g. --out-dir runs/my-run)")
-    if cfg.model.attn == "flash":
-        from nanogrpo.model.attention import check_flash
-
-        check_flash(cfg.model.device, cfg.model.dtype)
-    from nanogrpo.eval.during import check_eval_every  # beside the evaluation it checks
-
-    check_eval_every(cfg)
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return
@@ -357,8 +357,6 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.algo != "grpo":
         return
     g, s = cfg.grpo, cfg.sampling
-    from nanogrpo.grpo import check_group_size  # beside the advantages that need it
-
     check_group_size(g.group_size)
     _check_ratio_sampling(s, "GRPO")
     if g.kl_placement != "none" and g.beta == 0:
@@ -421,17 +419,13 @@ def _check_ppo(cfg: TrainConfig) -> None:
             f"--grpo.kl-placement {g.kl_placement} is GRPO's; PPO's KL is a per-token reward, weighted by "
             "--ppo.kl-coef: drop --grpo.kl-placement"
         )
-    grpo_only = [
-        flag
-        for flag, on in (
-            ("--grpo.dynamic-sampling", g.dynamic_sampling),
-            ("--grpo.mask-truncated", g.mask_truncated),
-            ("--grpo.top-entropy-quantile", g.top_entropy_quantile < 1),
-        )
-        if on
-    ]
-    if grpo_only:
-        raise ValueError(f"{', '.join(grpo_only)}: GRPO only, --algo ppo would ignore it; drop it")
+    grpo_only = {
+        "--grpo.dynamic-sampling": g.dynamic_sampling,
+        "--grpo.mask-truncated": g.mask_truncated,
+        "--grpo.top-entropy-quantile": g.top_entropy_quantile < 1,
+    }
+    if used := [flag for flag, on in grpo_only.items() if on]:
+        raise ValueError(f"{', '.join(used)}: GRPO only, --algo ppo would ignore it; drop it")
     _check_loss_variants(g)
 
 

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from nanogrpo.config import GRPOConfig
+from nanogrpo.config import GRPOConfig, check_group_size
 from nanogrpo.kl import kl_estimate, kl_loss_terms
 
 # ----------------------------------------------------------------------------- advantages
@@ -87,14 +87,6 @@ def compute_advantages(
         adv = adv / (batch_std(moments) + cfg.adv_eps)  # (B, G)
     adv = torch.where(zero_std[:, None] | ~ok, 0.0, adv)  # exactly 0, not rounding noise
     return adv.reshape(-1), zero_std
-
-
-def check_group_size(G: int) -> None:
-    """Advantages compare the completions of one prompt: a group needs two at least."""
-    if G < 2:
-        raise ValueError(
-            f"--grpo.group-size {G}: GRPO compares completions of the same prompt (group_size >= 2); use >= 2"
-        )
 
 
 def reward_moments(rewards: torch.Tensor) -> dict[str, float]:

@@ -28,8 +28,10 @@ import torch
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
+from nanogrpo.infra.dist import parallel_mode
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
+from nanogrpo.model.memory import needs_reference
 from nanogrpo.model.sampling import eos_and_pad
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
@@ -226,38 +228,6 @@ class Policy:
                 if (self.model_dir / name).is_file():
                     shutil.copyfile(self.model_dir / name, folder / name)
         self.tokenizer.save_pretrained(str(folder))
-
-
-def needs_reference(cfg: TrainConfig) -> bool:
-    """Whether a full fine-tune keeps a frozen copy of the model: for GRPO's KL, DPO's reference margins and
-    PPO's KL penalty (with LoRA the reference is the model with its adapters off, and costs nothing)."""
-    return (
-        (cfg.algo == "grpo" and cfg.grpo.kl_placement != "none")
-        or cfg.algo == "dpo"
-        or (cfg.algo == "ppo" and cfg.ppo.kl_coef > 0)
-    )
-
-
-def parallel_mode(cfg: TrainConfig) -> str:
-    """'ddp', 'fsdp', or 'none' (one process): how the policy is wrapped under torchrun."""
-    if dist.world() == 1:
-        return "none"
-    mode = cfg.model.parallel
-    if mode == "auto":
-        mode = "ddp" if cfg.lora.r > 0 else "fsdp"
-    if mode == "fsdp" and cfg.lora.r > 0:
-        raise ValueError("--model.parallel fsdp shards full fine-tunes (--lora.r 0); LoRA runs with ddp")
-    if mode == "fsdp" and cfg.algo == "ppo":
-        raise ValueError(
-            "--algo ppo does not shard its value head with FSDP: use --model.parallel ddp (a full fine-tune "
-            "that fits on one device), or LoRA (--lora.r > 0)"
-        )
-    if mode == "fsdp" and cfg.optim.name != "adamw":
-        raise ValueError(
-            f"--optim.name {cfg.optim.name} works on whole matrices, FSDP holds shards of them: "
-            "use --optim.name adamw or --model.parallel ddp"
-        )
-    return mode
 
 
 def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:

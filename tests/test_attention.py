@@ -29,6 +29,7 @@ from nanogrpo.model.attention import (
 )
 from nanogrpo.model.kvcache import PrefixKV
 from nanogrpo.model.transformer import ModelArgs, Transformer
+from train import main as train_main
 
 CUDA = torch.cuda.is_available()
 
@@ -196,8 +197,8 @@ def test_flash_refused_without_flash_attn(no_flash, tmp_path):
         ValueError, match="needs flash-attn.*pip install 'nanogrpo\\[gpu\\]'.*--model.attn sdpa"
     ):
         check_flash("cuda", "bfloat16")
-    with pytest.raises(ValueError, match="needs flash-attn"):
-        check_config(TrainConfig(model=ModelConfig(attn="flash", device="cuda")))
+    with pytest.raises(ValueError, match="needs flash-attn"):  # train.py's start-up checks, before any load
+        train_main(TrainConfig(model=ModelConfig(attn="flash", device="cuda")))
     # the model refuses before reading anything: this folder does not even exist
     with pytest.raises(ValueError, match="needs flash-attn"):
         Transformer.from_pretrained(tmp_path / "missing", attn="flash")
@@ -212,7 +213,7 @@ def test_flash_refused_on_the_cpu_and_in_float32(flash_calls):
     with pytest.raises(ValueError, match="fp16/bf16 only.*--model.dtype bfloat16"):
         check_flash("cuda", "float32")
     with pytest.raises(ValueError, match="CUDA GPUs only"):
-        check_config(TrainConfig(model=ModelConfig(attn="flash", device="cpu")))
+        train_main(TrainConfig(model=ModelConfig(attn="flash", device="cpu")))
     check_flash("cuda", "auto")  # a GPU run in bf16: accepted
     check_flash("cuda:1", "bfloat16")
     check_config(TrainConfig(model=ModelConfig(attn="sdpa", device="cpu")))  # sdpa is never refused

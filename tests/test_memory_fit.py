@@ -1,4 +1,4 @@
-"""The memory check at start-up (nanogrpo/infra/memory.py, --memory-check): README's GPU command fits an 80 GiB card by
+"""The memory check at start-up (nanogrpo/model/memory.py, --memory-check): README's GPU command fits an 80 GiB card by
 the plan; a run past the free memory (a mocked CUDA figure, or a mocked /proc/meminfo) is fitted in one
 printed line, saved in config.json and resumed as saved, or refused before the model loads; a --micro-batch
 given is kept, and refused with the flags that fit when it does not; bench/memory_plan.py prints the same
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.infra import memory, memory_fit
+from nanogrpo.model import memory, memory_fit
 from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,9 @@ def readme_config():
 
 def gpu_step(cfg, prompt_len: int) -> memory.Step:
     """cfg's step on a GPU in bf16 with the Triton log-prob kernel (what a CUDA install runs)."""
-    return replace(memory_fit.run_step(cfg, torch.device("cuda"), torch.bfloat16, prompt_len), logprobs="triton")
+    return replace(
+        memory_fit.run_step(cfg, torch.device("cuda"), torch.bfloat16, prompt_len), logprobs="triton"
+    )
 
 
 def figure_for(budget: int) -> int:
@@ -86,7 +88,7 @@ def no_model_load(monkeypatch) -> None:
 
 
 def tiny(tmp_path, **kw):
-    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **kw)
+    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), plots=False, **kw)
 
 
 def tiny_plans(cfg, device: str) -> dict[tuple[int, bool], int]:

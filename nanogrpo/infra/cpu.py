@@ -157,3 +157,15 @@ def _tiny_linear_runs(dtype: torch.dtype, pack, apply) -> bool:
     except RuntimeError:
         return False
     return y.shape == (2, 16) and bool((y == 32).all())
+
+
+def packing_supported(weight: torch.Tensor) -> bool:
+    """Packing applies to this weight: on the CPU, not switched off by NANOGRPO_PACKED=0, and either bf16
+    where oneDNN's bf16 reorder and linear run, or float32 where oneDNN's or MKL's float32 packing runs
+    (each tried once by `cpu_capability()`, not read from flags)."""
+    if weight.device.type != "cpu" or os.environ.get("NANOGRPO_PACKED", "1") == "0":
+        return False
+    cap = cpu_capability()
+    return (weight.dtype == torch.bfloat16 and cap.onednn_bf16) or (
+        weight.dtype == torch.float32 and cap.fp32_packing is not None
+    )

@@ -15,6 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from nanogrpo.config import TrainConfig
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -102,3 +104,25 @@ def shutdown() -> None:
     if is_distributed():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def parallel_mode(cfg: TrainConfig) -> str:
+    """'ddp', 'fsdp', or 'none' (one process): how the policy is wrapped under torchrun."""
+    if world() == 1:
+        return "none"
+    mode = cfg.model.parallel
+    if mode == "auto":
+        mode = "ddp" if cfg.lora.r > 0 else "fsdp"
+    if mode == "fsdp" and cfg.lora.r > 0:
+        raise ValueError("--model.parallel fsdp shards full fine-tunes (--lora.r 0); LoRA runs with ddp")
+    if mode == "fsdp" and cfg.algo == "ppo":
+        raise ValueError(
+            "--algo ppo does not shard its value head with FSDP: use --model.parallel ddp (a full fine-tune "
+            "that fits on one device), or LoRA (--lora.r > 0)"
+        )
+    if mode == "fsdp" and cfg.optim.name != "adamw":
+        raise ValueError(
+            f"--optim.name {cfg.optim.name} works on whole matrices, FSDP holds shards of them: "
+            "use --optim.name adamw or --model.parallel ddp"
+        )
+    return mode

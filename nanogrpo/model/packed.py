@@ -38,7 +38,6 @@ NANOGRPO_PACKED=0 turns packing off.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -46,21 +45,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanogrpo.infra.cpu import cpu_capability
+from nanogrpo.infra.cpu import cpu_capability, packing_supported
 from nanogrpo.infra.heap import release_free_heap
 from nanogrpo.model.lora import LoraLinear
-
-
-def packing_supported(weight: torch.Tensor) -> bool:
-    """Packing applies to this weight: on the CPU, not switched off by NANOGRPO_PACKED=0, and either bf16
-    where oneDNN's bf16 reorder and linear run, or float32 where oneDNN's or MKL's float32 packing runs
-    (each tried once by `cpu_capability()`, not read from flags)."""
-    if weight.device.type != "cpu" or os.environ.get("NANOGRPO_PACKED", "1") == "0":
-        return False
-    cap = cpu_capability()
-    return (weight.dtype == torch.bfloat16 and cap.onednn_bf16) or (
-        weight.dtype == torch.float32 and cap.fp32_packing is not None
-    )
 
 
 class PackedLinear(nn.Module):

@@ -1,6 +1,6 @@
 """The start-up memory check (--memory-check, `fit_to_memory`, called by train.py before the model loads).
 
-The plan of the configured run (nanogrpo/infra/memory.py) against the device's free memory (CUDA: torch.cuda.mem_get_info; CPU: MemAvailable from /proc/meminfo, capped by a cgroup's limit)
+The plan of the configured run (nanogrpo/model/memory.py) against the device's free memory (CUDA: torch.cuda.mem_get_info; CPU: MemAvailable from /proc/meminfo, capped by a cgroup's limit)
 less the margin. 'fit' chooses --micro-batch and --model.activation-checkpointing so that the run fits and
 prints one line saying so; 'refuse' raises, naming the flags that fit; 'off' skips it. GRPO, PPO and CPT
 are planned; SFT and DPO are not (their targets' lengths are only known when a step tokenizes its rows).
@@ -13,7 +13,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from nanogrpo.infra.memory import GiB, Plan, Step, model_config, plan_of
+from nanogrpo.infra.dist import parallel_mode
+from nanogrpo.model.memory import GiB, Plan, Step, model_config, needs_reference, plan_of
 
 # What the check leaves free: 10% of the free memory for the allocator's fragmentation and the plan's
 # approximations (the parts it does not count grow with the batch), and 1 GiB for what does not grow with it
@@ -124,8 +125,7 @@ def run_step(
     import torch
 
     import kernels
-    from nanogrpo.model.packed import packing_supported
-    from nanogrpo.policy import needs_reference
+    from nanogrpo.infra.cpu import packing_supported
 
     cuda = device.type == "cuda"
     backend = cfg.model.kernels if cfg.model.kernels != "auto" else kernels.get_backend()
@@ -171,7 +171,6 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
     torchrun every rank plans with the smallest free memory among them, so all choose alike; CPU ranks
     share the host's memory. SFT and DPO are not planned: they pass unchecked."""
     from nanogrpo.infra import dist
-    from nanogrpo.policy import parallel_mode
 
     if cfg.memory_check == "off":
         return cfg
@@ -193,7 +192,7 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
         return cfg
     given = f"--micro-batch {cfg.micro_batch}" + (" (all at once)" if cfg.micro_batch == 0 else "")
     given += " with" if s.checkpointing else " without"
-    need = f"the memory plan (nanogrpo/infra/memory.py) needs {_numbers(now)} at {given} activation checkpointing"
+    need = f"the memory plan (nanogrpo/model/memory.py) needs {_numbers(now)} at {given} activation checkpointing"
     if cfg.resume:
         if dist.is_main():
             print(

@@ -1,5 +1,5 @@
 """How much memory one training step takes, from the model's config.json alone (the start-up check that
-fits a run to its device, before the model loads, is nanogrpo/infra/memory_fit.py).
+fits a run to its device, before the model loads, is nanogrpo/model/memory_fit.py).
 
 The plan (`plan`) counts, per device, the parts below; D is the compute dtype's size (2 for bf16/fp16, 4 for
 float32: a CPU without bf16 units runs float32), bytes per element in brackets:
@@ -56,6 +56,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nanogrpo.config import TrainConfig
 
 GiB = 1024**3
 
@@ -297,3 +299,13 @@ def plan_fsdp(c: dict, s: Step, ranks: int) -> Plan:
 def plan_of(c: dict, s: Step, fsdp_ranks: int = 0) -> Plan:
     """plan_fsdp over fsdp_ranks ranks when it is > 1, else plan."""
     return plan_fsdp(c, s, fsdp_ranks) if fsdp_ranks > 1 else plan(c, s)
+
+
+def needs_reference(cfg: TrainConfig) -> bool:
+    """Whether a full fine-tune keeps a frozen copy of the model: for GRPO's KL, DPO's reference margins and
+    PPO's KL penalty (with LoRA the reference is the model with its adapters off, and costs nothing)."""
+    return (
+        (cfg.algo == "grpo" and cfg.grpo.kl_placement != "none")
+        or cfg.algo == "dpo"
+        or (cfg.algo == "ppo" and cfg.ppo.kl_coef > 0)
+    )

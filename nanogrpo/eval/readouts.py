@@ -167,6 +167,19 @@ def hard(p: float | None, threshold: float, label: int) -> int:
 # ----------------------------------------------------------------------------- the command
 
 
+def check_choices(readouts: tuple[str, ...], probe_pool: str, dtype: str) -> None:
+    """compare's flags that take one of a few names."""
+    from rewards.probe import POOLS
+
+    unknown = [r for r in readouts if r not in READOUTS]
+    if unknown or not readouts:
+        raise ValueError(f"--readouts takes {', '.join(READOUTS)}; got {', '.join(readouts) or 'none'}")
+    if probe_pool not in POOLS:
+        raise ValueError(f"--probe-pool must be one of {', '.join(POOLS)}, got {probe_pool!r}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+
+
 def compare(
     data: str, model: str, out: str = "readouts", readouts: tuple[str, ...] = READOUTS, by: str = "criterion",
     rubrics: tuple[str, ...] = (), folds: int = 0, test_frac: float = 0.3, dev_frac: float = 0.2, seed: int = 0,
@@ -204,15 +217,8 @@ def compare(
     from nanogrpo.model import judge_backend
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig
-    from rewards.probe import POOLS
 
-    unknown = [r for r in readouts if r not in READOUTS]
-    if unknown or not readouts:
-        raise ValueError(f"--readouts takes {', '.join(READOUTS)}; got {', '.join(readouts) or 'none'}")
-    if probe_pool not in POOLS:
-        raise ValueError(f"--probe-pool must be one of {', '.join(POOLS)}, got {probe_pool!r}")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    check_choices(readouts, probe_pool, dtype)
     rows = read_label_rows(data, rubrics)
     if any(by not in r for r in rows):
         raise ValueError(

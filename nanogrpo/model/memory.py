@@ -63,8 +63,9 @@ GiB = 1024**3
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-# kernels/logprobs.py: the Triton backward's dz chunk (elements); the reference's float32 chunk and the
-# largest log-softmax it keeps for the backward. Copied, not imported: importing kernels imports triton.
+# the Triton backward's dz chunk (elements, kernels/logprobs_tiles.py); the reference's float32 chunk and the
+# largest log-softmax it keeps for the backward (kernels/logprobs.py). Copied, not imported: importing kernels
+# imports triton.
 TRITON_CHUNK_ELEMS = 1 << 28
 TORCH_CHUNK_ELEMS = 1 << 22
 TORCH_KEEP_ELEMS = 1 << 25

@@ -1,0 +1,124 @@
+"""The layout the docs promise: a top level of at most 12 modules, folders that say what they hold, files and
+functions short enough to read, and imports that point one way between packages (no cycle)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ("nanogrpo", "rewards", "kernels")
+MAX_FILE_LINES = 460  # "about 450"
+MAX_FUNCTION_LINES = 80
+
+
+def tracked(*tops: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    files = [
+        f for f in out.stdout.split() if f.split("/")[0] in tops or (len(f.split("/")) == 1 and "." in tops)
+    ]
+    return [ROOT / f for f in files if (ROOT / f).exists()]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def node(module: str, modules: dict[str, Path]) -> str:
+    """A module's place in the package graph: its package, except that nanogrpo's top-level modules are each
+    a node of their own (config, data, grpo, ... are the core the packages around them build on)."""
+    package = module if modules[module].name == "__init__.py" else module.rsplit(".", 1)[0]
+    return module if package == "nanogrpo" else package
+
+
+def package_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in tracked(*LIBRARY)}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Import):
+                targets = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                targets = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and node(t, modules) != node(name, modules):
+                    edges.setdefault(node(name, modules), set()).add(node(t, modules))
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_top_level_has_at_most_12_modules():
+    top = sorted(p.name for p in (ROOT / "nanogrpo").glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_each_folder_says_what_it_holds():
+    for init in tracked(*LIBRARY):
+        if init.name == "__init__.py":
+            doc = ast.get_docstring(ast.parse(init.read_text()))
+            assert doc and doc.strip(), (
+                f"{init.relative_to(ROOT)} has no docstring saying what the folder holds"
+            )
+
+
+def test_no_library_file_is_long():
+    long = {}
+    for p in tracked(*LIBRARY, "."):
+        n = len(p.read_text().splitlines())
+        if n > MAX_FILE_LINES:
+            long[str(p.relative_to(ROOT))] = n
+    assert long == {}, f"split these by concept: {long}"
+
+
+def test_no_function_is_long():
+    long = {}
+    for p in tracked(*LIBRARY, "tests", "scripts", "."):
+        for n in ast.walk(ast.parse(p.read_text())):
+            if (
+                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.end_lineno - n.lineno >= MAX_FUNCTION_LINES
+            ):
+                long[f"{p.relative_to(ROOT)}:{n.name}"] = n.end_lineno - n.lineno + 1
+    assert long == {}, long
+
+
+def test_imports_between_packages_have_no_cycle():
+    assert cycles(package_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}}) == []

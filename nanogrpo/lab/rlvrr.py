@@ -54,9 +54,13 @@ class Arm:
     """One arm of the ablation: where its training rows' key points come from, and its reward."""
 
     what: str
-    method: str = "chains"  # 'chains' (the recipe's key points), 'tfidf' or 'random' (build baseline)
-    share: float = 0.0  # tfidf/random: keywords per reference word
+    """One line for the console."""
+    method: str = "chains"
+    """'chains' (the recipe's key points), 'tfidf' or 'random' (`python -m nanogrpo.build baseline`)."""
+    share: float = 0.0
+    """tfidf/random: keywords per reference word."""
     spec: str = CONTENT_SPEC
+    """--reward.spec of the arm's runs."""
 
 
 ARMS: dict[str, Arm] = {
@@ -75,20 +79,28 @@ class ModelSettings:
     """The training sizes of one model: small enough for a CPU, the rest is the rlvrr preset's."""
 
     steps: int
+    """GRPO steps of each run (--steps overrides)."""
     prompts_per_step: int
+    """Prompts per step."""
     group_size: int
+    """Completions per prompt."""
     max_new_tokens: int
+    """Longest completion, in training and in the held-out eval."""
     lr: float
+    """LoRA learning rate."""
     lora_r: int
+    """LoRA rank (alpha is twice it)."""
     dtype: str = "auto"
+    """--model.dtype."""
     temperature: float = 1.0
+    """Sampling temperature (the preset's)."""
 
 
 MODELS: dict[str, ModelSettings] = {
     # a random 140k-parameter Llama: the table's plumbing in seconds; its numbers mean nothing
     "tiny": ModelSettings(
         steps=2, prompts_per_step=2, group_size=4, max_new_tokens=16, lr=1e-3, lora_r=4, dtype="float32"
-    ),  # fmt: skip
+    ),
     # SmolLM2-135M-Instruct, LoRA r 16 at lr 1e-4 (the preset's 5e-7 is a full-parameter rate, and these runs
     # are a few steps long); 64 new tokens: room for a few of a reference's keywords, not for the whole answer
     "smollm2": ModelSettings(

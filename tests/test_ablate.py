@@ -191,3 +191,24 @@ def test_lm_smoke_command_prints_every_variant(tmp_path):
     for r in data["runs"]:
         assert len(r["curves"]["reward"]) == ablate.SMOKE["steps"]
         assert all(0 <= x <= 1 for x in r["curves"]["reward"])
+
+
+def test_a_cell_stopped_at_a_non_finite_gradient_is_a_collapse_not_a_failure(tmp_path, monkeypatch):
+    """train.py exits 3 at a step whose gradient is not finite (it logs that step, saves nothing): the grid goes
+    on, the cell counts as run (not re-run), and its curves show the grad collapse at that step."""
+    run = ablate.Run("k3-loss", 0.05, 0, off_policy=True, std_norm=True)
+    rd = tmp_path / "runs" / ablate_lm.cell_name(run)
+
+    def stopped_train(cmd, *a, **k):  # what train.py leaves behind when it stops at step 12
+        rows = [
+            {"step": i + 1, "reward": 0.5, "kl": 0.1, "entropy": 1.0, "grad_norm": 1.0} for i in range(11)
+        ]
+        rows.append({"step": 12, "reward": 0.0, "kl": 40.0, "entropy": 0.1, "grad_norm": math.inf})
+        (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return subprocess.CompletedProcess(cmd, ablate_lm.NON_FINITE_EXIT)
+
+    monkeypatch.setattr(ablate_lm.subprocess, "run", stopped_train)
+    (res,) = ablate_lm.run_lm([run], tmp_path, ablate_lm.LMSettings(steps=20))
+    assert res["stopped"] and res["collapse"]["grad"] == 11 and ablate_lm.cell_done(rd)
+    monkeypatch.setattr(ablate_lm.subprocess, "run", lambda *a, **k: pytest.fail("should not run train.py"))
+    assert ablate_lm.run_lm([run], tmp_path, ablate_lm.LMSettings(steps=20))[0]["stopped"]

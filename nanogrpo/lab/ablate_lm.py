@@ -61,9 +61,13 @@ def lm_task(out: Path, n: int = LM_ROWS) -> Path:
     return path
 
 
-def train_logged(cmd: list[str], rd: Path, threads: int) -> float:
-    """Run train.py with its console in rd/train.log and its command and wall time in rd/ablate.json;
-    returns the wall time in seconds (the lab's studies run their cells through it).
+NON_FINITE_EXIT = 3  # train.py's exit status when a step's loss or gradient is not finite (it stops there)
+
+
+def train_logged(cmd: list[str], rd: Path, threads: int, ok: tuple[int, ...] = (0,)) -> float:
+    """Run train.py with its console in rd/train.log and its command, exit status and wall time in
+    rd/ablate.json; returns the wall time in seconds (the lab's studies run their cells through it). An exit
+    status not in `ok` raises, with the end of the log.
 
     threads: torch's intra-op threads (OMP_NUM_THREADS). The tiny model gains nothing from more than one, and
     on a CPU that other jobs also use, two threads that wait for each other made a 60-step cell take 320 s
@@ -73,10 +77,10 @@ def train_logged(cmd: list[str], rd: Path, threads: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with (rd / "train.log").open("w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    if rc:
+    if rc not in ok:
         raise RuntimeError(f"train.py exited {rc}: {' '.join(cmd)}\n{(rd / 'train.log').read_text()[-3000:]}")
     wall = time.perf_counter() - t0
-    (rd / "ablate.json").write_text(json.dumps({"cmd": cmd, "wall_s": wall}))
+    (rd / "ablate.json").write_text(json.dumps({"cmd": cmd, "wall_s": wall, "rc": rc}))
     return wall
 
 
@@ -127,37 +131,50 @@ def cell_name(run: Run) -> str:
     return f"{run.variant}{beta}_s{run.seed}_{'off' if run.off_policy else 'on'}_{'std' if run.std_norm else 'nostd'}"
 
 
+def cell_done(rd: Path) -> bool:
+    """The cell has run: train.py wrote summary.json (its last file), or it stopped at a step whose gradient
+    was not finite, a collapse the curves show (metrics.jsonl logs that step), not a cell to run again."""
+    done = rd / "ablate.json"
+    return (rd / "summary.json").exists() or (
+        done.exists() and json.loads(done.read_text()).get("rc") == NON_FINITE_EXIT
+    )
+
+
 def run_cell(run: Run, rd: Path, s: LMSettings) -> None:
     """Train one cell afresh in rd (a half-written cell would append to its metrics)."""
     shutil.rmtree(rd, ignore_errors=True)
     cmd = lm_command(run, rd, s)
     print("$ " + " ".join(cmd[1:]), flush=True)  # the cell by hand: python train.py ...
-    train_logged(cmd, rd, s.threads)
+    train_logged(cmd, rd, s.threads, ok=(0, NON_FINITE_EXIT))
 
 
 def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
     """Each cell as a train.py subprocess, s.jobs at a time (in grid order), then the toy's collapse detection
     on its curves (reward and entropy smoothed over 5 steps: one LM step is a noisy sample). A cell whose
-    summary.json exists (train.py writes it last) is read back, not re-run."""
+    summary.json exists (train.py writes it last), or that stopped at a non-finite step, is read back."""
     dirs = [out / "runs" / cell_name(run) for run in runs]
     pool = ThreadPoolExecutor(max(1, s.jobs))
     try:
         pending = {}  # one job per folder: the no-KL cells of every beta share one
         for run, rd in zip(runs, dirs):
-            if rd not in pending and not (rd / "summary.json").exists():
+            if rd not in pending and not cell_done(rd):
                 pending[rd] = pool.submit(run_cell, run, rd, s)
         results = []
         for i, (run, rd) in enumerate(zip(runs, dirs)):
             if rd in pending:
                 pending[rd].result()  # a failed cell raises here and cancels the cells not started
             done = rd / "ablate.json"  # absent when the folder came from elsewhere
-            wall = json.loads(done.read_text())["wall_s"] if done.exists() else None
+            info = json.loads(done.read_text()) if done.exists() else {}
+            wall, stopped = info.get("wall_s"), info.get("rc") == NON_FINITE_EXIT
             c = read_metrics(rd)
             col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
-            results.append({"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall})
+            results.append(
+                {"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall, "stopped": stopped}
+            )
             print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
-                  f"collapse {col['any']} ({wall or 0:.0f} s)", flush=True)  # fmt: skip
+                  f"collapse {col['any']}{' (stopped: non-finite)' if stopped else ''} ({wall or 0:.0f} s)",
+                  flush=True)  # fmt: skip
     finally:
         pool.shutdown(cancel_futures=True)
     return results

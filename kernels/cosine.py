@@ -1,7 +1,7 @@
-"""Batched cosine similarity, and seed 000's baseline-adjusted cosine, in one pass over the embeddings.
+"""Batched cosine similarity, and Shaping Explanations' baseline-adjusted cosine, in one pass over the embeddings.
 
 The semantic grader scores each completion by the cosine between its sentence embedding and the
-reference's; seed 000 subtracts the cosine to a baseline vector (the mean reference embedding), so that
+reference's; Shaping Explanations subtracts the cosine to a baseline vector (the mean reference embedding), so that
 generic on-topic text earns nothing, scales by c and clips:
 
     adjusted = clip(c * (cos(gen, ref) - cos(gen, baseline)), 0, 1)
@@ -135,7 +135,7 @@ def cosine(gen: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 def adjusted_cosine(
     gen: torch.Tensor, ref: torch.Tensor, baseline: torch.Tensor, c: float = 4.0
 ) -> torch.Tensor:
-    """clip(c * (cos(gen, ref) - cos(gen, baseline)), 0, 1) per row (seed 000; c = 4 there).
+    """clip(c * (cos(gen, ref) - cos(gen, baseline)), 0, 1) per row (Shaping Explanations; c = 4 there).
 
     gen [N, D]; ref and baseline [N, D] or [D] -> [N] float32.
     """

@@ -7,7 +7,7 @@ micro-batch (DDP all-reduces once a pass), backward, clip, optimizer and schedul
 stats apart from the later ones. GRPO (train.py), PPO, SFT, CPT and DPO (nanogrpo/stages/) each hand it the
 loss of one micro-batch.
 
-AdamW by default. `muon` (seed 000's ablation) uses torch.optim.Muon as its authors do: for the 2-D weight
+AdamW by default. `muon` (Shaping Explanations' ablation) uses torch.optim.Muon as its authors do: for the 2-D weight
 matrices of the hidden layers (LoRA A and B included), with AdamW for the embeddings, the LM head, norms and
 biases, stepped together as one optimizer object. Muon's update is scaled to AdamW's RMS (Moonlight's
 learning-rate matching, `adjust_lr_fn="match_rms_adamw"`), so `--optim.name muon` keeps AdamW's

@@ -5,7 +5,7 @@ registers nanogrpo as the model backend first (nanogrpo.model.judge_backend), th
 (rewards/probe_cli.py): `--model` takes what train.py's --model.path takes, 'tiny', 'smollm2',
 'random:SHAPE' or an HF folder, and so does the model a probe was trained on when `eval` loads it.
 `compare` is nanogrpo's own: it scores the generative, log-prob and probe readouts of one model side by
-side on labelled rows (seed 004's comparison; nanogrpo/eval/readouts.py), and needs the local judge
+side on labelled rows (Small-LM Judges's comparison; nanogrpo/eval/readouts.py), and needs the local judge
 backend, which only nanogrpo provides.
 
     python -m nanogrpo.probe train --data labels.jsonl --model smollm2 --out probes/mytask

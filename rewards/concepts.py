@@ -1,8 +1,8 @@
-"""The concepts grader of seed 002: set F1 of the concept ids named by the answer and the reference.
+"""The concepts grader of Concept Overlap: set F1 of the concept ids named by the answer and the reference.
 
     score = 2 |C_gen ∩ C_ref| / (|C_gen| + |C_ref|)
 
-C is the set of concept ids found in a text. Seed 002 finds UMLS CUIs with scispaCy's entity linker;
+C is the set of concept ids found in a text. Concept Overlap finds UMLS CUIs with scispaCy's entity linker;
 nanogrpo's default finds them with a controlled vocabulary file (term -> id), which needs no model
 and no download and is exactly reproducible:
 
@@ -16,7 +16,7 @@ None when the reference names no concept (the row is skipped); an answer that na
 The vocabulary is --reward.concepts-vocab: TSV ('term<TAB>id', '#' comments, an optional 'term id'
 header, extra columns ignored) or JSON ({"term": "id"} or {"id": ["term", ...]}); the first id given
 to a term wins. Without one, a small hand-written DEMO vocabulary (rewards/data/demo_concepts.tsv,
-not UMLS) is used, with a warning. --reward.concepts-backend scispacy runs seed 002's pipeline when
+not UMLS) is used, with a warning. --reward.concepts-backend scispacy runs Concept Overlap's pipeline when
 scispacy, a scispaCy model and the UMLS linker's data are installed (optional, not a dependency of
 nanogrpo; the model and the ~1 GB linker data come from scispaCy's own server, not from PyPI).
 """
@@ -115,7 +115,7 @@ def concept_f1(gen: set[str], ref: set[str]) -> float | None:
 
 
 class _SciSpacy:
-    """Seed 002's extractor: scispaCy entities linked to UMLS CUIs (top candidate of each entity).
+    """Concept Overlap's extractor: scispaCy entities linked to UMLS CUIs (top candidate of each entity).
 
     Needs, besides nanogrpo: `pip install scispacy` (PyPI), a scispaCy model such as en_core_sci_sm, which
     is not on PyPI (its release archive is listed in scispaCy's README), and the UMLS linker's knowledge

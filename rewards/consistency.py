@@ -1,6 +1,6 @@
-"""The consistency term of seed 002: 1 - the rate of repeated n-grams in the completion.
+"""The consistency term of Concept Overlap: 1 - the rate of repeated n-grams in the completion.
 
-Seed 002 gives this term a small weight (0.1) to keep early samples from padding and looping; it
+Concept Overlap gives this term a small weight (0.1) to keep early samples from padding and looping; it
 reads no reference and no model. The seed says only "computed from the rate of repeated n-grams,
 capped to [0, 1]"; nanogrpo fixes the details:
 
@@ -38,7 +38,7 @@ class Consistency(Grader):
     def __init__(self, cfg: RewardConfig):
         if cfg.consistency_n < 1:
             raise ValueError(
-                f"--reward.consistency-n must be >= 1, got {cfg.consistency_n}; seed 002 style is 3"
+                f"--reward.consistency-n must be >= 1, got {cfg.consistency_n}; Concept Overlap style is 3"
             )
         self.n = cfg.consistency_n
 

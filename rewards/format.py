@@ -1,11 +1,11 @@
-"""Structure checks from seed 000: `format` (the XML tags are there, well formed, in order) and
+"""Structure checks from Shaping Explanations: `format` (the XML tags are there, well formed, in order) and
 `think` (a non-empty reasoning block). Both are 0/1 and need no row field.
 
 format: the configured tags (--reward.format-tags, e.g. think spiegazione risposta) must each appear
 exactly once as <tag>...</tag>, one after the other in the configured order, none inside another.
 Text around and between the blocks is allowed. Where the chat template opens <think> in the prompt
 (Qwen3, DeepSeek-R1), a completion that starts inside the think block and closes it counts as having
-opened it. Seed 000 does not spell its rule out; "correctly uses the required XML tags" is read here as
+opened it. Shaping Explanations does not spell its rule out; "correctly uses the required XML tags" is read here as
 this order-and-nesting check.
 
 think: the reasoning block (<think>...</think>, or the text before a lone </think>) holds something

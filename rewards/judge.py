@@ -1,11 +1,11 @@
-"""The group LLM judge (seed 001) and its composites judge+similarity, judge+numbers.
+"""The group LLM judge (the graders guide) and its composites judge+similarity, judge+numbers.
 
 One request per prompt carries the conversation, the reference reply and all G answers of the group,
 so the judge marks them side by side, consistently relative to each other, which is what GRPO's
 group-relative advantages use. Each answer gets 1-5 on correctness, helpfulness, tone and format and a
 one-sentence reason; its score is the mean mark scaled to [0, 1]: (mean - 1) / 4.
 
-Where this departs from the guide in seed 001:
+Where this departs from the guide in the graders guide:
 - the answers are shuffled with a permutation seeded by (--reward.judge.seed, prompt) and shown as
   Answer 1..G, so a position bias of the judge does not follow the sampler's order;
 - the reply must be JSON; a reply that cannot be read gets one repair request (the judge sees its own

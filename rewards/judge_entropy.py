@@ -1,4 +1,4 @@
-"""The entropy-normalised judge of seed 002, and an expected-score variant.
+"""The entropy-normalised judge of Concept Overlap, and an expected-score variant.
 
 The judge sees the group as in rewards/judge.py but gives each answer one overall mark from 0 to 5,
 written as the JSON object {"Answer 1": m1, "Answer 2": m2, ...}. At the position where it writes
@@ -6,11 +6,11 @@ answer k's mark we read its probabilities p_0..p_5 of the six score tokens: from
 local backend, from `top_logprobs` with an OpenAI-compatible server (a server that returns none is
 an error, with the fix). Then, per answer:
 
-- `judge_entropy`: 1 - H(p) / log2 6, H(p) = -sum_k p_k log2 p_k  (seed 002, Eq. for R_judge);
+- `judge_entropy`: 1 - H(p) / log2 6, H(p) = -sum_k p_k log2 p_k  (Concept Overlap, Eq. for R_judge);
 - `judge_entropy_expected`: E[mark] / 5 = sum_k k p_k / 5.
 
 Read what the first one measures: the judge's certainty, not the answer's quality. A judge sure that
-an answer deserves 0 gives it reward 1. Seed 002 uses it inside a composite with concept overlap and
+an answer deserves 0 gives it reward 1. Concept Overlap uses it inside a composite with concept overlap and
 a consistency term (SEED002_SPEC below); the expected-score variant is the one that rewards quality,
 with the judge's uncertainty softening the mark instead of being rewarded for its own sake.
 
@@ -34,7 +34,7 @@ from rewards.options import RewardConfig
 from rewards.registry import register
 
 SEED002_SPEC = "judge_entropy:0.6,concepts:0.3,consistency:0.1"
-"""Seed 002's composite reward: 0.6 entropy-normalised judge, 0.3 concept overlap, 0.1 consistency."""
+"""Concept Overlap's composite reward: 0.6 entropy-normalised judge, 0.3 concept overlap, 0.1 consistency."""
 
 MARKS = 6  # the score tokens 0..5
 
@@ -113,7 +113,7 @@ def _distribution(t: TokenLogprob, d: int) -> list[float] | None:
 
 
 def entropy_score(p: list[float]) -> float:
-    """Seed 002: 1 - H(p) / log2 6 (1 = a certain judge, 0 = a uniform one)."""
+    """Concept Overlap: 1 - H(p) / log2 6 (1 = a certain judge, 0 = a uniform one)."""
     h = -sum(x * math.log2(x) for x in p if x > 0)
     return 1.0 - h / math.log2(MARKS)
 

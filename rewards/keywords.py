@@ -1,4 +1,4 @@
-"""The content reward of RLVRR (seed 003): do the key points' keywords appear, in the reference's order?
+"""The content reward of RLVRR: do the key points' keywords appear, in the reference's order?
 
 Each row carries `key_points`: a list of key points, each a list of short keywords taken from the
 reference (RLVRR has an LLM extract them offline; nanogrpo reads them from the data). For a key point

@@ -1,7 +1,7 @@
-"""Checks against one right answer: exact, contains, label, json (guide 001; answer tag from seed 000).
+"""Checks against one right answer: exact, contains, label, json (guide 001; answer tag from Shaping Explanations).
 
 All four read the answer part of the completion: the content of the last `<answer>` block (any tag
-by --reward.answer-tag, e.g. 'risposta' for seed 000's <risposta>), or the last match of
+by --reward.answer-tag, e.g. 'risposta' for Shaping Explanations' <risposta>), or the last match of
 --reward.answer-regex. When the completion has no such part they read the whole completion without its
 think block, unless --reward.answer-strict, which scores 0 instead (combine with `format` to reward the
 tag itself). Scores are all-or-nothing: the cleanest signal GRPO can get when one answer is right.

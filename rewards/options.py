@@ -112,9 +112,9 @@ class RewardConfig:
     semantic_batch_size: int = 64
     """semantic: texts per forward pass of the embedding model."""
     semantic_baseline: bool = False
-    """semantic: score c * (cos(gen, ref) - cos(gen, mean reference embedding)) (seed 000), clipped unless --reward.no-semantic-clip."""
+    """semantic: score c * (cos(gen, ref) - cos(gen, mean reference embedding)) (Shaping Explanations), clipped unless --reward.no-semantic-clip."""
     semantic_clip: bool = True
-    """semantic: clip the score to [0, 1], as every built-in grader's; off (--reward.no-semantic-clip) = seed 000's unclipped c * (cos - cos_mean) in [-2c, 2c] (without the baseline: the cosine in [-1, 1])."""
+    """semantic: clip the score to [0, 1], as every built-in grader's; off (--reward.no-semantic-clip) = Shaping Explanations' unclipped c * (cos - cos_mean) in [-2c, 2c] (without the baseline: the cosine in [-1, 1])."""
     semantic_scale: float = 4.0
     """semantic: c, the scale of the baseline-adjusted score."""
     semantic_baseline_samples: int = 256

@@ -1,4 +1,4 @@
-"""Linear probes on a frozen LM's last-token hidden state: small, cheap rubric judges (seed 004).
+"""Linear probes on a frozen LM's last-token hidden state: small, cheap rubric judges (Small-LM Judges).
 
 A probe reads one (question, response, criterion) triple, rendered exactly as the rubric judge's
 Yes/No prompt (rewards.rubric.criterion_messages, through the LM's chat template), takes the hidden
@@ -13,7 +13,7 @@ labels.jsonl rows: {"prompt", "response", "criterion", "label": 0|1} (or {"text"
 text), optional "split" ("train" / "dev"; otherwise a seeded split by question) and "group" (rows
 compared by pairwise accuracy; default: same prompt and criterion).
 
-As in seed 004, the layer and the decision threshold are chosen on the dev split (layer: lowest dev
+As in Small-LM Judges, the layer and the decision threshold are chosen on the dev split (layer: lowest dev
 log-loss; threshold: highest dev macro-F1); `fit_probe` does this on hidden states already extracted.
 `pool='mean'` averages the hidden states over the text instead of taking the last token (the paper's
 weaker variant; `python -m nanogrpo.probe compare` sets such variants side by side). Departures:
@@ -129,7 +129,7 @@ class FrozenLM:
     ) -> torch.Tensor:
         """(L+1, N, H) float32: embeddings and every layer's output; (N, H) for one `layer`.
 
-        pool 'last' takes the last non-padding token (seed 004's probe); 'mean' averages the hidden
+        pool 'last' takes the last non-padding token (Small-LM Judges's probe); 'mean' averages the hidden
         states over the non-padding tokens (the paper's weaker variant, kept for comparing)."""
         import torch
 

@@ -1,4 +1,4 @@
-"""random: a reward that carries no signal, the control run of a reward study (seed 003's random-reward
+"""random: a reward that carries no signal, the control run of a reward study (RLVRR's random-reward
 baseline). If training on it "improves" a metric, that gain is not the reward's doing.
 
 Each completion scores a uniform number in [0, 1) drawn from a hash of (--reward.random-seed, its prompt,

@@ -6,7 +6,7 @@ rewards/spec.py) into a `RewardFunction`.
 
 The composite reward is the weighted sum of the components that apply to a row. A component that is
 None for a row (the grader does not apply) drops out and the remaining weights are scaled up so they
-keep their total: with weights that sum to 1 the reward stays a weighted mean in [0, 1], and seed 000's
+keep their total: with weights that sum to 1 the reward stays a weighted mean in [0, 1], and Shaping Explanations'
 unweighted sum 'a:1,b:1' stays a sum in [0, 2]. A weight of 0 computes and logs a grader without
 letting it into the reward. All components None -> the reward is None (the trainer skips the row).
 `mix(...)` builds a named composite grader (e.g. 'judge+numbers') with the same rule, as a weighted mean.

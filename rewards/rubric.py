@@ -1,4 +1,4 @@
-"""Rubric judges (seed 004): a verdict per criterion of the row's rubric, weighted into one score.
+"""Rubric judges (Small-LM Judges): a verdict per criterion of the row's rubric, weighted into one score.
 
 A row carries `"rubric": [{"criterion": "Names the drug class", "weight": 2}, ...]`. Each (answer,
 criterion) pair gets a verdict v in [0, 1] from one of three readouts (--reward.rubric.readout):

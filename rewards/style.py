@@ -1,4 +1,4 @@
-"""The style reward of RLVRR (seed 003): weighted checks derived from the reference.
+"""The style reward of RLVRR: weighted checks derived from the reference.
 
 RLVRR has an LLM write a few Python checks per reference (length, markdown) with importance weights.
 nanogrpo ships the checks that recur, derived from each row's reference at scoring time, and lets

@@ -1,4 +1,4 @@
-"""The concepts grader's scispaCy backend (seed 002) against a stand-in for scispaCy and its UMLS linker.
+"""The concepts grader's scispaCy backend (Concept Overlap) against a stand-in for scispaCy and its UMLS linker.
 
 The real backend needs scispacy, a scispaCy model and the linker's ~1 GB knowledge base, none of which
 the tests install (docs/GRADERS.md). The stand-in mimics what the adapter calls: `spacy.load(name)`,

@@ -1,6 +1,6 @@
-"""The seeds' evaluation extras: Self-BLEU and best@k (seed 003), Elo over judges and runs with verdicts
-held to A/B/tie and accuracy against Elo (seed 000), the warning when a run is judged by its own training
-grader (seed 001), and rubric verdicts on the run page (seed 004)."""
+"""The seeds' evaluation extras: Self-BLEU and best@k (RLVRR), Elo over judges and runs with verdicts
+held to A/B/tie and accuracy against Elo (Shaping Explanations), the warning when a run is judged by its own training
+grader (the graders guide), and rubric verdicts on the run page (Small-LM Judges)."""
 
 import json
 import math

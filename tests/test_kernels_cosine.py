@@ -1,4 +1,4 @@
-"""kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (seed 000), zero vectors included.
+"""kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (Shaping Explanations), zero vectors included.
 
 Without CUDA, importing `kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
 """

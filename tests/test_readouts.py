@@ -1,4 +1,4 @@
-"""Seed 004's readout comparison (python -m nanogrpo.probe compare): metrics by hand, the paired bootstrap,
+"""Small-LM Judges's readout comparison (python -m nanogrpo.probe compare): metrics by hand, the paired bootstrap,
 the splits, and the command end to end on the tiny model with labels the probe can read."""
 
 from __future__ import annotations

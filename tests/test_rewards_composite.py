@@ -64,7 +64,7 @@ def test_every_grader_is_registered():
 @pytest.mark.parametrize(
     "scores, weights, want",
     [
-        ([0.5, 1.0], [1, 1], 1.5),  # seed 000: an unweighted sum
+        ([0.5, 1.0], [1, 1], 1.5),  # Shaping Explanations: an unweighted sum
         ([0.5, None], [1, 1], 1.0),  # b drops out; a's weight scales up to the total 2
         ([0.2, 0.8, 1.0], [0.6, 0.3, 0.1], 0.12 + 0.24 + 0.1),
         ([None, 0.8, 1.0], [0.6, 0.3, 0.1], (0.24 + 0.1) / 0.4),  # weighted mean of the rest

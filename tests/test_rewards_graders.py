@@ -144,7 +144,13 @@ def test_numbers_tolerances_are_flags():
         ("exact", "<answer>1000.0</answer>", {"answer": "1,000"}, {}, 1.0),
         ("exact", "<answer>-5</answer>", {"answer": "5"}, {}, 0.0),  # the sign survives punctuation removal
         ("exact", "<answer>1,000</answer>", {"answer": "1000"}, {"normalize": ("case",)}, 0.0),
-        ("exact", "<risposta>B</risposta>", {"answer": "B"}, {"answer_tag": "risposta"}, 1.0),  # seed 000
+        (
+            "exact",
+            "<risposta>B</risposta>",
+            {"answer": "B"},
+            {"answer_tag": "risposta"},
+            1.0,
+        ),  # Shaping Explanations
         ("exact", "<answer>A</answer> then <answer>B</answer>", {"answer": "B"}, {}, 1.0),  # the last one
         ("exact", "B", {"answer": "B"}, {}, 1.0),  # no tag: the whole completion
         ("exact", "B", {"answer": "B"}, {"answer_strict": True}, 0.0),
@@ -197,7 +203,11 @@ def test_normalize_and_tags():
         ("<think>x</think><answer>B", ("think", "answer"), 0.0),  # unclosed
         ("<think>x</think><answer>B</answer><answer>C</answer>", ("think", "answer"), 0.0),  # twice
         ("x</think><answer>B</answer>", ("think", "answer"), 1.0),  # think opened by the chat template
-        ("<spiegazione>e</spiegazione><risposta>B</risposta>", ("spiegazione", "risposta"), 1.0),  # seed 000
+        (
+            "<spiegazione>e</spiegazione><risposta>B</risposta>",
+            ("spiegazione", "risposta"),
+            1.0,
+        ),  # Shaping Explanations
         ("<THINK>x</THINK><Answer>B</Answer>", ("think", "answer"), 1.0),
         ("", ("think", "answer"), 0.0),
     ],
@@ -239,7 +249,7 @@ def test_consistency(completion, n, want):
     assert grade("consistency", completion, consistency_n=n) == pytest.approx(want)
 
 
-# ----------------------------------------------------------------------------- concepts (seed 002)
+# ----------------------------------------------------------------------------- concepts (Concept Overlap)
 
 HEPARIN = {"reference": "Start heparin immediately."}
 

@@ -152,7 +152,7 @@ def test_any_local_folder_by_flag(tmp_path, grader):
     assert other(batch) == pytest.approx(grader(batch), abs=1e-6)
 
 
-# ----------------------------------------------------------------------------- clipped or as in seed 000
+# ----------------------------------------------------------------------------- clipped or as in Shaping Explanations
 
 # Hand-made 2-D embeddings: the references r = (1, 0) and s = (0, 1), so the mean reference points along
 # (1, 1) / sqrt(2), and cos(g, mean) = (g_x + g_y) / sqrt(2) for a unit g.
@@ -192,7 +192,7 @@ def test_clip_on_and_off_on_hand_computed_embeddings(tmp_path, monkeypatch, base
     assert clipped == pytest.approx([min(1.0, max(0.0, want[n])) for n in names], abs=1e-6)
     assert comps["semantic"] == clipped
 
-    # --reward.no-semantic-clip: seed 000's numbers as they are, through the composite reward unchanged
+    # --reward.no-semantic-clip: Shaping Explanations' numbers as they are, through the composite reward unchanged
     fn = hand_reward(tmp_path, monkeypatch, semantic_baseline=baseline, semantic_clip=False)
     raw, comps = fn(batch)
     assert raw == pytest.approx([want[n] for n in names], abs=1e-6)

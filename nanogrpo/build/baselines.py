@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build baseline`: keywords without an LLM, for seed 003's ablations.
+"""`python -m nanogrpo.build baseline`: keywords without an LLM, for RLVRR's ablations.
 
 RLVRR compares its LLM keywords with keywords picked by TF-IDF or at random, at 15% (and 30%) of the
 reference. Here a row's keywords are distinct single words of its reference (the first of `reference`,

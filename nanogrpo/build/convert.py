@@ -7,7 +7,7 @@ mcq: each row holds a question, its options (a list, lettered A, B, C, ...; an o
 bigbio's list of {"key", "value"}) and the answer (its letter or key, its text, or a list's 0-based index;
 MedQA rows carry both the letter, `answer_idx`, and the text, `answer`, which must agree). The output row
 asks the question openly: `prompt` is the question (--list-options adds the lettered options), and
-`reference` and `answer` are the gold option's text, what seed 002 scores ("ceftriaxone", not "B"). The
+`reference` and `answer` are the gold option's text, what Concept Overlap scores ("ceftriaxone", not "B"). The
 `options` are kept, so the same file trains --algo dpo (the gold option chosen, a wrong one rejected;
 nanogrpo/stages/dpo.py), and every other field of the row is carried over. Each row is checked as DPO will
 read it, so a file that converts also trains.

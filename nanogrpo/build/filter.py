@@ -1,6 +1,6 @@
 """`python -m nanogrpo.build filter`: drop rows whose own reference scores below a threshold.
 
-Seed 003 filters its training data by grading each reference with the reward built from it: "data
+RLVRR filters its training data by grading each reference with the reward built from it: "data
 filtered out when both the content and style rewards of the reference itself fall below 0.7". Here the
 graders are those of --reward.spec (built with rewards.build_reward, with every --reward.* option of
 train.py), each scores the row's reference as if it were a completion, and each score is compared
@@ -36,9 +36,9 @@ class FilterArgs:
     reward: RewardConfig = field(default_factory=lambda: RewardConfig(spec="keywords:1,style:1"))
     """The graders (--reward.spec, default 'keywords:1,style:1') and their options, as train.py takes them."""
     threshold: float = 0.7
-    """A grader's score of the reference below this counts as failing (seed 003: 0.7)."""
+    """A grader's score of the reference below this counts as failing (RLVRR: 0.7)."""
     drop_if: Literal["all-below", "any-below"] = "all-below"
-    """Drop a row when every grader fails (seed 003's 'both ... fall below 0.7') or when any one does."""
+    """Drop a row when every grader fails (RLVRR's 'both ... fall below 0.7') or when any one does."""
     batch_size: int = 64
     """References scored per grader call."""
     limit: int = 0

@@ -1,10 +1,10 @@
 """`python -m nanogrpo.build keypoints`: key points and their keywords, drafted by an LLM from the references.
 
 RLVRR's content reward (rewards/keywords.py) reads `key_points`: per key point, short keywords taken
-from the reference. Two-level extraction (the default, as in seed 003) asks twice per row: first for
+from the reference. Two-level extraction (the default, as in RLVRR) asks twice per row: first for
 the key points an answer must cover, then for 1-3 word keywords per key point, copied from the
 reference, about --share of its words in all (RLVRR: 15%). `--one-level` asks once for keywords
-directly (seed 003's ablation without key points): the row then has one key point, the whole chain.
+directly (RLVRR's ablation without key points): the row then has one key point, the whole chain.
 
 Every keyword is checked against the references the way the grader will match it (case-folded word
 sequences, rewards.text.words): it must occur word for word in a reference, have 1 to --max-words

@@ -1,6 +1,6 @@
 """`python -m nanogrpo.build rubric` and `label`: rubric criteria from the reference, and judge labels for a probe.
 
-rubric: seed 004 rewrites each question's rubric into six criteria, two hard (constraints the request
+rubric: Small-LM Judges rewrites each question's rubric into six criteria, two hard (constraints the request
 states: a format, a length, something to include or avoid) and four soft (what makes an answer good).
 The LLM writes them from the prompt and the reference, with a weight each (1-5). A draft is checked:
 exactly --hard hard and --soft soft criteria, each a distinct non-empty statement, weights positive,
@@ -12,7 +12,7 @@ label: for each response of a row (`response`, `completion` as eval.py generate 
 `responses`), a judge marks every criterion of the row's rubric met or not, in one request per
 response. Output: one line per (response, criterion), {"prompt", "response", "criterion", "label",
 "id"} with id 'input line:response:criterion' (unique also for eval.py generate's several samples of
-a prompt, one a line): the input of `python -m rewards.probe train` (seed 004 labels with a large judge once,
+a prompt, one a line): the input of `python -m rewards.probe train` (Small-LM Judges labels with a large judge once,
 then trains a small probe on the labels). Criteria the judge leaves unmarked after the repair are
 reported and left out; the response's other labels are kept (each label stands on its own).
 """
@@ -100,9 +100,9 @@ class RubricArgs(DraftArgs):
     """Draft `rubric` (criteria with weights, hard and soft) for each row from its prompt and reference."""
 
     hard: int = 2
-    """Hard criteria per row (seed 004: 2)."""
+    """Hard criteria per row (Small-LM Judges: 2)."""
     soft: int = 4
-    """Soft criteria per row (seed 004: 4)."""
+    """Soft criteria per row (Small-LM Judges: 4)."""
     max_weight: float = 5.0
     """Largest weight a criterion may have."""
     max_ref_chars: int = 6000

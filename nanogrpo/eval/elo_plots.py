@@ -1,4 +1,4 @@
-"""The Elo report's plots (seed 000): `plot_elo`, each variant's mean Elo with min-max bars, and
+"""The Elo report's plots (Shaping Explanations): `plot_elo`, each variant's mean Elo with min-max bars, and
 `plot_accuracy_vs_elo`, its Fig. 3 (accuracy against Elo). The report itself: pairwise.py.
 """
 
@@ -12,7 +12,7 @@ from nanogrpo.infra.plots import pyplot, save_png
 
 
 def _bars(report: dict) -> tuple[list[str], list[float], list[float], list[float], str]:
-    """Per variant, by mean Elo: (names, mid, low, high, what the bars are). Seed 000's bars: the min and
+    """Per variant, by mean Elo: (names, mid, low, high, what the bars are). Shaping Explanations' bars: the min and
     max over judges and runs; with one judge and one run each, that judge's 95% bootstrap CI."""
     variants = report.get("variants") or {n: {"runs": [n], **report["spread"][n]} for n in report["systems"]}
     names = sorted(variants, key=lambda n: variants[n]["mean"])
@@ -58,7 +58,7 @@ def plot_elo(report: dict, path: str | Path) -> Path:
 
 
 def plot_accuracy_vs_elo(acc: dict, path: str | Path, baseline: str = "") -> Path:
-    """Seed 000's Fig. 3 as a scatter: accuracy (x) against Elo (y) per variant, min-max bars over runs
+    """Shaping Explanations' Fig. 3 as a scatter: accuracy (x) against Elo (y) per variant, min-max bars over runs
     (accuracy) and over judges and runs (Elo); a dashed line at the `baseline` variant's accuracy."""
     plt = pyplot()
     vs = acc["variants"]

@@ -6,9 +6,9 @@ eval.py is the command line over these functions; train.py calls `base_vs_traine
 nanogrpo/eval/generation.py; which run wrote a file, and the same-judge warning, from
 nanogrpo/eval/provenance.py. Pairwise judging and Elo live in nanogrpo/eval/pairwise.py.
 
-Scores per row (seed 002): EM, token F1 and SeqM against the row's reference(s), plus any graders of
+Scores per row (Concept Overlap): EM, token F1 and SeqM against the row's reference(s), plus any graders of
 rewards/ by name (ROUGE-L by default). A metric that does not apply to a row (no reference, a grader's
-None) is None and drops out of that metric's mean and of the paired comparison, never a 0. Seed 002
+None) is None and drops out of that metric's mean and of the paired comparison, never a 0. Concept Overlap
 evaluates greedily; so does `generate_completions` by default.
 """
 

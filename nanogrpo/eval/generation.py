@@ -2,7 +2,7 @@
 
 `eval.py generate` loads with `load_model` and writes what `generate_completions` returns; train.py's
 end-of-run evaluation and --eval-every generate through it too (nanogrpo/eval/evaluate.py
-`answer_and_score`). Generation is greedy by default, as seed 002 evaluates.
+`answer_and_score`). Generation is greedy by default, as Concept Overlap evaluates.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pairwise judging of two or more systems' answers, and Elo ratings from the preferences (seed 000).
+"""Pairwise judging of two or more systems' answers, and Elo ratings from the preferences (Shaping Explanations).
 
 A judge is any callable `prefer(prompt, reference, answer_a, answer_b) -> 'A' | 'B' | 'tie'`. It sees no
 system names (the answers are anonymous), and every pair is asked in both orders, so a judge that
@@ -6,7 +6,7 @@ favours the first position gives each system the same number of first positions 
 Each answer of a pair is one game; ratings are a Bradley-Terry fit on the Elo scale (nanogrpo.eval.stats)
 with item-bootstrap intervals, per judge and pooled over judges.
 
-Seed 000 reports each variant's mean Elo over three judges and three runs, with min-max bars;
+Shaping Explanations reports each variant's mean Elo over three judges and three runs, with min-max bars;
 elo_plots.py draws that. A system named 'VARIANT#RUN' is one run of VARIANT (eval.py elo --names grpo
 grpo base names them grpo#1, grpo#2, base): runs of one variant are not judged against each other, and
 the variant's rating is the mean of its runs' ratings over every judge, its bars the min and max of
@@ -281,7 +281,7 @@ def elo_report(
     """Elo per judge and pooled, with 95% item-bootstrap intervals and win/tie/loss counts.
 
     Also "spread": per system the mean, min and max of the per-judge ratings; "variants": per variant
-    (see `variant_of`) the mean, min and max over its runs' per-judge ratings (seed 000's bars); and
+    (see `variant_of`) the mean, min and max over its runs' per-judge ratings (Shaping Explanations' bars); and
     "invalid_verdicts": per judge, how many verdicts were not A/B/tie and what they were.
     """
     unknown = sorted({n for r in records for n in (r["first"], r["second"])} - set(names), key=str)

@@ -115,7 +115,7 @@ def same_judge_warning(
     """One warning line when FILE's run was trained with one of these graders or judge models, else None.
 
     A policy trained against a grader learns that grader's blind spots; grading it with the same grader
-    counts them as gains a second time (seed 001's common mistake), so the gain is inflated.
+    counts them as gains a second time (the graders guide's common mistake), so the gain is inflated.
     """
     run = run_of(path)
     if run is None:

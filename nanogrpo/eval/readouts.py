@@ -1,4 +1,4 @@
-"""Seed 004's comparison of three readouts of one frozen LM as a rubric judge, side by side on labels.
+"""Small-LM Judges's comparison of three readouts of one frozen LM as a rubric judge, side by side on labels.
 
     python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
     python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --folds 5 --rubrics rubrics.jsonl \
@@ -16,7 +16,7 @@ judge's Yes/No question (rewards.rubric.criterion_messages):
   (rewards.rubric's 'logprob' readout); `logprob-tuned` is the same margin with the threshold that has
   the best macro-F1 on the rows not held out (train and dev: the threshold is its only parameter).
 - probe: a linear probe (rewards.probe.fit_probe) fitted on the train rows' hidden states, layer and
-  threshold chosen on the dev rows, as seed 004; --probe-* set the paper's variants.
+  threshold chosen on the dev rows, as Small-LM Judges; --probe-* set the paper's variants.
 
 Splits go by question (prompt), so no question is in two of them: the rows' own 'split' fields when
 every row has one, else a seeded split (--test-frac, --dev-frac of the questions). With --folds K

@@ -1,4 +1,4 @@
-"""The run page's rubric section (seed 004): for a run graded by the rubric grader, each criterion's pass
+"""The run page's rubric section (Small-LM Judges): for a run graded by the rubric grader, each criterion's pass
 rate over the logged steps (drawn to rubric_met.png and rubric_criteria.png) and the latest verdicts.
 """
 

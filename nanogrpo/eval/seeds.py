@@ -3,7 +3,7 @@
     python eval.py seeds --out runs/grpo3 -- tiny --steps 4 --eval-prompts 8   # train.py once per seed
     python eval.py seeds-table runs/grpo3 --baseline runs/sft3                  # the table again, vs SFT
 
-A run set is a folder of run folders, one per seed: OUT/seed42, OUT/seed123, OUT/seed456 (seed 002's seeds).
+A run set is a folder of run folders, one per seed: OUT/seed42, OUT/seed123, OUT/seed456 (Concept Overlap's seeds).
 `seeds` runs train.py in a subprocess for each seed that has not finished (a finished run has summary.json;
 one that stopped part-way is resumed with --resume), then prints the table. Every run must end with the
 held-out eval (--eval-prompts N and LoRA): its eval_base.jsonl / eval_trained.jsonl hold one score per
@@ -14,7 +14,7 @@ deviation over seeds (n - 1 in the denominator), for the base model (LoRA off), 
 their difference. Against a baseline set, the trained models are compared on pairs matched by seed and
 prompt id, pooled over the seeds both sets ran: the paired bootstrap 95% CI of the mean difference and,
 for a metric whose every score is 0 or 1 (EM), McNemar's exact test (both from nanogrpo/eval/stats.py).
-Pooling treats each (seed, prompt) pair as one item, as seed 002 reports it.
+Pooling treats each (seed, prompt) pair as one item, as Concept Overlap reports it.
 """
 
 from __future__ import annotations

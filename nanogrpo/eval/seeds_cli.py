@@ -27,7 +27,7 @@ class SeedsArgs:
     """train.py's preset and flags, after `--` (e.g. `-- tiny --steps 4 --eval-prompts 8`); the runs need
     --eval-prompts N and LoRA. Not --seed, --out-dir or --resume: the seeds command sets those."""
     seeds: tuple[int, ...] = DEFAULT_SEEDS
-    """Seeds, one run each (seed 002's by default)."""
+    """Seeds, one run each (Concept Overlap's by default)."""
     baseline: str = ""
     """Another run set (e.g. SFT over the same seeds) to compare the trained models with."""
     resamples: int = 10_000

@@ -2,18 +2,18 @@
 
 Everything here is plain Python + numpy, deterministic given a seed, and tested against scipy.
 
-- Answer metrics as in seed 002: exact match (EM) and token F1 after SQuAD normalisation (lower case,
+- Answer metrics as in Concept Overlap: exact match (EM) and token F1 after SQuAD normalisation (lower case,
   drop punctuation, drop the articles a/an/the, collapse whitespace), and SeqM, difflib's
   SequenceMatcher ratio on the raw strings. With several references the best one counts.
-- Paired bootstrap (seed 002: 10,000 resamples): resample items with replacement, the same indices for
+- Paired bootstrap (Concept Overlap: 10,000 resamples): resample items with replacement, the same indices for
   both systems, and take the percentile interval of the mean difference.
 - McNemar's exact test: a two-sided binomial test on the discordant pairs, computed with exact integers.
-- Elo (seed 000): seed 000 reports "Elo" from pairwise judge preferences without saying how; we fit the
+- Elo (Shaping Explanations): Shaping Explanations reports "Elo" from pairwise judge preferences without saying how; we fit the
   Bradley-Terry model by maximum likelihood (Hunter's MM iteration, ties counted as half a win) and put
   it on the Elo scale, 1500 + 400 log10(strength / geometric mean strength). Unlike sequential Elo
   updates this does not depend on the order of the games. A pseudo-count of ties between every pair
   (default one game) keeps ratings finite when a system wins or loses every comparison.
-- Self-BLEU (seed 003's diversity measure): BLEU-4 of each of a prompt's k samples against the other k - 1
+- Self-BLEU (RLVRR's diversity measure): BLEU-4 of each of a prompt's k samples against the other k - 1
   as references, averaged; our own few lines (nltk is not a dependency), smoothed as nltk's method2 and
   tested against it.
 """
@@ -249,7 +249,7 @@ def elo_from_games(
     return {"elo": elo, "low": lo, "high": hi}
 
 
-# ----------------------------------------------------------------------------- Self-BLEU (seed 003)
+# ----------------------------------------------------------------------------- Self-BLEU (RLVRR)
 
 BLEU_ORDER = 4
 """BLEU-4: n-gram precisions for n = 1..4 with uniform weights, as in most Self-BLEU reports."""

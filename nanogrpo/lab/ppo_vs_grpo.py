@@ -3,7 +3,7 @@
     python -m nanogrpo.lab.ppo_vs_grpo                    # the grid below, ~25 min on 2 CPU cores
     python -m nanogrpo.lab.ppo_vs_grpo --steps 10 --lrs 1e-4 --kls 0.05 --seeds 0    # one cell of each
 
-Seed 002 (section 3.5) reports PPO's loss above 28.9 by step 31 in all four configurations it tried, and
+Concept Overlap (section 3.5) reports PPO's loss above 28.9 by step 31 in all four configurations it tried, and
 blames the value network, which must split one sequence-level score into per-token advantages with no
 per-step signal; GRPO's group baseline needs no critic. Here both train SmolLM2-135M-Instruct with LoRA
 on the built-in demo task (one-word answers), scored by the `contains` grader: 1 when the reference answer
@@ -33,7 +33,7 @@ from nanogrpo.infra.metrics import read_jsonl
 from nanogrpo.lab.ablate_lm import train_logged
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
-SEED_002_LOSS = 28.9  # seed 002's PPO loss "exceeded 28.9 by step 31"
+SEED_002_LOSS = 28.9  # Concept Overlap's PPO loss "exceeded 28.9 by step 31"
 # Every cell: the demo preset (SmolLM2-135M-Instruct, LoRA r 16) with a binary reward, short answers, no
 # entropy bonus and the symmetric clip, so the two algorithms differ only in their baselines (and PPO's
 # value loss, epochs and per-token KL reward). log-samples 0: the samples are not what is compared.
@@ -48,7 +48,7 @@ class Cell:
 
     algo: str  # 'ppo' or 'grpo'
     lr: float
-    kl: float  # PPO: --ppo.kl-coef; GRPO: --grpo.beta of an in-loss k3 KL (seed 002's GRPO had 0.05)
+    kl: float  # PPO: --ppo.kl-coef; GRPO: --grpo.beta of an in-loss k3 KL (Concept Overlap's GRPO had 0.05)
     seed: int
 
     @property
@@ -144,7 +144,7 @@ def summarise(results: list[dict], tail: int = 5) -> list[dict]:
     """One row per configuration (seeds pooled): the loss at the end (mean of the last `tail` steps, then
     over seeds), its peak (the largest |loss| of any seed, signed), the value loss's peak, the reward over
     the first and the last `tail` steps, the explained variance and KL at the end, and the runs whose
-    |loss| ever exceeded seed 002's 28.9."""
+    |loss| ever exceeded Concept Overlap's 28.9."""
     by: dict[str, list[dict]] = {}
     for r in results:
         by.setdefault(Cell(**r["cell"]).config, []).append(r)

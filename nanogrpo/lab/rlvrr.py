@@ -118,7 +118,7 @@ class TableArgs:
     model: str = "tiny"
     """'tiny', 'smollm2', or a model folder (trained with smollm2's sizes)."""
     seeds: int = 3
-    """How many seeds each arm trains with: 42, 123, 456 (seed 002's), then 1000, 1001, ..."""
+    """How many seeds each arm trains with: 42, 123, 456 (Concept Overlap's), then 1000, 1001, ..."""
     arms: tuple[str, ...] = DEFAULT_ARMS
     """Arms to train: chains, tfidf15, tfidf30, random15, random30, no-content (chains is always one)."""
     steps: int = 0
@@ -134,7 +134,7 @@ class TableArgs:
 
 
 def seed_list(n: int) -> tuple[int, ...]:
-    """The first n seeds: seed 002's 42, 123, 456, then 1000, 1001, ..."""
+    """The first n seeds: Concept Overlap's 42, 123, 456, then 1000, 1001, ..."""
     if n < 1:
         raise ValueError(f"--seeds {n}: give how many seeds each arm trains with, 1 or more (2 for a std)")
     return (*seedruns.DEFAULT_SEEDS, *range(1000, 1000 + n))[:n]

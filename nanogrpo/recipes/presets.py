@@ -68,10 +68,10 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "semantic": (
-        "seed 000: Italian quiz explanations, baseline-adjusted semantic cosine + exact + format + think "
+        "Shaping Explanations: Italian quiz explanations, baseline-adjusted semantic cosine + exact + format + think "
         "(summed), K=6, T=0.7, LoRA 32/64, KL 0.05 in the loss",
         TrainConfig(
-            steps=1000,  # seed 000 §3.4: "1,000 gradient steps of GRPO"
+            steps=1000,  # Shaping Explanations §3.4: "1,000 gradient steps of GRPO"
             prompts_per_step=4,  # not in the paper: nanogrpo's default
             eval_prompts=100,  # not in the paper (it reports Elo from pairwise judges: eval.py elo)
             out_dir="runs/semantic",
@@ -99,7 +99,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "judge-numbers": (
-        "seed 001 (graders guide): calculations graded 50% by the group judge, 50% by the numbers grader "
+        "the graders guide (graders guide): calculations graded 50% by the group judge, 50% by the numbers grader "
         "(1% full, 5% half credit); a local judge by default",
         TrainConfig(
             steps=200,  # the guide is a product guide: it sets no training hyperparameters; nanogrpo's below
@@ -125,7 +125,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "clinical": (
-        "seed 002: clinical QA, 0.6 entropy-normalised judge + 0.3 concept F1 + 0.1 consistency, G=4, T=0.7, "
+        "Concept Overlap: clinical QA, 0.6 entropy-normalised judge + 0.3 concept F1 + 0.1 consistency, G=4, T=0.7, "
         "LoRA 8/32, KL 0.05 in the loss, lr 1e-5; a local judge and the demo vocabulary by default",
         TrainConfig(
             steps=2000,  # §3.1 Training: "2,000 steps"
@@ -154,7 +154,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "rlvrr": (
-        "seed 003 (RLVRR): open-ended rows graded by keyword chains + style checks (averaged), math rows by the "
+        "RLVRR: open-ended rows graded by keyword chains + style checks (averaged), math rows by the "
         "exact answer, 8 rollouts, 1 epoch, lr 5e-7, 1024-token prompts and generations; a full fine-tune",
         TrainConfig(
             epochs=1.0,  # "GRPO uses 1 epoch"; the steps follow from the data (--epochs 0 --steps N instead)
@@ -187,7 +187,7 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
     "rubric": (
-        "seed 004: rubric criteria (weights, pitfalls) judged by a linear probe on a frozen small LM; train the "
+        "Small-LM Judges: rubric criteria (weights, pitfalls) judged by a linear probe on a frozen small LM; train the "
         "probe first (docs/RECIPES.md)",
         TrainConfig(
             steps=200,  # the paper's GRPO schedule is not in it: nanogrpo's settings below

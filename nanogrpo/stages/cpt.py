@@ -36,7 +36,7 @@ index within the document), besides the token ids `_ctx` (context) and `_ids` (t
 passes over the windows and --prompts-per-step is the number of windows per step. The update is SFT's
 (sft.sft_update): the NLL per trained token of the step, on all ranks; `ppl` is its exponential.
 
-Departures from seed 000, which continued pre-training on a ~4M-token corpus of textbooks: windows of up to
+Departures from Shaping Explanations, which continued pre-training on a ~4M-token corpus of textbooks: windows of up to
 4,096 tokens with overlap (here --data.seq-len defaults to 512 and --data.overlap to 0); each chunk carried
 metadata of its source title and position (here `source` and `chunk` are kept on the row, for inspection,
 but are not put into the text the model reads); 5 epochs (here --epochs, or --steps); full-precision

@@ -24,7 +24,7 @@ The reference is the model with LoRA off (with --lora.init-from, the SFT model) 
 the frozen copy of the starting weights that load_policy keeps; its log-probs run on the same path as the
 policy's (kernels, autocast, batch), so the step-0 loss is log 2 exactly, not up to rounding.
 
-Where this departs from the paper and from seed 002:
+Where this departs from the paper and from Concept Overlap:
 - the paper starts from (and refers to) an SFT model on the preferred answers; here the reference is
   whatever the run starts from: pass --lora.init-from with an SFT adapter for the paper's pipeline;
 - both answers of a pair share one prompt forward (logprobs.make_batch groups them), and the loss is

@@ -12,7 +12,7 @@ One step, on this rank's prompts:
   5. --ppo.epochs passes over the batch, each one optimizer step (micro-batched by --micro-batch): the
      clipped surrogate of grpo.grpo_loss + vf_coef * the clipped value loss
 
-Where this departs from InstructGPT and from the PPO of seed 002 (section 3.5):
+Where this departs from InstructGPT and from the PPO of Concept Overlap (section 3.5):
 - The critic is a linear value head on the policy's own final hidden states, sharing the trunk and its
   LoRA adapters, not a separate value network initialised from a reward model. One forward gives the
   log-probs and the values; the value loss's gradient also reaches the adapters (vf_coef weighs it). The

@@ -151,7 +151,7 @@ def test_tiny_run_from_a_parquet_file(tmp_path):
     rows = [{k: r[k] for k in ("id", "reference", "answer")} | {"prompt": r["prompt"][-1]["content"]}
             for r in demo_rows()[:8]]  # fmt: skip
     path = write_parquet(tmp_path / "train.parquet", rows)
-    cfg = replace(PRESETS["tiny"][1], out_dir=str(tmp_path / "run"), steps=1)
+    cfg = replace(PRESETS["tiny"][1], out_dir=str(tmp_path / "run"), steps=1, plots=False)
     main(replace(cfg, data=replace(cfg.data, train=str(path))))
     ms = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in ms] == [1] and 0 <= ms[0]["reward"] <= 1
@@ -167,7 +167,7 @@ def test_train_maps_the_columns_of_a_csv(tmp_path):
         f'"{r["prompt"][-1]["content"]}",{r["reference"]}' for r in demo_rows()[:4]
     ]
     path.write_text("\n".join(lines) + "\n")
-    args = ["tiny", "--data.train", str(path), "--steps", "1", "--log-samples-every", "1"]
+    args = ["tiny", "--data.train", str(path), "--steps", "1", "--log-samples-every", "1", "--no-plots"]
     with pytest.raises(ValueError, match="missing field 'prompt'"):  # without the mapping
         main(cli([*args, "--out-dir", str(tmp_path / "a")]))
     main(cli([*args, "--data.prompt-field", "question", "--data.reference-field", "solution",

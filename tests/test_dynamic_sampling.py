@@ -313,7 +313,9 @@ def test_dynamic_sampling_trains_the_informative_groups_and_resumes_exactly(tmp_
 
 
 def test_the_command_line_runs(tmp_path):
-    r = run_train("tiny", "--grpo.dynamic-sampling", "--steps", "2", "--no-plots", "--out-dir", str(tmp_path / "run"))
+    r = run_train(
+        "tiny", "--grpo.dynamic-sampling", "--steps", "2", "--no-plots", "--out-dir", str(tmp_path / "run")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(
         "tiny", "--grpo.dynamic-sampling", "--grpo.zero-spread-tol", "0.3", "--grpo.mask-truncated",

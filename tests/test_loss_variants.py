@@ -329,9 +329,17 @@ def test_check_config_refuses_and_says_how_to_fix(kw, needle):
     ],
 )
 def test_train_py_runs_with_each_flag(tmp_path, flags, key):
-    r = run_train(
-        "tiny", "--steps", "2", "--log-samples-every", "0", "--out-dir", str(tmp_path / "r"), *flags
-    )
+    args = [
+        "tiny",
+        "--steps",
+        "2",
+        "--log-samples-every",
+        "0",
+        "--no-plots",
+        "--out-dir",
+        str(tmp_path / "r"),
+    ]
+    r = run_train(*args, *flags)
     assert r.returncode == 0, r.stderr[-3000:]
     ms = metrics(tmp_path / "r")
     assert [m["step"] for m in ms] == [1, 2] and all(math.isfinite(m["loss"]) for m in ms)

@@ -11,7 +11,7 @@ from nanogrpo.optim import build_scheduler
 from nanogrpo.recipes.presets import PRESETS
 from train import main
 
-TINY = PRESETS["tiny"][1]
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 
 
 def metrics(run) -> list[dict]:

@@ -19,7 +19,7 @@ TEXT = (
 
 
 def tiny(out, **kw):
-    return replace(PRESETS["tiny"][1], out_dir=str(out), **kw)
+    return replace(PRESETS["tiny"][1], out_dir=str(out), plots=False, **kw)
 
 
 def steps_of(run) -> list[int]:

@@ -26,7 +26,7 @@ LOCAL_JUDGE = ["--reward.judge.model", "tiny"]  # the judge presets' local judge
 def run(name: str, out: Path, *extra: str) -> list[dict]:
     from train import cli, main
 
-    main(cli([name, *SMALL, "--out-dir", str(out), *extra]))
+    main(cli([name, *SMALL, "--no-plots", "--out-dir", str(out), *extra]))
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 

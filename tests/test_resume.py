@@ -13,7 +13,7 @@ from nanogrpo.recipes.presets import PRESETS
 from rewards.options import JudgeConfig, RewardConfig
 from train import cli, main
 
-TINY = PRESETS["tiny"][1]
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 
 
 def saved_run(folder, **kw):
@@ -111,7 +111,7 @@ def test_resume_before_the_first_checkpoint_starts_again_without_duplicate_steps
 
 def test_resume_from_the_command_line(tmp_path):
     run = tmp_path / "run"
-    r = run_train("tiny", "--out-dir", str(run), "--steps", "2", "--optim.lr", "5e-4")
+    r = run_train("tiny", "--out-dir", str(run), "--steps", "2", "--optim.lr", "5e-4", "--no-plots")
     assert r.returncode == 0, r.stderr[-3000:]
     before = (run / "config.json").read_text()
 
@@ -165,7 +165,7 @@ def test_the_trainer_state_loads_onto_the_host(tmp_path, monkeypatch):
 
     from nanogrpo.infra import checkpoint as ckpt
 
-    main(replace(PRESETS["tiny"][1], out_dir=str(tmp_path), steps=1))
+    main(replace(TINY, out_dir=str(tmp_path), steps=1))
     seen = []
     load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k) or load(*a, **k))

@@ -242,7 +242,7 @@ MIXED = [
 def test_train_logs_each_tasks_reward(tmp_path):
     data = str(write_rows(tmp_path / "mixed.jsonl", MIXED))
     out = tmp_path / "run"
-    cfg = train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--data.train", data,
+    cfg = train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--no-plots", "--data.train", data,
                      "--reward.spec", "rouge_l:1", "--reward.tasks", "math=exact:1;open=rouge_l:1"])  # fmt: skip
     train.main(cfg)
     ms = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -285,7 +285,7 @@ def test_the_time_limit_default_ctrl_c_and_a_timely_call(tmp_path):
 def test_a_tiny_run_with_a_user_grader(tmp_path):
     path = user_file(tmp_path, TRL)
     out = tmp_path / "run"
-    train.main(train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--reward.spec",
+    train.main(train.cli(["tiny", "--out-dir", str(out), "--steps", "2", "--no-plots", "--reward.spec",
                           f"{path}:brevity:1,rouge_l:0", "--reward.allow-user-code"]))  # fmt: skip
     ms = metrics(out)
     assert [m["step"] for m in ms] == [1, 2]

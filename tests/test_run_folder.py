@@ -15,7 +15,7 @@ from nanogrpo.infra.resume import data_fingerprint, lock_run_dir, release_run_di
 from nanogrpo.recipes.demo import demo_rows
 from nanogrpo.recipes.presets import PRESETS
 
-TINY = PRESETS["tiny"][1]
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ TINY = PRESETS["tiny"][1]
 
 
 def tiny(folder, **kw):
-    return replace(TINY, out_dir=str(folder), eval_prompts=0, **kw)
+    return replace(TINY, out_dir=str(folder), eval_prompts=0, plots=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -321,7 +321,7 @@ def _kill_at(proc, run: Path, rng: random.Random, during_save: bool) -> bool:
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_equals_a_straight_run(tmp_path):
     steps = 8
-    args = ["tiny", "--steps", str(steps), "--save-every", "1", "--eval-prompts", "0"]
+    args = ["tiny", "--steps", str(steps), "--save-every", "1", "--eval-prompts", "0", "--no-plots"]
     r = run_train(*args, "--out-dir", str(tmp_path / "straight"))
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "killed"

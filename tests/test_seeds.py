@@ -14,7 +14,7 @@ from helpers import run_eval
 from nanogrpo.eval import seeds, stats
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ["tiny", "--steps", "2", "--eval-prompts", "4"]  # LoRA is the tiny preset's default
+TRAIN = ["tiny", "--steps", "2", "--eval-prompts", "4", "--no-plots"]  # LoRA is the tiny preset's default
 
 
 @pytest.fixture(scope="module")

@@ -192,10 +192,11 @@ def test_cpt_needs_raw_text(tmp_path, tok):
 
 
 def cpt_args(tmp_path, text: str) -> list[str]:
-    """`train.py tiny --algo cpt` on `text`, in windows of 16 tokens that overlap by 4."""
+    """`train.py tiny --algo cpt` on `text`, in windows of 16 tokens that overlap by 4 (no plots)."""
     path = tmp_path / "text.txt"
     path.write_text(text)
-    return ["tiny", "--algo", "cpt", "--data.train", str(path), "--data.seq-len", "16", "--data.overlap", "4"]
+    return ["tiny", "--algo", "cpt", "--data.train", str(path), "--data.seq-len", "16", "--data.overlap", "4",
+            "--no-plots"]  # fmt: skip
 
 
 @pytest.mark.parametrize("lora_r, lr", [("4", "1e-2"), ("0", "3e-3")])

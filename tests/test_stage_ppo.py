@@ -18,7 +18,7 @@ from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.stages.ppo import gae, ppo_update, token_rewards, value_loss, whiten
 from train import cli, main
 
-TINY = PRESETS["tiny"][1]
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 PPO_METRICS = (
     "step", "reward", "reward/rouge_l", "reward/consistency", "loss", "pg_loss", "vf_loss", "value_mean",
     "return_mean", "explained_variance", "clip_low", "kl", "len_mean", "tokens", "t_sample", "t_score",
@@ -211,8 +211,8 @@ def test_ppo_config_checks_say_the_fix(tmp_path, change, needle):
 
 def test_ppo_run_logs_its_metrics_and_resume_restores_the_value_head(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    main(cli(["tiny", "--algo", "ppo", "--out-dir", str(straight), "--steps", "3"]))
-    main(cli(["tiny", "--algo", "ppo", "--out-dir", str(resumed), "--steps", "2"]))
+    main(cli(["tiny", "--algo", "ppo", "--no-plots", "--out-dir", str(straight), "--steps", "3"]))
+    main(cli(["tiny", "--algo", "ppo", "--no-plots", "--out-dir", str(resumed), "--steps", "2"]))
     ckpt = resumed / "ckpt" / "step_000002"
     saved = load_file(str(ckpt / VALUE_HEAD))
     assert float(saved["weight"].abs().sum()) > 0  # the head trained

@@ -15,7 +15,7 @@ from nanogrpo.recipes.presets import PRESETS
 from train import NonFiniteStep, cli, main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = PRESETS["tiny"][1]
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 
 EVIL = """from pathlib import Path
 Path(__file__).with_name("ran").write_text("imported")

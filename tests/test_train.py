@@ -35,9 +35,10 @@ def metrics(run: Path) -> list[dict]:
 
 
 def tiny(tmp_path, **kw):
+    """The tiny preset into tmp_path; without the plots and the run page unless plots=True."""
     from nanogrpo.recipes.presets import PRESETS
 
-    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **kw)
+    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **{"plots": False, **kw})
 
 
 def test_tiny_run_from_the_command_line(tmp_path):
@@ -132,7 +133,7 @@ def test_bad_data_and_unknown_architecture(tmp_path):
 def test_kl_is_null_without_a_reference_and_a_number_with_one(tmp_path):
     from train import main
 
-    main(tiny(tmp_path / "none", steps=2))  # kl_placement 'none': no reference, no KL
+    main(tiny(tmp_path / "none", steps=2, plots=True))  # kl_placement 'none': no reference, no KL
     main(tiny(tmp_path / "kl", steps=2, grpo=replace(PRESET.grpo, kl_placement="reward")))
     assert [m["kl"] for m in metrics(tmp_path / "none")] == [None, None]
     kl = [m["kl"] for m in metrics(tmp_path / "kl")]

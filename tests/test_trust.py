@@ -19,7 +19,7 @@ from nanogrpo.lab.toy import TabularPolicy
 from nanogrpo.recipes.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESET = PRESETS["tiny"][1]
+PRESET = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
 
 
 def metrics(run: Path) -> list[dict]:

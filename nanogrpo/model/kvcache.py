@@ -11,6 +11,8 @@ once per group.
 - `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
 - `GroupedKVCache`: after the prefill, each prompt's keys/values once for its G completions, plus each
   completion's own; decode attention reads a prompt's keys once per group.
+- `StaticGroupedKVCache`: the same with fixed shapes for every decode step: the step's index is a tensor,
+  update writes at it and returns the whole buffer, attend masks the keys not yet written.
 - `PrefixKV`: the keys/values of the prompts, kept as autograd tensors. The training forward runs each
   prompt once, expands its keys/values to the G completions of its group, then runs only the completion
   tokens against them; gradients from all G completions flow back into the one prompt pass.
@@ -193,3 +195,46 @@ class GroupedKVCache:
             y = y[rows]
         y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
         return y.view(n, 1, nh, D).to(dtype)  # (n, 1, nh, D)
+
+
+class StaticGroupedKVCache(GroupedKVCache):
+    """A GroupedKVCache whose decode steps all have the same shapes (for a captured decode step).
+
+    The step's index among the completion tokens is a tensor (`set_step`), not the Python length: update
+    writes each layer's new keys/values at that index and returns the whole (n, n_kv, max_new, D) buffer,
+    and attend masks the keys past it (-inf scores) instead of slicing them off. Rows are never dropped
+    (the caller masks ended rows), and `length` stays the prompt length, so nothing the forward reads
+    changes between steps. The masked softmax and the longer products round differently from the sliced
+    ones at float32's last bits (tests/test_sampling_static.py)."""
+
+    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None):
+        super().__init__(prefix, group_size, max_new, prompt_mask)
+        self.own = torch.arange(max_new, device=self.k.device)  # (max_new,) each own key's step
+        self.set_step(torch.zeros((), dtype=torch.long, device=self.k.device))
+
+    @property
+    def length(self) -> int:
+        return self.prefix_len
+
+    @length.setter
+    def length(self, value: int) -> None:
+        pass  # the forward's bookkeeping: the step lives in the tensor `t`
+
+    def set_step(self, t: torch.Tensor) -> None:
+        """The completion token the next forward writes: t (0-dim long tensor, on the cache's device)."""
+        self.t = t.reshape(1)  # (1,) the index_copy_ index
+        Lp = self.pk.shape[3]
+        # (Lp + max_new,) True on the prompt's keys (its pads are the bias's) and on own keys up to t
+        self.mask = torch.cat([self.own.new_ones(Lp, dtype=torch.bool), self.own <= self.t])
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new k/v (n, n_kv, 1, D) at step t; return the whole buffers (n, n_kv, max_new, D)."""
+        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3))
+        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3))
+        return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return super().attend(layer, q, k, v, self.mask)  # (n, 1, nh, D)
+
+    def select(self, keep: torch.Tensor) -> GroupedKVCache:
+        raise NotImplementedError("a static cache keeps every row: mask ended rows instead")

@@ -33,6 +33,12 @@ each once per process, because the CPU flags do not tell (on an AVX2-only CPU on
 raises; a build of torch without MKL, as on ARM, has no packed sgemm), and elsewhere the model samples on
 its plain weights.
 NANOGRPO_PACKED=0 turns packing off.
+
+`folded_lora(model)` is the fold without the packing, for every other case (a GPU, NANOGRPO_PACKED=0, a
+CPU that packs nothing): each enabled LoRA layer is swapped for a plain linear layer whose weight is
+W + (alpha / r) B A in W's dtype, so a projection is one matmul instead of the adapter's three plus the add
+and scale. It costs one copy of the adapted weights in their dtype (on a GPU, 2 bytes a parameter of every
+adapted projection in bf16) for the duration of the block.
 """
 
 from __future__ import annotations
@@ -216,6 +222,40 @@ class Packed:
         """Free the copies."""
         self.head = None
         self.projections.clear()
+
+
+class FoldedLinear(nn.Module):
+    """y = x @ W^T + b with W = W + (alpha / r) B A of a LoRA layer, computed once (no parameters: the
+    weight is a plain attribute, swapped in while the sampler runs)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # (..., out) as nn.Linear, autocast included
+
+
+@contextlib.contextmanager
+def folded_lora(model: nn.Module, enabled: bool = True) -> Iterator[int]:
+    """Inside the block every enabled, unmerged LoRA layer is a FoldedLinear of its effective weight (in
+    W's dtype); on the way out the LoRA layers are put back, their weights untouched. Yields how many
+    layers were folded (0 when `enabled` is False or the model has no active adapter)."""
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, name, original)
+    try:
+        if enabled:
+            with torch.no_grad():
+                for name, m in list(model.named_modules()):
+                    if folds_adapter(m):
+                        parent_name, _, child = name.rpartition(".")
+                        parent = model.get_submodule(parent_name) if parent_name else model
+                        swapped.append((parent, child, m))
+                        setattr(parent, child, FoldedLinear(m.merged_weight(), m.bias))
+        yield len(swapped)
+    finally:
+        for parent, name, original in reversed(swapped):
+            setattr(parent, name, original)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from nanogrpo.model.kvcache import GroupedKVCache
-from nanogrpo.model.packed import packed_weights
+from nanogrpo.model.packed import folded_lora, packed_weights
+from nanogrpo.model.static_decode import generate_static
 
 
 @dataclass
@@ -207,6 +208,8 @@ def generate(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     pad_id: int = 0,
     autocast: torch.dtype | None = None,
+    fold_lora: bool = True,
+    decode: str = "eager",
 ) -> Generation:
     """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout.
 
@@ -219,6 +222,12 @@ def generate(
     (its cache holds that copy, 2 bytes a parameter in bf16, until the call returns) and the KV cache is
     kept in it, so a decode step reads half the bytes it would in float32 and samples from the trainer's
     own numerics. On the CPU it is ignored: the packed float32 weights are faster there (packed.py).
+
+    `fold_lora`: where the weights are not packed (a GPU, NANOGRPO_PACKED=0), sample with each LoRA layer's
+    W + (alpha / r) B A folded into one weight (packed.folded_lora: one copy of the adapted weights in their
+    dtype for the call) instead of running the adapters; False runs the adapters as the trainer does.
+    `decode`: 'eager' (the loop below: slices the cache, drops ended rows) or 'static' (fixed-shape steps,
+    static_decode.py: same tokens with the same generators, log-probs to float32 rounding).
     """
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
         raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
@@ -232,6 +241,8 @@ def generate(
         raise ValueError(f"temperature={temperature} (>= 0), top_p={top_p} (0, 1], top_k={top_k} (>= 0)")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer to decode completions: pass tokenizer=")
+    if decode not in ("eager", "static"):
+        raise ValueError(f"decode={decode!r}: use 'eager' or 'static'")
     if any(s == "" for s in stop_strings):
         raise ValueError("an empty stop string would end every completion at once; remove it")
 
@@ -242,8 +253,14 @@ def generate(
         amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
         with (
             packed_weights(model, batch_hint=len(prompts) * group_size) as packed,
+            folded_lora(model, enabled=fold_lora and packed is None),  # packing folds LoRA itself
             torch.autocast(model.lm_head_weight.device.type, dtype=amp, enabled=amp is not None),
         ):
+            if decode == "static":
+                return _generate_static(
+                    model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
+                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp,
+                )  # fmt: skip
             return _generate(
                 model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
                 eos_ids, stop_strings, tokenizer, generator, pad_id, amp,
@@ -252,12 +269,13 @@ def generate(
         model.train(was_training)
 
 
-def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad_id: int, amp=None):
+def _prefill(model, lm_head, prompts, G: int, max_new: int, pad_id: int, amp=None, cache_cls=GroupedKVCache):
     """Run the P prompts once, left-padded into one batch, and expand them to their groups.
 
     Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
     and values once, shared by their G completions, their padding kept, so decode steps pass no attention
-    mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's.
+    mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's;
+    `cache_cls`: GroupedKVCache, or StaticGroupedKVCache for fixed-shape decode steps.
     """
     dev = model.lm_head_weight.device
     P = len(prompts)
@@ -281,7 +299,7 @@ def _prefill(model, lm_head, prompts: list[list[int]], G: int, max_new: int, pad
     cache = model.new_kv_cache(P, L, dtype=cache_dtype)
     h = model(ids, position_ids=pos, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, L, H)
     logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
-    grouped = GroupedKVCache(cache, G, max_new, prompt_mask=attn)
+    grouped = cache_cls(cache, G, max_new, prompt_mask=attn)
     return logits.repeat_interleave(G, 0), grouped, lens.repeat_interleave(G)[:, None]
 
 
@@ -345,8 +363,29 @@ def _generate(
         h = model(tok[:, None], position_ids=next_pos + t, kv_cache=cache, return_hidden=True)  # (n, 1, H)
         logits = lm_head(h[:, 0]).float()  # (n, V)
 
+    return _finish(tokens, logps, length, ended, pad_id)
+
+
+def _generate_static(
+    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
+    amp=None,
+) -> Generation:  # fmt: skip
+    """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop."""
+    W = model.lm_head_weight  # (V, H)
+    lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
+    sample = lambda logits, u: sample_tokens(logits, temperature, top_p, top_k, None, u)  # noqa: E731
+    s = generate_static(
+        model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer, generator, pad_id,
+        amp, temperature, _prefill,
+    )  # fmt: skip
+    return _finish(s.tokens, s.logps, s.length, s.done, pad_id)
+
+
+def _finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
+    longest completion, pad and 0 after each row's end."""
     T = int(length.max())
-    mask = torch.arange(T, device=dev)[None, :] < length[:, None]  # (N, T)
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
     return Generation(
         completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
         mask=mask.float(),

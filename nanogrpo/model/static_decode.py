@@ -1,0 +1,158 @@
+"""The sampler's fixed-shape decode loop (`--sampling.decode static`): every step has the same shapes.
+
+The eager loop (sampling._generate) slices the cache to the tokens so far, drops ended rows from the batch
+and cache, and asks the host after every token whether a row has ended (and, with stop strings, decodes
+every row's latest tokens): no two steps look alike, so nothing can be captured as a graph. Here:
+
+- the cache is preallocated to prompt + max_new_tokens (kvcache.StaticGroupedKVCache, a prompt's keys
+  still once per group); the step index, positions and lengths are tensors, and attention masks the keys
+  not yet written instead of slicing them;
+- ended rows keep computing, their tokens forced to pad and their log-probs to 0, instead of being dropped;
+- the uniforms of every row and step are drawn before the loop, from the same per-prompt generators in
+  the same order as the eager loop (a prompt's G per step), so the two sample the same streams;
+- EOS checks run on the device; the host looks every `sync_every` steps (one sync) to stop once every
+  row has ended, and checks stop strings then (`_StopCheck`: one decode per live row, a per-token check only
+  for rows whose text holds a stop string), so the result equals the eager loop's.
+
+`decode_step` is the one step, a function of fixed-shape tensors only, for a later torch.compile or CUDA
+graph to wrap. Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the
+masked softmax over max_new keys and the longer products round differently from the sliced ones). With one
+generator for the whole batch the streams match only until the eager loop drops its first ended rows
+(it then draws fewer uniforms per step); per-prompt generators (what training uses) always match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nanogrpo.model.kvcache import StaticGroupedKVCache
+
+SYNC_EVERY = 8  # decode steps between host syncs (early stop, stop strings)
+
+
+@dataclass
+class DecodeState:
+    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
+
+    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
+    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
+    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
+    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
+    next_pos: torch.Tensor  # (N, 1) long, position of each row's first new token
+    eos: torch.Tensor  # (E,) long, the EOS ids
+    pad: torch.Tensor  # () long, the pad id
+
+
+def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
+    """(max_new, N) uniforms for every step and row, in the order the eager loop draws them: per prompt,
+    G per step (per-prompt generators); or N per step from one generator (None: torch's default)."""
+    if isinstance(generator, (list, tuple)):
+        if device.type == "cpu":  # the CPU generator draws serially: one call equals max_new calls of G
+            cols = [torch.rand(max_new, G, generator=g) for g in generator]  # each (max_new, G)
+        else:  # Philox offsets advance per call: draw as the eager loop does, one call per step
+            cols = [torch.stack([torch.rand(G, generator=g, device=device) for _ in range(max_new)])
+                    for g in generator]  # fmt: skip
+        return torch.cat(cols, 1).to(device)  # (max_new, N)
+    return torch.rand(max_new, P * G, generator=generator, device=device)  # (max_new, N)
+
+
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+    """Write step t's tokens (N,) and log-probs (N,), ended rows as pad and 0; mark the rows that hit an
+    EOS id now. Returns the tokens as recorded (the next forward's input)."""
+    tok = torch.where(s.done, s.pad, tok)  # (N,)
+    s.tokens.index_copy_(1, t.reshape(1), tok[:, None])
+    s.logps.index_copy_(1, t.reshape(1), lp.masked_fill(s.done, 0.0)[:, None])
+    if len(s.eos):
+        new = torch.isin(tok, s.eos) & ~s.done  # (N,)
+        s.length.copy_(torch.where(new, t + 1, s.length))
+        s.done.logical_or_(new)
+    return tok
+
+
+def decode_step(model, lm_head, cache, s: DecodeState, tok, t, u, sample) -> torch.Tensor:
+    """One decode step on fixed shapes: the forward of token t (N,) at step t (0-dim long tensor), then
+    token t + 1 sampled with uniforms u (N, 1) (None when greedy) and recorded. Returns it (N,)."""
+    cache.set_step(t)
+    h = model(tok[:, None], position_ids=s.next_pos + t, kv_cache=cache, return_hidden=True)  # (N, 1, H)
+    logits = lm_head(h[:, 0]).float()  # (N, V)
+    nxt, lp = sample(logits, u)  # (N,), (N,)
+    return record(s, t + 1, nxt, lp)
+
+
+class _StopCheck:
+    """Stop strings, checked every few steps on the host with the eager loop's rule: the row ends at the
+    first token i whose window (the last `window` tokens up to i) decodes to a text holding a stop string.
+
+    One decode per live row covers all the steps since the last check (window + new tokens): a stop string
+    in a window's text is then in this text too, since it only extends the window on the left and right.
+    Only the rows whose text holds a stop string (or a U+FFFD from split UTF-8 bytes, or every row when the
+    tokenizer rewrites spaces around punctuation) get the per-token check that finds where it ends."""
+
+    def __init__(self, stop_strings: Sequence[str], tokenizer):
+        self.stops, self.tok = list(stop_strings), tokenizer
+        self.window = max(len(s.encode()) for s in self.stops) + 2  # as sampling._StopStrings
+        self.exact_only = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.checked = 0  # steps checked so far
+
+    def __call__(self, s: DecodeState, upto: int) -> None:
+        """Check steps checked .. upto - 1 of the rows not ended before them; end the rows that hit."""
+        first, w = self.checked, self.window
+        lo = max(0, first - w + 1)
+        ids, lengths = s.tokens[:, lo:upto].tolist(), s.length.tolist()
+        ended_before = (s.done & (s.length <= first)).tolist()
+        hits = {}
+        rows = [r for r in range(len(ids)) if not ended_before[r]]
+        last = {r: min(upto, lengths[r]) for r in rows}  # a row ended by EOS here: up to its EOS
+        texts = self.tok.batch_decode([ids[r][: last[r] - lo] for r in rows])
+        suspects = [r for r, x in zip(rows, texts) if self.exact_only or "\ufffd" in x or self.hit(x)]
+        for r in suspects:
+            for i in range(first, last[r]):
+                if self.hit(self.tok.decode(ids[r][max(lo, i - w + 1) - lo : i + 1 - lo])):
+                    hits[r] = i
+                    break
+        if hits:
+            idx = torch.tensor(list(hits), device=s.length.device)
+            s.length[idx] = torch.tensor([i + 1 for i in hits.values()], device=s.length.device)
+            s.done[idx] = True
+        self.checked = upto
+
+    def hit(self, text: str) -> bool:
+        return any(x in text for x in self.stops)
+
+
+def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer,
+                    generator, pad_id, amp, temperature, prefill):  # fmt: skip
+    """sampling._generate's contract (tokens, log-probs, lengths, truncated) on fixed-shape steps.
+    `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill."""
+    dev = model.lm_head_weight.device
+    N = len(prompts) * G
+    logits, cache, next_pos = prefill(model, lm_head, prompts, G, max_new, pad_id, amp, StaticGroupedKVCache)
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
+    s = DecodeState(
+        tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=dev),
+        logps=torch.zeros(N, max_new, dtype=torch.float32, device=dev),
+        length=torch.full((N,), max_new, dtype=torch.long, device=dev),
+        done=torch.zeros(N, dtype=torch.bool, device=dev),
+        next_pos=next_pos, eos=eos, pad=torch.tensor(pad_id, device=dev),
+    )  # fmt: skip
+    u = draw_uniforms(generator, len(prompts), G, max_new, dev) if temperature > 0 else None
+    u_at = (lambda t: None) if u is None else (lambda t: u[t][:, None])  # (N, 1)
+    stops = _StopCheck(stop_strings, tokenizer) if stop_strings else None
+    steps = torch.arange(max_new, device=dev)  # (max_new,) the step indices as tensors, made once
+    tok, lp = sample(logits, u_at(0))  # (N,) the first token, from the prefill's logits
+    tok = record(s, steps[0], tok, lp)
+    made = 1  # steps sampled so far
+    for t in range(max_new - 1):
+        if made % SYNC_EVERY == 0:  # one host sync every SYNC_EVERY steps
+            if stops is not None:
+                stops(s, made)
+            if bool(s.done.all()):
+                break
+        tok = decode_step(model, lm_head, cache, s, tok, steps[t], u_at(t + 1), sample)
+        made += 1
+    if stops is not None:
+        stops(s, made)
+    return s

@@ -223,9 +223,10 @@ class StaticGroupedKVCache(GroupedKVCache):
     def set_step(self, t: torch.Tensor) -> None:
         """The completion token the next forward writes: t (0-dim long tensor, on the cache's device)."""
         self.t = t.reshape(1)  # (1,) the index_copy_ index
-        Lp = self.pk.shape[3]
-        # (Lp + max_new,) True on the prompt's keys (its pads are the bias's) and on own keys up to t
-        self.mask = torch.cat([self.own.new_ones(Lp, dtype=torch.bool), self.own <= self.t])
+        # added to the scores of the own keys: 0 up to step t, -inf on the ones not yet written
+        self.own_bias = torch.zeros_like(self.own, dtype=self.k.dtype).masked_fill_(
+            self.own > self.t, float("-inf")
+        )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new k/v (n, n_kv, 1, D) at step t; return the whole buffers (n, n_kv, max_new, D)."""
@@ -234,7 +235,25 @@ class StaticGroupedKVCache(GroupedKVCache):
         return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-        return super().attend(layer, q, k, v, self.mask)  # (n, 1, nh, D)
+        """GroupedKVCache.attend for every row, the own keys past step t masked by `own_bias` (mask is
+        ignored: the forward of a decode step passes none). q (n, nh, 1, D) -> (n, 1, nh, D)."""
+        dtype, q = q.dtype, q.to(k.dtype)
+        n, nh, _, D = q.shape
+        P, nkv, Lp, _ = self.pk.shape[1:]
+        kp = self.pk[layer].reshape(P * nkv, Lp, D)  # (P*n_kv, Lp, D)
+        vp = self.pv[layer].reshape(P * nkv, Lp, D)
+        G, g, T, scale = self.G, nh // nkv, k.shape[2], D**-0.5
+        # rows (P, G, n_kv, g) <-> groups (P, n_kv, G, g): a prompt's keys meet its G*g query rows at once
+        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P * nkv, G * g, -1)
+        to_rows = lambda x: x.reshape(P, nkv, G, g, -1).transpose(1, 2).reshape(P * G, nkv, g, -1)
+        qr = q.reshape(n, nkv, g, D)  # (n, n_kv, g, D)
+        s_prompt = to_rows(torch.baddbmm(self.bias, to_groups(qr), kp.transpose(1, 2), alpha=scale))
+        k_own, v_own = k.reshape(n * nkv, T, D), v.reshape(n * nkv, T, D)  # views of the time-major cache
+        s_own = torch.baddbmm(self.own_bias, qr.reshape(n * nkv, g, D), k_own.transpose(1, 2), alpha=scale)
+        p = torch.cat([s_prompt, s_own.view(n, nkv, g, T)], dim=-1).softmax(-1)  # (n, n_kv, g, Lp + T)
+        y = to_rows(torch.bmm(to_groups(p[..., :Lp]), vp))  # (n, n_kv, g, D)
+        y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, T), v_own)  # + own values
+        return y.view(n, 1, nh, D).to(dtype)  # (n, 1, nh, D)
 
     def select(self, keep: torch.Tensor) -> GroupedKVCache:
         raise NotImplementedError("a static cache keeps every row: mask ended rows instead")

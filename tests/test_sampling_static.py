@@ -1,0 +1,163 @@
+"""The fixed-shape decode loop (decode='static') against the eager one, and LoRA folded into the sampler.
+
+Tokens must be equal with the same generators; log-probs agree to float32 rounding (the static loop's
+masked softmax over every cache slot and its longer products round differently from the eager loop's
+sliced ones), within LOGP_ATOL.
+"""
+
+import collections
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from nanogrpo.model import lora
+from nanogrpo.model.sampling import generate
+from nanogrpo.model.transformer import Transformer
+from nanogrpo.model.zoo import random_transformer, resolve_model
+
+TEXTS = ["The capital of France is", "What is 12 + 35?", "yes", "<think>I add the numbers.</think> answer"]
+LOGP_ATOL = 1e-5
+MANY_EOS = tuple(range(3, 1024, 9))  # rows end at different steps
+G, N_NEW = 3, 24
+
+
+@pytest.fixture(scope="module")
+def lively():
+    """The tiny model with larger random weights, so its samples vary (as tests/test_sampling.py's)."""
+    path = resolve_model("tiny")
+    model, tok = Transformer.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.ndim == 2:
+                w.normal_(0, 0.15, generator=g)
+    return model, tok, [tok.encode(t) for t in TEXTS]
+
+
+def sample(model, prompts, decode, **kw):
+    """G completions per prompt, one generator per prompt (as rollout.py draws them)."""
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
+    return generate(model, prompts, group_size=G, max_new_tokens=N_NEW, generator=gens, decode=decode, **kw)
+
+
+def assert_same(a, b):
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.mask, b.mask) and torch.equal(a.truncated, b.truncated)
+    diff = (a.logp - b.logp).abs().max().item()
+    print(f"max |logp eager - logp static| = {diff:.2e} (bitwise: {torch.equal(a.logp, b.logp)})")
+    assert diff <= LOGP_ATOL
+
+
+def stops_from(model, tok, prompts) -> list[str]:
+    """Stop strings the completions really produce, a few characters into two of them: the rows end at
+    different steps, some inside a token."""
+    plain = sample(model, prompts, "eager")
+    texts = plain.texts(tok)
+    return [texts[0][6:9], texts[4][12:14], "@@never"]
+
+
+@pytest.mark.parametrize("case", ["plain", "eos", "stop", "greedy", "top_k"])
+def test_static_decode_equals_eager(lively, case):
+    model, tok, prompts = lively
+    kw = {
+        "plain": {},
+        "eos": {"eos_ids": MANY_EOS},
+        "stop": {"eos_ids": MANY_EOS[::4], "tokenizer": tok},
+        "greedy": {"temperature": 0.0, "eos_ids": MANY_EOS[::3]},
+        "top_k": {"temperature": 0.8, "top_k": 20, "eos_ids": MANY_EOS},
+    }[case]
+    if case == "stop":
+        kw["stop_strings"] = stops_from(model, tok, prompts)
+    eager, static = sample(model, prompts, "eager", **kw), sample(model, prompts, "static", **kw)
+    assert_same(eager, static)
+    lengths = eager.lengths.tolist()
+    if case in ("eos", "stop"):
+        assert len(set(lengths)) > 3 and max(lengths) > 8, lengths  # past a host sync, ending apart
+    if case == "stop":
+        assert static.texts(tok, kw["stop_strings"]) == eager.texts(tok, kw["stop_strings"])
+        assert sum(not t for t in static.truncated.tolist()) > 2
+
+
+def test_static_decode_with_lora(lively, monkeypatch):
+    """LoRA injected (random B): static equals eager, with packed weights (the CPU's default) and without
+    (NANOGRPO_PACKED=0: the folded plain weights)."""
+    model, tok, prompts = lively
+    model = Transformer.from_pretrained(resolve_model("tiny"))
+    model.load_state_dict(lively[0].state_dict())
+    lora.inject_lora(model, r=4, alpha=8.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    kw = {"eos_ids": MANY_EOS}
+    assert_same(sample(model, prompts, "eager", **kw), sample(model, prompts, "static", **kw))
+    monkeypatch.setenv("NANOGRPO_PACKED", "0")
+    assert_same(sample(model, prompts, "eager", **kw), sample(model, prompts, "static", **kw))
+
+
+def test_folded_lora_samples_as_the_adapters(lively, monkeypatch):
+    """Without packing, W + (alpha / r) B A folded into one weight samples the same tokens as the adapters
+    run separately (log-probs to float32 rounding), and the trained weights are untouched afterwards."""
+    monkeypatch.setenv("NANOGRPO_PACKED", "0")
+    _, _, prompts = lively
+    model = Transformer.from_pretrained(resolve_model("tiny"))
+    model.load_state_dict(lively[0].state_dict())
+    lora.inject_lora(model, r=4, alpha=8.0, targets=("q_proj", "v_proj", "gate_proj", "down_proj"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    kw = {"eos_ids": MANY_EOS}
+    folded = sample(model, prompts, "eager", **kw)
+    adapters = sample(model, prompts, "eager", fold_lora=False, **kw)
+    assert_same(adapters, folded)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert len(lora.lora_modules(model)) == 4 * model.config.num_hidden_layers  # the adapters are back
+
+
+VIEWS = {"view", "reshape", "_reshape_alias", "_unsafe_view", "transpose", "permute", "select", "slice"}
+VIEWS |= {"expand", "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "narrow", "as_strided"}
+VIEWS |= {"to", "detach", "alias", "t", "is_nonzero", "item", "_local_scalar_dense"}
+MATMULS = {"mm", "bmm", "baddbmm", "addmm", "linear", "matmul", "_linear_pointwise", "_mkl_linear"}
+
+
+def ops_per_step(model, decode: str) -> collections.Counter:
+    """Top-level ATen ops (not the ones they call) of one decode step, by the difference of two calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def top_level(e) -> bool:
+        p = e.cpu_parent
+        while p is not None and not p.name.startswith("aten::"):
+            p = p.cpu_parent
+        return p is None
+
+    def count(n: int) -> collections.Counter:
+        gens = [torch.Generator().manual_seed(0)]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            generate(model, [[5, 6, 7, 8]], group_size=2, max_new_tokens=n, generator=gens, decode=decode)
+        return collections.Counter(
+            e.name.removeprefix("aten::")
+            for e in prof.events()
+            if e.name.startswith("aten::") and top_level(e)
+        )
+
+    n = 5  # no host sync of the static loop in these steps
+    many, one = count(n), count(1)
+    return collections.Counter({k: (many[k] - one[k]) / (n - 1) for k in many if many[k] != one[k]})
+
+
+def test_static_decode_step_dispatches_fewer_ops():
+    """Host-side ops per decode step on a tiny-width, 28-layer Qwen2-shaped model: the static step has
+    fewer (it is not the compiled one yet: the counts are printed)."""
+    spec = "qwen2.5-1.5b:layers=28,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=512"
+    model = random_transformer(spec, dtype=torch.float32)
+    totals = {}
+    for decode in ("eager", "static"):
+        ops = ops_per_step(model, decode)
+        compute = sum(v for k, v in ops.items() if k not in VIEWS and k not in MATMULS)
+        totals[decode] = sum(ops.values())
+        print(f"{decode}: {totals[decode]:.0f} ATen ops per step, {compute:.0f} of them not views or matmuls")
+    assert totals["static"] < totals["eager"]

@@ -6,9 +6,8 @@ frozen; derived values are properties. The resolved config is saved as config.js
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
 from rewards.options import RewardConfig
@@ -74,6 +73,10 @@ class SamplingConfig:
     """Stop strings: a completion ends at the token that completes the first one; its text (what the graders
     score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
     (format graders check closing tags), and whatever that last token carries past it is dropped."""
+    decode: Literal["eager", "static"] = "eager"
+    """'static': fixed-shape decode steps with the same tokens (nanogrpo/model/static_decode.py)."""
+    fold_lora: bool = True
+    """Where weights are not packed (GPU), sample with LoRA folded in: costs a copy of the adapted weights."""
 
 
 @dataclass(frozen=True)
@@ -325,9 +328,9 @@ def updates_per_step(cfg: TrainConfig) -> int:
 def _non_finite(obj, prefix: str = "") -> list[str]:
     """The flags of every float field (nested configs included) set to inf or NaN."""
     bad = []
-    for f in dataclasses.fields(obj):
+    for f in fields(obj):
         v, name = getattr(obj, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(v):
+        if is_dataclass(v):
             bad += _non_finite(v, name + ".")
         elif isinstance(v, float) and not math.isfinite(v):
             bad.append(f"--{name.replace('_', '-')} {v}")
@@ -337,9 +340,7 @@ def _non_finite(obj, prefix: str = "") -> list[str]:
 def check_group_size(G: int) -> None:
     """Advantages compare the completions of one prompt: a group needs two at least."""
     if G < 2:
-        raise ValueError(
-            f"--grpo.group-size {G}: GRPO compares completions of the same prompt (group_size >= 2); use >= 2"
-        )
+        raise ValueError(f"--grpo.group-size {G}: GRPO compares completions of the same prompt; use >= 2")
 
 
 def check_config(cfg: TrainConfig) -> None:

@@ -16,6 +16,7 @@ a step must read (weights + KV cache) per second with the device's copy bandwidt
 --peak-gbs), and its FLOPs per second with the machine's matmul rate (measured at a large shape): the
 share of each roofline that decoding reaches, and the step's floor (the slower of the two). On a CPU it
 is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
+--decode eager,static gives a row per decode loop of the sampler (--sampling.decode), side by side.
 
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
@@ -156,7 +157,7 @@ def cpu_copy_gbs() -> float:
     return 2 * x.numel() * 4 / statistics.median(wall) / 1e9
 
 
-def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int, peak: float) -> dict:
+def decode_roofline(model, prompts, batch: int, a, pad: int, peak: float, decode: str = "eager") -> dict:
     """Seconds per decode step at `batch` rows (P prompts x G), from two timings of the same prompts
     ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and the bytes a
     step must read at least: every weight once (the embedding table only as the tied LM head) plus the
@@ -169,7 +170,7 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
     gen = torch.Generator(a.device).manual_seed(0)
 
     def run(n: int) -> None:
-        generate(model, prompts, group_size=G, max_new_tokens=n, temperature=1.0, generator=gen, pad_id=pad)
+        generate(model, prompts, group_size=G, max_new_tokens=n, generator=gen, pad_id=pad, decode=decode)
 
     t_full = statistics.median(timed(lambda: run(N), a.warmup, a.repeats)[0])
     t_one = statistics.median(timed(lambda: run(1), a.warmup, a.repeats)[0])
@@ -195,7 +196,7 @@ def decode_roofline(model, prompts, batch: int, a: argparse.Namespace, pad: int,
     matmul_params = sum(p.numel() for p in params) - (0 if tied else model.model.embed_tokens.weight.numel())
     flops = 2 * batch * matmul_params  # attention's own FLOPs are small at these lengths
     return {
-        "batch": batch, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
+        "batch": batch, "decode": decode, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
         "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
         "aten_ops_step": aten_step, "kernels_step": kern_step,
         "us_per_launch": t_step * 1e6 / launches if launches > 0 else None,
@@ -268,6 +269,7 @@ def main() -> None:
         default=0,
         help="nanogrpo side: LoRA adapters of rank R on every projection, as training samples",
     )
+    ap.add_argument("--decode", default="eager", help="decode loops to time: eager, static or eager,static")
     ap.add_argument("--json", default="", help="also write every measurement to this file")
     args = ap.parse_args()
 
@@ -365,7 +367,10 @@ def main() -> None:
             if args.device == "cpu":
                 other = torch.float32 if dtype != torch.float32 else torch.bfloat16
                 ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
-            roofline = [decode_roofline(model, prompts, b, args, pad, peak) for b in batches]
+            loops = args.decode.split(",")  # one row per batch and decode loop
+            roofline = [
+                decode_roofline(model, prompts, b, args, pad, peak, d) for b in batches for d in loops
+            ]
         del model
 
     lens = [len(p) for p in prompts[:P]]
@@ -414,9 +419,10 @@ def main() -> None:
                 f"machine ceilings: copy {peak:.1f} GB/s, matmul {args.dtype} "
                 f"{(rate or 0):.0f} GFLOP/s{', ' + rates if rates else ''} (1024x2048 @ 2048x2048)"
             )
-        head = f"{'batch':>6}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}{'of peak':>9}"
+        head = f"{'batch':>6}{'decode':>8}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}"
         launch = "kernels" if args.device.startswith("cuda") else "aten ops"
-        print(head + f"{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{launch + '/step':>15}{'us/launch':>11}")
+        head += f"{'of peak':>9}{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{launch + '/step':>15}"
+        print(head + f"{'us/launch':>11}")
         for r in roofline:
             util = f"{100 * r['utilisation']:.0f}%" if r["utilisation"] is not None else "-"
             mb = (r["weight_bytes"] + r["kv_bytes_mean"]) / 1e6
@@ -427,7 +433,7 @@ def main() -> None:
                         r["flops_step"] / (rate * 1e9) * 1e3 if rate else 0.0)  # fmt: skip
             r["floor_ms"] = floor
             print(
-                f"{r['batch']:>6}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
+                f"{r['batch']:>6}{r['decode']:>8}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
                 f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{floor:>10.1f}"
                 f"{r['kernels_step' if args.device.startswith('cuda') else 'aten_ops_step']:>15.0f}"
                 f"{r['us_per_launch'] or 0:>11.1f}"

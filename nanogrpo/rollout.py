@@ -67,7 +67,8 @@ def rollout(
         gen = generate(
             policy.core, prompts, group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
             top_p=s.top_p, top_k=s.top_k, eos_ids=policy.eos_ids, stop_strings=s.stop, tokenizer=tok,
-            generator=gens, pad_id=policy.pad_id, autocast=policy.autocast, fold_lora=s.fold_lora, decode=s.decode,
+            generator=gens, pad_id=policy.pad_id, autocast=policy.autocast, fold_lora=s.fold_lora,
+            decode=s.decode,
         )  # fmt: skip
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
     texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (sampling.finish_text)

@@ -79,6 +79,15 @@ def test_static_decode_equals_eager(lively, case):
         assert sum(not t for t in static.truncated.tolist()) > 2
 
 
+def test_static_decode_equals_eager_in_bf16(lively):
+    """A bf16 model (on the CPU: bf16 weights, a float32 cache the new keys are cast into)."""
+    model, _, prompts = lively
+    bf16 = Transformer.from_pretrained(resolve_model("tiny"), dtype=torch.bfloat16)
+    bf16.load_state_dict(model.state_dict())
+    kw = {"eos_ids": MANY_EOS}
+    assert_same(sample(bf16, prompts, "eager", **kw), sample(bf16, prompts, "static", **kw))
+
+
 def test_static_decode_with_lora(lively, monkeypatch):
     """LoRA injected (random B): static equals eager, with packed weights (the CPU's default) and without
     (NANOGRPO_PACKED=0: the folded plain weights)."""

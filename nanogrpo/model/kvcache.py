@@ -229,9 +229,10 @@ class StaticGroupedKVCache(GroupedKVCache):
         )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new k/v (n, n_kv, 1, D) at step t; return the whole buffers (n, n_kv, max_new, D)."""
-        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3))
-        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3))
+        """Write the new k/v (n, n_kv, 1, D) at step t, in the cache's dtype (a bf16 model's CPU cache is
+        float32); return the whole buffers (n, n_kv, max_new, D)."""
+        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3).to(self.k.dtype))
+        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3).to(self.v.dtype))
         return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:

@@ -210,7 +210,7 @@ class StaticGroupedKVCache(GroupedKVCache):
     def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None):
         super().__init__(prefix, group_size, max_new, prompt_mask)
         self.own = torch.arange(max_new, device=self.k.device)  # (max_new,) each own key's step
-        self.set_step(torch.zeros((), dtype=torch.long, device=self.k.device))
+        self.set_step(torch.zeros(1, dtype=torch.long, device=self.k.device))
 
     @property
     def length(self) -> int:
@@ -221,8 +221,8 @@ class StaticGroupedKVCache(GroupedKVCache):
         pass  # the forward's bookkeeping: the step lives in the tensor `t`
 
     def set_step(self, t: torch.Tensor) -> None:
-        """The completion token the next forward writes: t (0-dim long tensor, on the cache's device)."""
-        self.t = t.reshape(1)  # (1,) the index_copy_ index
+        """The completion token the next forward writes: t (1,) long, on the cache's device."""
+        self.t = t  # (1,) the index_copy_ index
         # added to the scores of the own keys: 0 up to step t, -inf on the ones not yet written
         self.own_bias = torch.zeros_like(self.own, dtype=self.k.dtype).masked_fill_(
             self.own > self.t, float("-inf")
@@ -231,8 +231,10 @@ class StaticGroupedKVCache(GroupedKVCache):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new k/v (n, n_kv, 1, D) at step t, in the cache's dtype (a bf16 model's CPU cache is
         float32); return the whole buffers (n, n_kv, max_new, D)."""
-        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3).to(self.k.dtype))
-        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3).to(self.v.dtype))
+        if k.dtype != self.k.dtype:  # fixed for the call: no cast op when the dtypes agree
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
+        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3))
+        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3))
         return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:

@@ -60,11 +60,11 @@ def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tens
 
 
 def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
-    """Write step t's tokens (N,) and log-probs (N,), ended rows as pad and 0; mark the rows that hit an
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0; mark the rows that hit an
     EOS id now. Returns the tokens as recorded (the next forward's input)."""
     tok = torch.where(s.done, s.pad, tok)  # (N,)
-    s.tokens.index_copy_(1, t.reshape(1), tok[:, None])
-    s.logps.index_copy_(1, t.reshape(1), lp.masked_fill(s.done, 0.0)[:, None])
+    s.tokens.index_copy_(1, t, tok[:, None])
+    s.logps.index_copy_(1, t, lp.masked_fill(s.done, 0.0)[:, None])
     if len(s.eos):
         new = torch.isin(tok, s.eos) & ~s.done  # (N,)
         s.length.copy_(torch.where(new, t + 1, s.length))
@@ -73,7 +73,7 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
 
 
 def decode_step(model, lm_head, cache, s: DecodeState, tok, t, u, sample) -> torch.Tensor:
-    """One decode step on fixed shapes: the forward of token t (N,) at step t (0-dim long tensor), then
+    """One decode step on fixed shapes: the forward of token t (N,) at step t ((1,) long tensor), then
     token t + 1 sampled with uniforms u (N, 1) (None when greedy) and recorded. Returns it (N,)."""
     cache.set_step(t)
     h = model(tok[:, None], position_ids=s.next_pos + t, kv_cache=cache, return_hidden=True)  # (N, 1, H)
@@ -139,9 +139,10 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
         next_pos=next_pos, eos=eos, pad=torch.tensor(pad_id, device=dev),
     )  # fmt: skip
     u = draw_uniforms(generator, len(prompts), G, max_new, dev) if temperature > 0 else None
-    u_at = (lambda t: None) if u is None else (lambda t: u[t][:, None])  # (N, 1)
+    u = None if u is None else u[:, :, None]  # (max_new, N, 1)
+    u_at = (lambda t: None) if u is None else (lambda t: u[t])  # (N, 1)
     stops = _StopCheck(stop_strings, tokenizer) if stop_strings else None
-    steps = torch.arange(max_new, device=dev)  # (max_new,) the step indices as tensors, made once
+    steps = torch.arange(max_new, device=dev)[:, None]  # (max_new, 1) the step indices as tensors, made once
     tok, lp = sample(logits, u_at(0))  # (N,) the first token, from the prefill's logits
     tok = record(s, steps[0], tok, lp)
     made = 1  # steps sampled so far

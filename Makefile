@@ -20,14 +20,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python train.py
 
-# the tests in parallel, one worker per core (-n 0: one process, as plain `pytest` runs them); loadgroup:
-# the tests of one xdist_group (the torchrun tests: one launch makes their runs) on one worker
+# the tests in parallel, one worker per core (-n 0: one process, as plain `pytest` runs them), a test file
+# at a time on a worker (its module fixtures made once), the longest files first (tests/conftest.py)
 TEST_WORKERS ?= auto
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

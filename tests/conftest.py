@@ -20,6 +20,37 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# the test files that take longest, in that order ahead of the rest: `make test` hands each worker a file
+# at a time (pytest -n N --dist loadfile --no-loadscope-reorder), so the long ones start first and the
+# workers end together
+FIRST = [
+    "test_bench.py",
+    "test_dist.py",  # its fixture makes the runs test_fsdp.py, test_eval_every.py and test_stage_dpo.py read
+    "test_rewards_hostile.py",
+    "test_rlvrr_table.py",
+    "test_ablate.py",
+    "test_eval_extras.py",
+    "test_seeds.py",
+    "test_runs.py",
+    "test_report.py",
+    "test_loss_variants.py",
+    "test_resume.py",
+    "test_probe.py",
+    "test_golden.py",
+    "test_fastpaths.py",
+    "test_eval_cli.py",
+    "test_train.py",
+    "test_report_extras.py",
+    "test_kernels_logprobs.py",
+    "test_kernels_aot.py",
+]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
+
 def _cpu_line() -> str:
     cap = cpu_capability()
     return f"nanogrpo cpu: {cap}; dtype auto: {'bfloat16' if cap.bf16 else 'float32'}"
@@ -53,11 +84,20 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def dist_runs(tmp_path_factory) -> Path:
     """The folder of every one-process and two-rank run the torchrun tests compare (tests/dist_runs.py): one
-    launch of each kind makes them all, the first time a test asks. Those tests share the xdist group
-    "torchrun", so under `pytest -n N --dist loadgroup` one worker makes them once."""
+    launch of each kind makes them all, the first time a test asks. Under `pytest -n N` the workers share
+    it: the first to ask makes it, holding a lock the others wait on."""
     from dist_runs import launch
+    from filelock import FileLock
 
-    return launch(tmp_path_factory.mktemp("dist_runs"))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return launch(tmp_path_factory.mktemp("dist_runs"))
+    shared = tmp_path_factory.getbasetemp().parent  # the run's temporary root, the same for every worker
+    root = shared / "dist_runs"
+    with FileLock(str(shared / "dist_runs.lock")):
+        if not (root / "_done").exists():
+            launch(root)
+            (root / "_done").touch()
+    return root
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from dist_runs import AGGS, KL, folder, ok
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
+pytestmark = pytest.mark.slow
 
 
 def pair(root: Path, name: str) -> tuple[Path, Path]:

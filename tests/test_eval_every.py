@@ -120,7 +120,6 @@ def test_pass_and_mean_seeds_means_and_the_console_line():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_evaluates_on_the_main_rank_as_one_process_does(dist_runs, parallel):
     """Two ranks (DDP with LoRA, FSDP with a full fine-tune: every rank gathers the weights, the main rank

@@ -14,7 +14,7 @@ import torch
 from dist_runs import ok
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchrun")]
+pytestmark = pytest.mark.slow
 
 
 def _weights(run) -> dict[str, torch.Tensor]:

@@ -79,7 +79,7 @@ def test_a_second_process_on_the_same_out_dir_is_refused_and_a_killed_one_does_n
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "tiny", "--out-dir", str(run), "--steps", "1000"]
-        + ["--save-every", "0", "--eval-prompts", "0"],
+        + ["--save-every", "0", "--eval-prompts", "0", "--no-plots"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

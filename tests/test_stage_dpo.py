@@ -332,7 +332,6 @@ def test_dpo_resume_is_exact(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchrun")
 def test_two_ranks_equal_one_process(dist_runs):
     """torchrun, 2 ranks on gloo, two pairs each: the loss is normalised by the pairs of BOTH ranks and
     the metrics summed over them, so the run logs and trains what one process does on the same batch. The

@@ -61,7 +61,7 @@ def step_of(a: argparse.Namespace, ranks: int = 1, reference: bool = False) -> m
     return memory.Step(
         prompts=-(-a.prompts_per_step // ranks), group=a.group_size, prompt_len=a.prompt_len,
         new_tokens=a.max_new_tokens, micro_batch=a.micro_batch, checkpointing=a.checkpointing,
-        lora_r=a.lora_r, reference=reference, logprob_chunk=a.logprob_chunk,
+        lora_r=a.lora_r, reference=reference, logprob_chunk=a.logprob_chunk, lora_fold=not a.no_fold_lora,
     )  # fmt: skip
 
 
@@ -73,6 +73,7 @@ def plan(c: dict, a: argparse.Namespace) -> dict[str, float]:
         "weights (bf16)": p.parts["weights"],
         "LoRA + grads + AdamW (fp32)": p.parts["trained state"],
         "KV cache (sampling)": p.parts["KV cache"],
+        "LoRA-folded weights (sampling)": p.parts["folded LoRA weights"],
         "activations (train micro-batch)": p.parts["activations"],
         "log-probs, fused": p.parts["log-probs"],
     }
@@ -132,6 +133,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (0 = all)")
     ap.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    ap.add_argument(
+        "--no-fold-lora", action="store_true", help="sample through the adapters (no folded copy)"
+    )
     ap.add_argument(
         "--logprob-chunk",
         type=int,

@@ -14,6 +14,8 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
   prompt's keys once, shared by its G completions (kvcache.GroupedKVCache) [D on a GPU, 4 on the CPU,
   where the sampler keeps a float32 cache]. On the CPU the sampler also packs a copy of every projection
   and of the LM head, with LoRA folded in (packed.py), for as long as it generates [the weights' dtype].
+  Elsewhere (a GPU) a LoRA run's sampler folds the adapters into a copy of every adapted projection
+  (packed.folded_lora; --sampling.no-fold-lora turns it off) for as long as it generates [D].
 - activations of one training micro-batch of M rows: each prompt runs once for the rows of its group in
   the micro-batch (kvcache.PrefixKV), so a micro-batch is Tm = ceil(M / G) x prompt + M x new tokens
   tokens. Per token and layer the backward keeps q, k, v, o, the MLP's three [I] tensors, the norms'
@@ -163,6 +165,8 @@ class Step:
     """Rows of the Triton backward's dz chunk; 0 = the kernel's."""
     cpu_packing: bool = False
     """The CPU sampler packs a copy of the weights (packed.py)."""
+    lora_fold: bool = False
+    """Where nothing is packed, the sampler folds LoRA into a copy of the adapted weights (--sampling.fold-lora)."""
 
     @property
     def rows(self) -> int:
@@ -251,6 +255,18 @@ def packed_bytes(c: dict, s: Step) -> int:
     return (proj + c["vocab_size"] * c["hidden_size"]) * elem
 
 
+def folded_bytes(c: dict, s: Step) -> int:
+    """The sampler's LoRA-folded copy of every adapted projection, in the weights' dtype, while it generates."""
+    if not (s.samples and s.lora_fold and s.lora_r > 0):
+        return 0
+    shapes = linear_shapes(c)
+    return (
+        c["num_hidden_layers"]
+        * sum(i * o for k, (i, o) in shapes.items() if k in s.lora_targets)
+        * s.dtype_bytes
+    )
+
+
 def plan(c: dict, s: Step) -> Plan:
     """The plan of one step on one device (no FSDP); see the module docstring."""
     n = param_count(c)
@@ -262,13 +278,14 @@ def plan(c: dict, s: Step) -> Plan:
         "reference": n * 4 if full and s.reference else 0,
         "KV cache": kv_cache_bytes(c, s),
         "packed sampling weights": packed_bytes(c, s),
+        "folded LoRA weights": folded_bytes(c, s),
         "activations": activation_bytes(c, s),
         "log-probs": logprob_bytes(c, s),
         "autocast weight copies": n * s.dtype_bytes if full and s.dtype_bytes < 4 else 0,
         "LM head gradient": c["vocab_size"] * c["hidden_size"] * 4 if full else 0,
     }
     resident = parts["weights"] + parts["trained state"] + parts["reference"]
-    sampling = resident + parts["KV cache"] + parts["packed sampling weights"]
+    sampling = resident + parts["KV cache"] + parts["packed sampling weights"] + parts["folded LoRA weights"]
     if s.device != "cpu":  # a full fine-tune samples under its autocast off the CPU (sampling.generate)
         sampling += parts["autocast weight copies"]
     train = ("activations", "log-probs", "autocast weight copies", "LM head gradient")

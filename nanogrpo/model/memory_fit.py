@@ -146,7 +146,8 @@ def run_step(
         dtype_bytes=dtype.itemsize,
         device=device.type,
         logprobs="triton" if triton else "torch",
-        cpu_packing=not cuda and packing_supported(torch.empty(0, dtype=weights)),
+        cpu_packing=(packing := not cuda and packing_supported(torch.empty(0, dtype=weights))),
+        lora_fold=cfg.lora.r > 0 and cfg.sampling.fold_lora and not packing,
     )
 
 

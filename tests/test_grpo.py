@@ -163,7 +163,7 @@ def test_tied_or_lonely_valid_rewards_are_zero_spread():
 
 
 def test_bad_group_size_is_refused():
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(ValueError, match="group-size 1"):
         compute_advantages(torch.zeros(4), cfg(group_size=1))
     with pytest.raises(ValueError, match="multiple"):
         compute_advantages(torch.zeros(5), cfg(group_size=2))

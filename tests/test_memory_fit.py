@@ -267,5 +267,13 @@ def test_bench_memory_plan_prints_the_library_plan():
         check=True,
     )
     got = json.loads(res.stdout)["plan"][QWEN]["peak, fused (sampling and training apart)"]
-    s = memory.Step(prompts=16, group=8, prompt_len=256, new_tokens=512, micro_batch=16, checkpointing=True)
+    s = memory.Step(
+        prompts=16,
+        group=8,
+        prompt_len=256,
+        new_tokens=512,
+        micro_batch=16,
+        checkpointing=True,
+        lora_fold=True,
+    )
     assert got == pytest.approx(memory.plan(memory.model_config(QWEN), s).peak / memory.GiB)

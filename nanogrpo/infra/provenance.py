@@ -26,7 +26,7 @@ from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.infra.heap import keeps_freed_memory
 from nanogrpo.infra.metrics import replace_atomically
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout nanogrpo runs from (a git work tree, or not)
+ROOT = Path(__file__).resolve().parents[2]  # the checkout nanogrpo runs from (a git work tree, or not)
 PACKAGES = ("nanogrpo", "torch", "transformers", "tokenizers", "numpy", "triton", "peft")
 # set in the environment, these change which kernels run or how many threads they use (nanogrpo/infra/cpu.py),
 # or, NANOGRPO_KEEP_FREED and glibc's MALLOC_ARENA_MAX, how much memory a CPU run holds (nanogrpo/infra/heap.py)

@@ -116,7 +116,7 @@ fi
 
 # 2. a user's first run: train.py on the device, each stage that samples, two steps
 miss=$(missing transformers tokenizers tyro tqdm numpy safetensors)
-TRAIN="$PY train.py tiny --model.device $DEV --steps 2 --log-samples-every 0"
+TRAIN="$PY train.py tiny --model.device $DEV --steps 2 --log-samples-every 0 --no-plots"
 if [ -n "$miss" ]; then
     for s in train-grpo train-dynamic train-ppo train-full; do skip $s "train.py needs $miss (wheels in .whl/: see the header)"; done
 else

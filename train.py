@@ -435,11 +435,18 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
-if __name__ == "__main__":
+def run(argv: list[str] | None = None) -> int:
+    """`python train.py ARGS`: 0 when the run ends; a bad flag or bad data (2), or a non-finite step (3), is
+    one line on stderr that says what to fix (NANOGRPO_DEBUG=1: the traceback instead)."""
     try:
-        main(cli())
-    except (ValueError, NonFiniteStep) as e:  # one line that says what to fix (NANOGRPO_DEBUG=1: traceback)
+        main(cli(argv))
+    except (ValueError, NonFiniteStep) as e:
         if os.environ.get("NANOGRPO_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(3 if isinstance(e, NonFiniteStep) else 2)  # 2: bad flags or data, before training
+        return 3 if isinstance(e, NonFiniteStep) else 2  # 2: bad flags or data, before training
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -95,7 +95,9 @@ CAP_SCALE=1
 if [ "$SMOKE" = 1 ]; then
     CAP_SCALE=3 # a 2-core machine running other work: the caps are for an H200
     DEV=cpu
-    MODEL=${GPU_MODEL:-random:qwen2.5-0.5b:layers=2}
+    # a narrow random Qwen2 shape (biases, GQA) with the tiny tokenizer's vocabulary: the smoke checks that the
+    # benches run; the H200 run uses the real width
+    MODEL=${GPU_MODEL:-random:qwen2.5-0.5b:layers=2,hidden_size=128,intermediate_size=256,num_attention_heads=4,num_key_value_heads=2,head_dim=32,vocab_size=1024}
     GENERATE_ARGS=${GENERATE_ARGS:---model $MODEL --device cpu --dtype float32 --threads 1 --prompts 2 --group 2 --new-tokens 4 --roofline 1,4 --lora-r 4 --peak-gbs 20 --warmup 0 --repeats 1 --only nanogrpo --json $RESULTS/generate.json}
     STEP_ARGS=${STEP_ARGS:---model $MODEL --side nanogrpo --device cpu --threads 1 --prompts 2 --group 2 --new-tokens 4 --filler-words 10 --micro-batch 2 --checkpointing --steps 1 --warmup 0 --plan --json $RESULTS/step.json}
     GROUPS_ARGS=${GROUPS_ARGS:---model $MODEL --device cpu --prompts 2 --group 4 --prompt-tokens 8 --lengths 2,3,2,4 --long 12 --repeat 1}

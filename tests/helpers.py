@@ -56,3 +56,27 @@ def use_packer(monkeypatch, packer: str | None) -> None:
         monkeypatch.delenv("NANOGRPO_PACKED_FP32", raising=False)
     else:
         monkeypatch.setenv("NANOGRPO_PACKED_FP32", packer)
+
+
+def run_train_here(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in this process (train.run: the exit status and the one-line errors of the
+    command line), stdout and stderr captured: no interpreter to start, for the runs a test only checks the
+    outcome of. A flag tyro refuses exits as the command would (its status, its message on stderr)."""
+    import contextlib
+    import io
+    import os
+
+    import train
+
+    out, err = io.StringIO(), io.StringIO()
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = train.run([str(a) for a in args])
+            except SystemExit as e:  # tyro: a flag it cannot parse
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["train.py", *map(str, args)], code, out.getvalue(), err.getvalue())

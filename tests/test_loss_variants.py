@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import run_train_here
 from test_grpo import batch
-from test_train import metrics, run_train, tiny
+from test_train import metrics, tiny
 
 from nanogrpo.config import GRPOConfig, check_config
 from nanogrpo.grpo import (
@@ -339,7 +340,7 @@ def test_train_py_runs_with_each_flag(tmp_path, flags, key):
         "--out-dir",
         str(tmp_path / "r"),
     ]
-    r = run_train(*args, *flags)
+    r = run_train_here(*args, *flags)
     assert r.returncode == 0, r.stderr[-3000:]
     ms = metrics(tmp_path / "r")
     assert [m["step"] for m in ms] == [1, 2] and all(math.isfinite(m["loss"]) for m in ms)
@@ -355,7 +356,7 @@ def test_train_py_runs_with_each_flag(tmp_path, flags, key):
 
 
 def test_a_bad_flag_is_a_one_line_error(tmp_path):
-    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), "--grpo.dual-clip", "0.9", timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "x"), "--grpo.dual-clip", "0.9")
     assert r.returncode == 2 and "--grpo.dual-clip 0.9" in r.stderr.splitlines()[-1], r.stderr[-2000:]
 
 

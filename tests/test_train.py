@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_train_here
 
 from nanogrpo.recipes.presets import PRESETS
 
@@ -111,7 +112,7 @@ def test_sft_lowers_the_loss_and_its_adapter_starts_grpo(tmp_path):
     ],
 )
 def test_startup_errors_are_one_line(tmp_path, args, needle):
-    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), *args, timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "x"), *args)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("error:") and needle in lines[-1], r.stderr[-2000:]
@@ -121,12 +122,12 @@ def test_startup_errors_are_one_line(tmp_path, args, needle):
 def test_bad_data_and_unknown_architecture(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "q", "reference": "a"}\n{"prompt": "", "reference": "b"}\n')
-    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), "--data.train", str(bad), timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "x"), "--data.train", str(bad))
     assert r.returncode == 2 and f"{bad}:2: field 'prompt' is empty" in r.stderr
     arch = tmp_path / "foo"
     arch.mkdir()
     (arch / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
-    r = run_train("tiny", "--out-dir", str(tmp_path / "y"), "--model.path", str(arch), timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "y"), "--model.path", str(arch))
     assert r.returncode == 2 and "FooForCausalLM" in r.stderr.splitlines()[-1] and "Llama" in r.stderr
 
 

@@ -140,8 +140,9 @@ def grid(variants, betas, seeds, policies, std_norms) -> list[Run]:
 
 
 def summarise(results: list[dict], tail: int = 1) -> list[dict]:
-    """One row per (setting, beta, variant): means over seeds of the final values (each the mean of the
-    last `tail` steps; the entropy fraction divides it by the mean of the first `tail`), collapse counts."""
+    """One row per (setting, beta, variant): means (and sample stds, `*_sd`) over seeds of the final values
+    (each the mean of the last `tail` steps; the entropy fraction divides it by the mean of the first `tail`),
+    collapse counts."""
     cells: dict[tuple, list[dict]] = {}
     for r in results:
         u = r["run"]
@@ -157,15 +158,17 @@ def summarise(results: list[dict], tail: int = 1) -> list[dict]:
         }
         curves = [r["curves"] for r in rs]
         end = lambda x: statistics.fmean(x[-tail:])  # noqa: E731
+        finals: dict[str, list[float]] = {}  # per seed, so the table gives mean ± std over seeds
         for k in ("kl", "entropy", "reward", "dist"):
             if all(c.get(k) for c in curves):
-                row[k] = statistics.fmean(end(c[k]) for c in curves)
-        if "kl" in row:
-            row["kl_max"] = statistics.fmean(max(c["kl"]) for c in curves)
-        if "entropy" in row:
-            row["entropy_frac"] = statistics.fmean(
-                end(c["entropy"]) / end(c["entropy"][:tail]) for c in curves
-            )
+                finals[k] = [end(c[k]) for c in curves]
+        if "kl" in finals:
+            finals["kl_max"] = [max(c["kl"]) for c in curves]
+        if "entropy" in finals:
+            finals["entropy_frac"] = [end(c["entropy"]) / end(c["entropy"][:tail]) for c in curves]
+        for k, xs in finals.items():
+            row[k] = statistics.fmean(xs)
+            row[f"{k}_sd"] = statistics.stdev(xs) if len(xs) > 1 else None
         for c in ("entropy", "reward", "grad", "any"):
             steps = [r["collapse"][c] for r in rs if r["collapse"][c] is not None]
             row[f"collapsed_{c}"] = len(steps)
@@ -199,6 +202,8 @@ def markdown(rows: list[dict]) -> str:
             return f"{v}/{row['seeds']}"
         if isinstance(v, bool):
             return "on" if v else "off"
+        if row.get(f"{k}_sd") is not None:  # a value over seeds: mean ± sample std
+            return f"{v:.3g} ± {row[f'{k}_sd']:.2g}"
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]

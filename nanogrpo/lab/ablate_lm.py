@@ -30,10 +30,11 @@ LM_ROWS = 16  # demo prompts the LM grid trains on: with 8 a step, each is seen 
 # The flags of every cell (flags after `--` come later on the command line, so they override these).
 # Full fine-tuning, so the KL reference is the warmed-up model itself; top-k off, so the sampler draws from
 # the very pi whose log-probs, entropy and KL are logged; ROUGE-L against the one-word answer; a 5-step
-# warm-up, because Adam's first steps have full size whatever the gradient and knock the reward down.
+# warm-up, because Adam's first steps have full size whatever the gradient and knock the reward down; no
+# PNGs or run page per cell (the grid draws its own plots from metrics.jsonl).
 LM_FLAGS = ["--lora.r", "0", "--optim.lr", "2e-3", "--prompts-per-step", "8", "--grpo.group-size", "8",
             "--reward.spec", "rouge_l:1", "--sampling.top-k", "0", "--sampling.max-new-tokens", "8",
-            "--optim.warmup-steps", "5", "--log-samples-every", "10"]  # fmt: skip
+            "--optim.warmup-steps", "5", "--log-samples-every", "10", "--no-plots"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def lm_warmup(out: Path, task: Path, *, preset: str, steps: int, lr: float, thre
     n = sum(1 for line in task.read_text().splitlines() if line.strip())
     train_logged([sys.executable, str(TRAIN_PY), preset, "--algo", "sft", "--lora.r", "0", "--data.train", str(task),
             "--prompts-per-step", str(n), "--steps", str(steps), "--optim.lr", str(lr), "--seed", "0",
-            "--out-dir", str(out / "sft")], out / "sft", threads)  # fmt: skip
+            "--out-dir", str(out / "sft"), "--no-plots"], out / "sft", threads)  # fmt: skip
     base = resolve_model(PRESETS[preset][1].model.path)
     for name in ("generation_config.json", "config.json"):  # config.json last: it marks the folder complete
         if (base / name).exists():

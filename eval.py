@@ -429,9 +429,18 @@ RUNNERS = {
     seeds_cli.TableArgs: seeds_cli.run_table_cli,
 }
 
-if __name__ == "__main__":
-    args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0])
+
+def run(argv: list[str] | None = None) -> int:
+    """`python eval.py COMMAND ARGS`: 0 when it ends; bad data or flags: one clear line on stderr (no
+    traceback) and 1."""
+    args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0], args=argv)
     try:
         RUNNERS[type(args)](args)
-    except ValueError as e:  # bad data or flags: one clear line, no traceback
-        sys.exit(f"error: {e}")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

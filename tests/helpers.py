@@ -16,12 +16,38 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def run_eval(*args, cwd) -> subprocess.CompletedProcess:
-    """`python eval.py ARGS` in `cwd`, output captured."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval.py"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+def run_eval(*args, cwd, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python eval.py ARGS` in `cwd`, output captured: in this process (eval.run: the command line's exit
+    status and one-line errors, no interpreter to start), or with `fresh` in a new one."""
+    if fresh:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "eval.py"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+    import eval as eval_py
+
+    return _in_process(eval_py.run, "eval.py", args, cwd)
+
+
+def _in_process(run, name: str, args, cwd: Path) -> subprocess.CompletedProcess:
+    """run([args]) as `python NAME ARGS` would: in `cwd`, stdout and stderr captured, the exit status (a
+    flag tyro refuses exits with its status and message, as the command would)."""
+    import contextlib
+    import io
+    import os
+
+    out, err = io.StringIO(), io.StringIO()
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = run([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess([name, *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def packing_params() -> list:
@@ -59,24 +85,7 @@ def use_packer(monkeypatch, packer: str | None) -> None:
 
 
 def run_train_here(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in this process (train.run: the exit status and the one-line errors of the
-    command line), stdout and stderr captured: no interpreter to start, for the runs a test only checks the
-    outcome of. A flag tyro refuses exits as the command would (its status, its message on stderr)."""
-    import contextlib
-    import io
-    import os
-
+    """`python train.py ARGS` in this process (train.run), for the runs a test only checks the outcome of."""
     import train
 
-    out, err = io.StringIO(), io.StringIO()
-    here = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = train.run([str(a) for a in args])
-            except SystemExit as e:  # tyro: a flag it cannot parse
-                code = e.code if isinstance(e.code, int) else 1
-    finally:
-        os.chdir(here)
-    return subprocess.CompletedProcess(["train.py", *map(str, args)], code, out.getvalue(), err.getvalue())
+    return _in_process(train.run, "train.py", args, cwd)

@@ -212,3 +212,24 @@ def test_a_cell_stopped_at_a_non_finite_gradient_is_a_collapse_not_a_failure(tmp
     assert res["stopped"] and res["collapse"]["grad"] == 11 and ablate_lm.cell_done(rd)
     monkeypatch.setattr(ablate_lm.subprocess, "run", lambda *a, **k: pytest.fail("should not run train.py"))
     assert ablate_lm.run_lm([run], tmp_path, ablate_lm.LMSettings(steps=20))[0]["stopped"]
+
+
+def test_table_gives_mean_and_std_over_seeds_and_survives_nan_kl():
+    """Three seeds a cell: each final value as mean ± sample std (n - 1); a cell without a KL (NaN curves)
+    still gets its row."""
+    from nanogrpo.lab.ablate import markdown, summarise
+
+    def result(variant, seed, reward, kl):
+        run = {"off_policy": False, "std_norm": True, "beta": 0.04, "variant": variant, "seed": seed}
+        curves = {"kl": [kl, kl], "entropy": [1.0, 0.5], "reward": [0.1, reward]}
+        return {"run": run, "curves": curves, "collapse": dict.fromkeys(("entropy", "reward", "grad", "any"))}
+
+    results = [result("k3-loss", s, r, 0.1) for s, r in enumerate((0.2, 0.4, 0.6))]
+    results += [result("none", s, 0.5, math.nan) for s in range(3)]
+    rows = {r["variant"]: r for r in summarise(results)}
+    assert rows["k3-loss"]["reward"] == pytest.approx(0.4) and rows["k3-loss"]["reward_sd"] == pytest.approx(
+        0.2
+    )
+    assert rows["k3-loss"]["kl_sd"] == pytest.approx(0.0) and math.isnan(rows["none"]["kl_sd"])
+    table = markdown(list(rows.values()))
+    assert "| 0.4 ± 0.2 |" in table and "| 0/3 |" in table

@@ -139,6 +139,17 @@ def grid(variants, betas, seeds, policies, std_norms) -> list[Run]:
     ]
 
 
+def _sd(xs: list[float]) -> float | None:
+    """The sample standard deviation (n - 1) of finite values; None for one value, NaN when one is not finite
+    (a cell without a KL logs NaN; statistics.stdev raises on it)."""
+    if len(xs) < 2:
+        return None
+    if not all(math.isfinite(x) for x in xs):
+        return math.nan
+    m = statistics.fmean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def summarise(results: list[dict], tail: int = 1) -> list[dict]:
     """One row per (setting, beta, variant): means (and sample stds, `*_sd`) over seeds of the final values
     (each the mean of the last `tail` steps; the entropy fraction divides it by the mean of the first `tail`),
@@ -168,7 +179,7 @@ def summarise(results: list[dict], tail: int = 1) -> list[dict]:
             finals["entropy_frac"] = [end(c["entropy"]) / end(c["entropy"][:tail]) for c in curves]
         for k, xs in finals.items():
             row[k] = statistics.fmean(xs)
-            row[f"{k}_sd"] = statistics.stdev(xs) if len(xs) > 1 else None
+            row[f"{k}_sd"] = _sd(xs)
         for c in ("entropy", "reward", "grad", "any"):
             steps = [r["collapse"][c] for r in rs if r["collapse"][c] is not None]
             row[f"collapsed_{c}"] = len(steps)

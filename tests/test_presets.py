@@ -90,7 +90,7 @@ def test_semantic_runs_and_keeps_its_settings(tmp_path):
 
 
 def test_semantic_sft_stage_renders_the_tagged_target(tmp_path):
-    """The SFT stage of docs/RECIPES.md's seed 000 pipeline, on the embedded quiz rows."""
+    """The SFT stage of docs/RECIPES.md's Shaping Explanations pipeline, on the embedded quiz rows."""
     template = "<spiegazione>{reference}</spiegazione><risposta>{answer}</risposta>"
     ms = run("semantic", tmp_path / "sft", "--algo", "sft", "--data.template", template)
     assert ms[0]["loss"] > 0 and (tmp_path / "sft" / "adapter" / "adapter_config.json").exists()

@@ -207,7 +207,7 @@ def markdown(rows: list[dict]) -> str:
 
     def f(row, k):
         v = row.get(k)
-        if v is None:
+        if v is None or (isinstance(v, float) and math.isnan(v)):  # not logged (a cell without a KL)
             return "-"
         if k.startswith("collapsed"):
             return f"{v}/{row['seeds']}"

@@ -258,7 +258,7 @@ HEPARIN = {"reference": "Start heparin immediately."}
     "completion, row, want",
     [
         ("Give heparin now.", HEPARIN, 1.0),
-        ("Give warfarin now.", HEPARIN, 0.0),  # the seed's trap: one substituted entity
+        ("Give warfarin now.", HEPARIN, 0.0),  # the paper's trap: one substituted entity
         ("Give an anticoagulant now.", HEPARIN, 0.0),  # the drug class is not the drug
         ("Give unfractionated heparin.", HEPARIN, 1.0),  # longest match, same id
         ("Heparin; check platelets.", HEPARIN, 2 / 3),  # an extra concept costs precision

@@ -5,7 +5,7 @@ filtered out when both the content and style rewards of the reference itself fal
 graders are those of --reward.spec (built with rewards.build_reward, with every --reward.* option of
 train.py), each scores the row's reference as if it were a completion, and each score is compared
 with --threshold on its own (the spec's weights do not matter). --drop-if all-below (the default, the
-seed's wording) drops a row only when every grader is below; any-below drops it when one is.
+paper's wording) drops a row only when every grader is below; any-below drops it when one is.
 
 A row some grader cannot read at all (its check fails, e.g. no `key_points`, or its score is None)
 is always dropped: train.py would refuse it at start-up. The summary counts the rows dropped by each

@@ -27,7 +27,7 @@ the paper uses one fixed split.
 Scores, on the held-out rows, per value of --by (the criterion by default) and overall:
 - macro-F1: the mean F1 of the two classes (met, not met), as rewards.probe.macro_f1; 'overall' pools
   every held-out decision (it is not the mean of the per-criterion scores).
-- weighted accuracy: the seed's summary reports "weighted criterion accuracy" without a definition;
+- weighted accuracy: the paper's summary reports "weighted criterion accuracy" without a definition;
   we read it as each decision weighted by its criterion's rubric weight, sum |w| [verdict = label] /
   sum |w| (a pitfall at weight -2 counts 2). It is not class-balanced accuracy (that is in the JSON as
   balanced_accuracy). Without weights it is plain accuracy, and the JSON says so.

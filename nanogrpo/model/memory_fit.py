@@ -132,6 +132,7 @@ def run_step(
     triton = kernels.HAS_TRITON and backend != "torch" and (cuda or backend == "triton")
     group = {"grpo": cfg.grpo.group_size, "ppo": cfg.ppo.samples_per_prompt, "cpt": 1}[cfg.algo]
     weights = dtype if cfg.lora.r > 0 else torch.float32
+    packing = not cuda and packing_supported(torch.empty(0, dtype=weights))  # packing folds LoRA itself
     return Step(
         prompts=max(1, cfg.prompts_per_step // world),
         group=group,
@@ -146,7 +147,7 @@ def run_step(
         dtype_bytes=dtype.itemsize,
         device=device.type,
         logprobs="triton" if triton else "torch",
-        cpu_packing=(packing := not cuda and packing_supported(torch.empty(0, dtype=weights))),
+        cpu_packing=packing,
         lora_fold=cfg.lora.r > 0 and cfg.sampling.fold_lora and not packing,
     )
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import run_train_here
 from test_resume import TINY, saved_run
 from test_train import ROOT, metrics, run_train
 
@@ -47,7 +48,7 @@ def test_flags_override_the_config(tmp_path):
 def test_the_command_line_refusals_are_one_line(tmp_path):
     saved_run(tmp_path / "a")
     conf = str(tmp_path / "a" / "config.json")
-    r = run_train("--config", conf, timeout=120)  # no --out-dir: the config's own folder
+    r = run_train_here("--config", conf)  # no --out-dir: the config's own folder
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and lines[-1].startswith("error:") and "pass another --out-dir" in lines[-1]
     assert "Traceback" not in r.stderr

@@ -152,10 +152,10 @@ def test_long_prompts_are_refused_or_cut_to_their_last_tokens(tmp_path, tiny_mod
 
 
 def test_train_refuses_a_long_prompt_before_the_model_loads(tmp_path):
-    from test_train import run_train
+    from helpers import run_train_here
 
     data = _write(tmp_path, [json.dumps({"prompt": "word " * 300, "reference": "a"})])
-    r = run_train(
+    r = run_train_here(
         "tiny",
         "--out-dir",
         str(tmp_path / "run"),
@@ -163,7 +163,6 @@ def test_train_refuses_a_long_prompt_before_the_model_loads(tmp_path):
         str(data),
         "--data.max-prompt-tokens",
         "64",
-        timeout=120,
     )
     assert r.returncode == 2 and "rows.jsonl:1: the prompt is" in r.stderr.splitlines()[-1], r.stderr[-2000:]
     assert not (tmp_path / "run" / "config.json").exists()

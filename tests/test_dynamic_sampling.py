@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_train import metrics, run_train, tiny
+from helpers import run_train_here
+from test_train import metrics, tiny
 
 from nanogrpo.data import PromptOrder, tokenize_prompts
 from nanogrpo.dynamic import (
@@ -313,11 +314,11 @@ def test_dynamic_sampling_trains_the_informative_groups_and_resumes_exactly(tmp_
 
 
 def test_the_command_line_runs(tmp_path):
-    r = run_train(
+    r = run_train_here(
         "tiny", "--grpo.dynamic-sampling", "--steps", "2", "--no-plots", "--out-dir", str(tmp_path / "run")
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train(
+    r = run_train_here(
         "tiny", "--grpo.dynamic-sampling", "--grpo.zero-spread-tol", "0.3", "--grpo.mask-truncated",
         "--steps", "2", "--no-plots", "--out-dir", str(tmp_path / "both"),
     )  # fmt: skip

@@ -6,7 +6,8 @@ import shutil
 from dataclasses import replace
 
 import pytest
-from test_train import metrics, run_train, tiny
+from helpers import run_train_here
+from test_train import metrics, tiny
 
 from nanogrpo.eval.during import eval_line, eval_seed, means
 from nanogrpo.eval.evaluate import pass_and_mean
@@ -95,7 +96,7 @@ def test_refused_at_start_up_saying_how_to_fix(tmp_path, args, needle):
     rows = tmp_path / "train.jsonl"
     rows.write_text('{"prompt": "q", "reference": "a"}\n')
     args = [a.replace("{rows}", str(rows)) for a in args]
-    r = run_train("tiny", "--out-dir", str(tmp_path / "x"), *args, timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "x"), *args)
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("error:") and needle in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "x").exists()  # refused before the run folder, and the model, were touched

@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, replace
 
 import pytest
+from helpers import run_train_here
 from test_train import metrics, run_train
 
 from nanogrpo.config import OptimConfig
@@ -115,13 +116,14 @@ def test_resume_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     before = (run / "config.json").read_text()
 
-    r = run_train("tiny", "--out-dir", str(run), "--resume", "--optim.lr", "1e-3", timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(run), "--resume", "--optim.lr", "1e-3")
     assert r.returncode == 2 and "--optim.lr: 0.0005 -> 0.001" in r.stderr.splitlines()[-1], r.stderr[-2000:]
-    r = run_train("tiny", "--out-dir", str(run), timeout=120)  # the same command again, without --resume
+    r = run_train_here("tiny", "--out-dir", str(run))  # the same command again, without --resume
     assert r.returncode == 2 and "pass --resume" in r.stderr.splitlines()[-1], r.stderr[-2000:]
     assert (run / "config.json").read_text() == before
 
-    r = run_train("tiny", "--out-dir", str(run), "--resume", "--steps", "4")  # constant lr: extend the run
+    # constant lr: extend the run
+    r = run_train_here("tiny", "--out-dir", str(run), "--resume", "--steps", "4")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "preset is not applied" in r.stdout
     ms = metrics(run)
@@ -140,7 +142,7 @@ def test_resume_from_the_command_line(tmp_path):
     ],
 )
 def test_startup_refusals_exit_2(tmp_path, args, needle):
-    r = run_train("tiny", "--out-dir", str(tmp_path / "empty"), *args, timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "empty"), *args)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and lines[-1].startswith("error:") and needle in lines[-1], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "empty" / "metrics.jsonl").exists()

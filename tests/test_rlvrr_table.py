@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import train_py_here
 
 from nanogrpo.lab import rlvrr
 
@@ -12,7 +13,8 @@ def test_every_arm_over_two_seeds_gives_one_table(tmp_path, capsys):
     rows: about a minute of CPU): the table has every arm, the CI columns, and scores in range."""
     out = tmp_path / "table"
     argv = ["--model", "tiny", "--seeds", "2", "--steps", "1", "--eval-prompts", "2", "--resamples", "500"]
-    rlvrr.main([*argv, "--out", str(out)])
+    with train_py_here():  # each run as train.py would, in this process
+        rlvrr.main([*argv, "--out", str(out)])
     printed = capsys.readouterr().out
     res = json.loads((out / "table.json").read_text())
     assert list(res["arms"]) == list(rlvrr.DEFAULT_ARMS) and res["seeds"] == [42, 123]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_train_here
 from safetensors.torch import load_file
 from test_train import ROOT, metrics, run_train
 
@@ -120,7 +121,7 @@ def test_an_out_dir_that_cannot_be_created_is_refused_before_the_model_loads(tmp
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(ValueError, match="cannot create --out-dir"):
         train.main(tiny(tmp_path / "file" / "run"))
-    r = run_train("tiny", "--out-dir", str(tmp_path / "file" / "run"), timeout=120)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "file" / "run"))
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and lines[-1].startswith("error: cannot create --out-dir"), r.stderr[-2000:]
 

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import run_eval
+from helpers import run_eval, train_py_here
 
 from nanogrpo.eval import seeds, stats
 
@@ -22,6 +22,11 @@ def run_sets(tmp_path_factory):
     """Two run sets over seeds 42 and 123: GRPO with a large learning rate (so the trained model's answers
     move away from the base's in two steps) and SFT, the baseline."""
     root = tmp_path_factory.mktemp("seeds")
+    with train_py_here():  # each seed's run as train.py would, in this process
+        return _run_sets(root)
+
+
+def _run_sets(root):
     grpo = run_eval(
         "seeds", "--out", root / "grpo", "--seeds", 42, 123, "--", *TRAIN, "--optim.lr", 0.05, cwd=root
     )

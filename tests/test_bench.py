@@ -17,17 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_bench(*args: str) -> subprocess.CompletedProcess:
-    """`python BENCH ARGS` from the checkout; it must exit 0."""
-    res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bash") is None, reason="bench/gpu_check.sh needs bash")
-def test_every_bench_runs_at_tiny_shapes(tmp_path):
-    out = tmp_path / "results"
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One run of `bash bench/gpu_check.sh --cpu-smoke` (about a minute) for the tests that read its output:
+    (its stdout, its results folder)."""
+    if shutil.which("bash") is None:
+        pytest.skip("bench/gpu_check.sh needs bash")
+    out = tmp_path_factory.mktemp("gpu_check") / "results"
     env = {**os.environ, "PYTHON": sys.executable}  # this interpreter, with the packages the suite has
     res = subprocess.run(
         ["bash", "bench/gpu_check.sh", "--cpu-smoke", str(out)],
@@ -38,6 +34,12 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
         timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout, out
+
+
+@pytest.mark.slow
+def test_every_bench_runs_at_tiny_shapes(smoke):
+    stdout, out = smoke
     status = {line.split()[0]: line for line in (out / "status.txt").read_text().splitlines() if line.strip()}
     trains = {"train-grpo", "train-dynamic", "train-ppo", "train-full"}
     assert set(status) == {*trains, "tests", "model", "generate", "attention", "step", "groups", "kernels"}
@@ -47,7 +49,7 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
             f"bench step {name} did not run: {line}\n" + (out / f"{name}.log").read_text()[-2000:]
         )
     for name in trains:  # a user's first run, two steps of each stage that samples, printed in the table
-        assert f"{name}: step 2 | " in res.stdout, res.stdout[-3000:]
+        assert f"{name}: step 2 | " in stdout, stdout[-3000:]
     gen = json.loads((out / "generate.json").read_text())
     assert [r["batch"] for r in gen["roofline"]] == [1, 4]  # with LoRA, ops and time per launch counted
     assert gen["args"]["lora_r"] == 4 and all(
@@ -56,24 +58,26 @@ def test_every_bench_runs_at_tiny_shapes(tmp_path):
     step = json.loads((out / "step.json").read_text())
     assert step, "bench/step.py wrote no measurements"
     assert "machine ceilings" in (out / "generate.log").read_text()  # the roofline's ceilings are printed
-    assert "length groups:" in (out / "groups.log").read_text()
-    assert "length groups:" in res.stdout  # and in the table printed last
+    assert "length groups:" in stdout  # and in the table printed last
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra)")
-def test_kernels_bench_tables_the_triton_lcs_row():
-    """bench/kernels.py --cpu-smoke runs the LCS kernel in Triton's interpreter and tables its row: the
-    results a CUDA run writes and reads, on the CPU."""
-    res = run_bench("bench/kernels.py", "--cpu-smoke", "--only", "lcs")
-    assert "triton (interpreter)" in res.stdout and "(matches: True)" in res.stdout, res.stdout
-    assert "NOT MEASURED" not in res.stdout, res.stdout
+def test_kernels_bench_tables_the_triton_lcs_row(smoke):
+    """bench/kernels.py --cpu-smoke (the smoke's last step) runs the LCS kernel in Triton's interpreter and
+    tables its row: the results a CUDA run writes and reads, on the CPU."""
+    log = (smoke[1] / "kernels.log").read_text()
+    lcs = [line for line in log.splitlines() if "triton (interpreter)" in line]
+    assert lcs and "(matches: True)" in lcs[0], log[-3000:]
+    assert "NOT MEASURED" not in log, log[-3000:]
 
 
-def test_length_groups_bench_runs_on_the_tiny_model():
-    res = run_bench("bench/length_groups.py", "--model", "tiny", "--repeat", "1")
-    assert "length groups:" in res.stdout and "4 group(s)" in res.stdout, res.stdout
-    # one 16-token straggler among 2-5-token completions: it runs in a group of its own
-    assert "in 2 groups: 31x4, 1x15" in res.stdout, res.stdout
+@pytest.mark.slow
+def test_length_groups_bench_puts_the_straggler_in_a_group_of_its_own(smoke):
+    """bench/length_groups.py in the smoke: 7 completions of 2-4 tokens and one of 12 on a narrow Qwen2
+    shape; the straggler runs in a group of its own."""
+    log = (smoke[1] / "groups.log").read_text()
+    assert "length groups:" in log and "in 2 groups: 7x3, 1x11" in log, log[-3000:]
 
 
 @pytest.mark.slow

@@ -115,19 +115,26 @@ def test_read_rows_names_the_bad_line(tmp_path):
 
 @pytest.mark.slow
 def test_command_line_train_and_eval(tiny_model_dir, tmp_path):
+    """`train` through the CLI's main in this process (no RuntimeWarning: they raise here), then `eval` as
+    `python -m rewards.probe` runs it, in a new interpreter: the module's entry point, end to end."""
+    import warnings
+
+    from rewards.probe_cli import main as probe_main
+
     data, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in synthetic(120, 5)))
     test.write_text("".join(json.dumps(r) + "\n" for r in synthetic(40, 6)))
     out = tmp_path / "probe"
-    run = [sys.executable, "-m", "rewards.probe"]
-    subprocess.run([*run, "train", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(out)],
-                   check=True, capture_output=True, text=True)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        probe_main(["train", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(out)])
     assert (out / "probe.safetensors").is_file() and json.loads((out / "probe.json").read_text())[
         "layer"
     ] >= 0
     res = subprocess.run(
-        [*run, "eval", "--data", str(test), "--probe", str(out)], check=True, capture_output=True, text=True
-    )
+        [sys.executable, "-m", "rewards.probe", "eval", "--data", str(test), "--probe", str(out)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report["accuracy"] >= 0.9 and {"macro_f1", "pairwise_accuracy"} <= report.keys()
     assert "RuntimeWarning" not in res.stderr

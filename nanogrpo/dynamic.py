@@ -42,8 +42,9 @@ class Scored:
 
 @dataclass
 class Group:
-    """One prompt's G completions with everything the step needs of them, on the CPU (what moves between
-    ranks); the completions are cut to the group's longest."""
+    """One prompt's G completions with everything the step needs of them, on the CPU: the form a Scored
+    group takes to move between ranks (plain CPU tensors and lists, cut to the group's longest completion,
+    without the device batch that `assemble` rebuilds on arrival)."""
 
     row: dict  # the data row (with its `_prompt_ids`)
     texts: list[str]  # (G,)
@@ -57,15 +58,11 @@ class Group:
 
 
 @dataclass
-class Draw:
-    """What a step trains on this rank (its share of the chosen groups), and what drawing them cost."""
+class Draw(Scored):
+    """The scored groups a step trains on this rank (its share of the chosen ones; `t_score` is every
+    round's scoring), and what drawing them cost."""
 
-    roll: Rollout
-    reward: torch.Tensor  # (N,)
-    parts: dict[str, list]
-    details: dict[str, list]
     t_sample: float  # every round's sampling, and the exchange between ranks
-    t_score: float  # every round's scoring
     groups_drawn: int  # all rounds, all ranks
     groups_kept: int  # informative groups among the trained ones (at most P)
     rounds: int  # extra rounds of sampling (0: the step's first draw was enough)
@@ -164,7 +161,7 @@ def draw_step(sample_round: Callable[[int], Scored], cfg: TrainConfig, pad_id: i
         trained = join_groups([moved[c] for c in mine], pad_id, device)
     t_sample += time.perf_counter() - t0
     return Draw(
-        trained.roll, trained.reward, trained.parts, trained.details, t_sample, t_score,
+        trained.roll, trained.reward, trained.parts, trained.details, t_score, t_sample=t_sample,
         groups_drawn=P * len(flags), groups_kept=min(sum(map(sum, flags)), P), rounds=len(flags) - 1,
         drawn_reward=(r_sum, r_n),
     )  # fmt: skip

@@ -27,10 +27,8 @@ FIRST = [
     "test_bench.py",
     "test_dist.py",  # its fixture makes the runs test_fsdp.py, test_eval_every.py and test_stage_dpo.py read
     "test_rewards_hostile.py",
-    "test_rlvrr_table.py",
     "test_ablate.py",
     "test_eval_extras.py",
-    "test_seeds.py",
     "test_runs.py",
     "test_report.py",
     "test_loss_variants.py",

@@ -73,8 +73,10 @@ class SamplingConfig:
     """Stop strings: a completion ends at the token that completes the first one; its text (what the graders
     score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
     (format graders check closing tags), and whatever that last token carries past it is dropped."""
-    decode: Literal["eager", "static"] = "eager"
-    """'static': fixed-shape decode steps with the same tokens (nanogrpo/model/static_decode.py)."""
+    decode: Literal["eager", "static", "compiled"] = "eager"
+    """'static': fixed-shape decode steps with the same tokens (nanogrpo/model/static_decode.py); 'compiled':
+    those steps through torch.compile (same tokens; compiling takes minutes once per process and prompt-length
+    bucket, then each step is faster: for long runs, docs/BENCHMARKS.md)."""
     fold_lora: bool = True
     """Where weights are not packed (GPU), sample with LoRA folded in: costs a copy of the adapted weights."""
 

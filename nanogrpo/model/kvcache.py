@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 
 from nanogrpo.model.attention import attention
 
@@ -207,8 +208,18 @@ class StaticGroupedKVCache(GroupedKVCache):
     changes between steps. The masked softmax and the longer products round differently from the sliced
     ones at float32's last bits (tests/test_sampling_static.py)."""
 
-    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None):
+    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None, bucket: int = 1):
+        """bucket > 1: the prompts' keys padded up to a multiple of `bucket` tokens (masked: -inf scores, so
+        the softmax gives them exact zeros), so that prompts of other lengths give a step the same shapes
+        (a compiled step then serves every GRPO step instead of compiling again for each prompt length)."""
         super().__init__(prefix, group_size, max_new, prompt_mask)
+        Lp = self.prefix_len
+        pad = -Lp % bucket
+        if pad:
+            self.pk = F.pad(self.pk, (0, 0, 0, pad))  # (layers, P, n_kv, Lb, D)
+            self.pv = F.pad(self.pv, (0, 0, 0, pad))
+            self.bias = F.pad(self.bias, (0, pad), value=float("-inf"))  # (P*n_kv, 1, Lb)
+            self.prefix_len = Lp + pad
         self.own = torch.arange(max_new, device=self.k.device)  # (max_new,) each own key's step
         self.set_step(torch.zeros(1, dtype=torch.long, device=self.k.device))
 

@@ -56,6 +56,33 @@ from nanogrpo.infra.heap import release_free_heap
 from nanogrpo.model.lora import LoraLinear
 
 
+# The packed matmuls as opaque custom ops for torch.compile (--sampling.compile): inductor cannot lower oneDNN's
+# or MKL's packed weights itself, so a compiled decode step calls these as it calls any matmul; eager calls
+# the ATen ops directly (a custom op costs a Python dispatch per call)
+@torch.library.custom_op("nanogrpo::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+    """(n, in) @ a oneDNN-packed (out, in) weight + bias -> (n, out)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x, packed, bias, out):
+    return x.new_empty(x.shape[0], out)
+
+
+@torch.library.custom_op("nanogrpo::mkl_linear", mutates_args=())
+def mkl_linear(
+    x: torch.Tensor, packed: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, rows: int
+) -> torch.Tensor:
+    """(rows, in) @ an MKL-packed (out, in) weight (`w`: its shape) + bias -> (rows, out)."""
+    return torch.ops.mkl._mkl_linear(x, packed, w, bias, rows)
+
+
+@mkl_linear.register_fake
+def _(x, packed, w, bias, rows):
+    return x.new_empty(rows, w.shape[0])
+
+
 class PackedLinear(nn.Module):
     """y = x @ W^T + b with a bf16 or float32 W pre-packed for oneDNN; `batch_hint` is the expected number of
     rows (any number works).
@@ -74,9 +101,11 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # (..., in)
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, shape[-1]), self.packed, self.packed_bias, "none", [], ""
-        )
+        x2 = x.reshape(-1, shape[-1])  # (n, in)
+        if torch.compiler.is_compiling():
+            y = onednn_linear(x2, self.packed, self.packed_bias, self.out_features)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.packed_bias, "none", [], "")
         return y.view(*shape[:-1], self.out_features)  # (..., out)
 
 
@@ -131,7 +160,10 @@ class MklPackedLinear(nn.Module):
             return self.plain(x)  # (..., out) the prefill's P x L rows, or half the packed count or less
         if n < self.rows:
             x2 = F.pad(x2, (0, 0, 0, self.rows - n))  # (rows, in) zero rows, dropped below
-        y = torch.ops.mkl._mkl_linear(x2, self.packed, self.shape_of_w, self.bias, self.rows)  # (rows, out)
+        if torch.compiler.is_compiling():
+            y = mkl_linear(x2, self.packed, self.shape_of_w, self.bias, self.rows)  # (rows, out)
+        else:
+            y = torch.ops.mkl._mkl_linear(x2, self.packed, self.shape_of_w, self.bias, self.rows)
         return y[:n].view(*shape[:-1], self.out_features)  # (..., out)
 
 

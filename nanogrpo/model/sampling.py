@@ -226,8 +226,9 @@ def generate(
     `fold_lora`: where the weights are not packed (a GPU, NANOGRPO_PACKED=0), sample with each LoRA layer's
     W + (alpha / r) B A folded into one weight (packed.folded_lora: one copy of the adapted weights in their
     dtype for the call) instead of running the adapters; False runs the adapters as the trainer does.
-    `decode`: 'eager' (the loop below: slices the cache, drops ended rows) or 'static' (fixed-shape steps,
-    static_decode.py: same tokens with the same generators, log-probs to float32 rounding).
+    `decode`: 'eager' (the loop below: slices the cache, drops ended rows), 'static' (fixed-shape steps,
+    static_decode.py: same tokens with the same generators, log-probs to float32 rounding) or 'compiled'
+    (those steps through torch.compile: the same tokens; compiling costs once per process and shape).
     """
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
         raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
@@ -241,8 +242,8 @@ def generate(
         raise ValueError(f"temperature={temperature} (>= 0), top_p={top_p} (0, 1], top_k={top_k} (>= 0)")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer to decode completions: pass tokenizer=")
-    if decode not in ("eager", "static"):
-        raise ValueError(f"decode={decode!r}: use 'eager' or 'static'")
+    if decode not in ("eager", "static", "compiled"):
+        raise ValueError(f"decode={decode!r}: use 'eager', 'static' or 'compiled'")
     if any(s == "" for s in stop_strings):
         raise ValueError("an empty stop string would end every completion at once; remove it")
 
@@ -256,10 +257,10 @@ def generate(
             folded_lora(model, enabled=fold_lora and packed is None),  # packing folds LoRA itself
             torch.autocast(model.lm_head_weight.device.type, dtype=amp, enabled=amp is not None),
         ):
-            if decode == "static":
+            if decode != "eager":
                 return _generate_static(
                     model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp,
+                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, compiled=decode == "compiled",
                 )  # fmt: skip
             return _generate(
                 model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
@@ -368,15 +369,16 @@ def _generate(
 
 def _generate_static(
     model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
-    amp=None,
+    amp=None, compiled: bool = False,
 ) -> Generation:  # fmt: skip
-    """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop."""
+    """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop;
+    `compiled`: its steps through torch.compile."""
     W = model.lm_head_weight  # (V, H)
     lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     sample = lambda logits, u: sample_tokens(logits, temperature, top_p, top_k, None, u)  # noqa: E731
     s = generate_static(
         model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer, generator, pad_id,
-        amp, temperature, _prefill,
+        amp, temperature, _prefill, compiled,
     )  # fmt: skip
     return _finish(s.tokens, s.logps, s.length, s.done, pad_id)
 

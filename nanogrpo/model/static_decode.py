@@ -14,15 +14,25 @@ every row's latest tokens): no two steps look alike, so nothing can be captured 
   row has ended, and checks stop strings then (`_StopCheck`: one decode per live row, a per-token check only
   for rows whose text holds a stop string), so the result equals the eager loop's.
 
-`decode_step` is the one step, a function of fixed-shape tensors only, for a later torch.compile or CUDA
-graph to wrap. Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the
-masked softmax over max_new keys and the longer products round differently from the sliced ones). With one
-generator for the whole batch the streams match only until the eager loop drops its first ended rows
-(it then draws fewer uniforms per step); per-prompt generators (what training uses) always match.
+`decode_step` is the one step, a function of fixed-shape tensors only. `--sampling.decode compiled` runs it
+through torch.compile (inductor, fullgraph, static shapes: `compiled_step`): the step's norms, RoPE, softmax,
+sampling and bookkeeping become a few fused kernels, and the packed matmuls stay oneDNN's or MKL's (opaque
+custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMPT_BUCKET tokens, so one
+compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
+max_new_tokens) compiles again. Compiling costs once per process (minutes on a small CPU for a 28-layer model;
+inductor caches it on disk for the next run): it pays on long runs, not on the 60-step demo, so the default
+stays eager. Not yet done: CUDA graphs around the compiled step (a GPU gets inductor's Triton kernels, one
+launch each, without a captured graph).
+
+Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the masked softmax
+over max_new keys and the longer products round differently from the sliced ones). With one generator for
+the whole batch the streams match only until the eager loop drops its first ended rows (it then draws fewer
+uniforms per step); per-prompt generators (what training uses) always match.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +41,7 @@ import torch
 from nanogrpo.model.kvcache import StaticGroupedKVCache
 
 SYNC_EVERY = 8  # decode steps between host syncs (early stop, stop strings)
+PROMPT_BUCKET = 64  # compiled steps: the prompts' keys padded to a multiple of this many tokens
 
 
 @dataclass
@@ -82,6 +93,12 @@ def decode_step(model, lm_head, cache, s: DecodeState, tok, t, u, sample) -> tor
     return record(s, t + 1, nxt, lp)
 
 
+@functools.cache
+def compiled_step():
+    """decode_step through torch.compile, made once per process (each new shape compiles on first use)."""
+    return torch.compile(decode_step, fullgraph=True, dynamic=False)
+
+
 class _StopCheck:
     """Stop strings, checked every few steps on the host with the eager loop's rule: the row ends at the
     first token i whose window (the last `window` tokens up to i) decodes to a text holding a stop string.
@@ -124,12 +141,16 @@ class _StopCheck:
 
 
 def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer,
-                    generator, pad_id, amp, temperature, prefill):  # fmt: skip
+                    generator, pad_id, amp, temperature, prefill, compiled: bool = False):  # fmt: skip
     """sampling._generate's contract (tokens, log-probs, lengths, truncated) on fixed-shape steps.
-    `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill."""
+    `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill; `compiled`: each step
+    through `compiled_step`."""
     dev = model.lm_head_weight.device
     N = len(prompts) * G
-    logits, cache, next_pos = prefill(model, lm_head, prompts, G, max_new, pad_id, amp, StaticGroupedKVCache)
+    bucket = PROMPT_BUCKET if compiled else 1
+    cache_cls = functools.partial(StaticGroupedKVCache, bucket=bucket)
+    logits, cache, next_pos = prefill(model, lm_head, prompts, G, max_new, pad_id, amp, cache_cls)
+    step = compiled_step() if compiled else decode_step
     eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
     s = DecodeState(
         tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=dev),
@@ -152,7 +173,7 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
                 stops(s, made)
             if bool(s.done.all()):
                 break
-        tok = decode_step(model, lm_head, cache, s, tok, steps[t], u_at(t + 1), sample)
+        tok = step(model, lm_head, cache, s, tok, steps[t], u_at(t + 1), sample)
         made += 1
     if stops is not None:
         stops(s, made)

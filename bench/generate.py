@@ -16,7 +16,8 @@ a step must read (weights + KV cache) per second with the device's copy bandwidt
 --peak-gbs), and its FLOPs per second with the machine's matmul rate (measured at a large shape): the
 share of each roofline that decoding reaches, and the step's floor (the slower of the two). On a CPU it
 is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
---decode eager,static gives a row per decode loop of the sampler (--sampling.decode), side by side.
+--decode eager,static,compiled gives a row per decode loop of the sampler (--sampling.decode), side by side,
+in the samplers' table and in the roofline's; a compiled loop's first call (the compile) is timed apart.
 
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
@@ -33,6 +34,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -269,7 +271,10 @@ def main() -> None:
         default=0,
         help="nanogrpo side: LoRA adapters of rank R on every projection, as training samples",
     )
-    ap.add_argument("--decode", default="eager", help="decode loops to time: eager, static or eager,static")
+    ap.add_argument(
+        "--decode", default="eager",
+        help="decode loops to time (--sampling.decode), comma-separated: eager, static, compiled",
+    )  # fmt: skip
     ap.add_argument("--json", default="", help="also write every measurement to this file")
     args = ap.parse_args()
 
@@ -314,14 +319,25 @@ def main() -> None:
             )
         gen = torch.Generator(args.device).manual_seed(0)
 
-        def ours() -> int:
-            g = generate(
-                model, prompts[:P], group_size=G, max_new_tokens=N, temperature=temperature,
-                eos_ids=eos, generator=gen, pad_id=pad,
-            )  # fmt: skip
-            return int(g.mask.sum())
+        def ours(decode: str) -> Callable[[], int]:
+            def call() -> int:
+                g = generate(
+                    model, prompts[:P], group_size=G, max_new_tokens=N, temperature=temperature,
+                    eos_ids=eos, generator=gen, pad_id=pad, decode=decode,
+                )  # fmt: skip
+                return int(g.mask.sum())
 
-        samplers["nanogrpo"] = ours
+            return call
+
+        for d in args.decode.split(","):  # a row per decode loop; the eager one is 'nanogrpo'
+            name = "nanogrpo" if d == "eager" else f"nanogrpo {d}"
+            samplers[name] = ours(d)
+            if d == "compiled":  # its first call compiles the step: timed apart, then warm
+                t0 = time.perf_counter()
+                samplers[name]()
+                notes.append(
+                    f"{name}: the first call took {time.perf_counter() - t0:.1f} s (compiling the step)"
+                )
 
     if only != "nanogrpo":
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -390,18 +406,18 @@ def main() -> None:
     )
     for n in notes:
         print(n)
-    print(f"{'sampler':<14}{'wall s':>9}{'cpu s':>9}{'tokens':>8}{'tok/s wall':>12}{'tok/s cpu':>11}")
+    print(f"{'sampler':<18}{'wall s':>9}{'cpu s':>9}{'tokens':>8}{'tok/s wall':>12}{'tok/s cpu':>11}")
     tps: dict[str, tuple[float, float]] = {}
     for name, ((wall, cpu), n) in results.items():
         w, cp = statistics.median(wall), statistics.median(cpu)
         tps[name] = (n / w, n / cp)
-        print(f"{name:<14}{w:>9.2f}{cp:>9.2f}{n:>8}{n / w:>12.1f}{n / cp:>11.1f}")
-    if len(tps) == 2:
-        (ow, oc), (tw, tc) = tps["nanogrpo"], tps["transformers"]
+        print(f"{name:<18}{w:>9.2f}{cp:>9.2f}{n:>8}{n / w:>12.1f}{n / cp:>11.1f}")
+    for name in [n for n in tps if n.startswith("nanogrpo")] if "transformers" in tps else []:
+        (ow, oc), (tw, tc) = tps[name], tps["transformers"]
         print(
-            f"{'ratio':<14}{'':>9}{'':>9}{'':>8}{ow / tw:>11.2f}x{oc / tc:>10.2f}x  (nanogrpo / transformers)"
+            f"{'ratio':<18}{'':>9}{'':>9}{'':>8}{ow / tw:>11.2f}x{oc / tc:>10.2f}x  ({name} / transformers)"
         )
-        turns = [t / o for o, t in zip(results["nanogrpo"][0][0], results["transformers"][0][0])]
+        turns = [t / o for o, t in zip(results[name][0][0], results["transformers"][0][0])]
         print(f"each turn's wall ratio: {', '.join(f'{r:.2f}x' for r in turns)} (the calls took turns)")
     if roofline:
         where = f"peak {peak:.0f} GB/s ({peak_from})" if peak else "no peak bandwidth: pass --peak-gbs"
@@ -419,7 +435,7 @@ def main() -> None:
                 f"machine ceilings: copy {peak:.1f} GB/s, matmul {args.dtype} "
                 f"{(rate or 0):.0f} GFLOP/s{', ' + rates if rates else ''} (1024x2048 @ 2048x2048)"
             )
-        head = f"{'batch':>6}{'decode':>8}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}"
+        head = f"{'batch':>6}{'decode':>10}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}"
         launch = "kernels" if args.device.startswith("cuda") else "aten ops"
         head += f"{'of peak':>9}{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{launch + '/step':>15}"
         print(head + f"{'us/launch':>11}")
@@ -433,7 +449,7 @@ def main() -> None:
                         r["flops_step"] / (rate * 1e9) * 1e3 if rate else 0.0)  # fmt: skip
             r["floor_ms"] = floor
             print(
-                f"{r['batch']:>6}{r['decode']:>8}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
+                f"{r['batch']:>6}{r['decode']:>10}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
                 f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{floor:>10.1f}"
                 f"{r['kernels_step' if args.device.startswith('cuda') else 'aten_ops_step']:>15.0f}"
                 f"{r['us_per_launch'] or 0:>11.1f}"

@@ -220,8 +220,19 @@ class StaticGroupedKVCache(GroupedKVCache):
             self.pv = F.pad(self.pv, (0, 0, 0, pad))
             self.bias = F.pad(self.bias, (0, pad), value=float("-inf"))  # (P*n_kv, 1, Lb)
             self.prefix_len = Lp + pad
-        self.own = torch.arange(max_new, device=self.k.device)  # (max_new,) each own key's step
-        self.set_step(torch.zeros(1, dtype=torch.long, device=self.k.device))
+        # a buffer of its own per layer, each (max_new, n, n_kv, D): a compiled step writes each in place,
+        # where slices of one (layers, ...) buffer are views of one graph input, whose writes inductor turns
+        # into a copy of the whole buffer for every layer
+        layers, shape = self.k.shape[0], self.k.shape[1:]
+        self.k = self.v = None  # the one buffer, freed before the per-layer ones are made
+        self.k = [self.pk.new_zeros(shape) for _ in range(layers)]
+        self.v = [self.pk.new_zeros(shape) for _ in range(layers)]
+        self.own = torch.arange(max_new, device=self.pk.device)  # (max_new,) each own key's step
+        self.set_step(torch.zeros(1, dtype=torch.long, device=self.pk.device))
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[1]
 
     @property
     def length(self) -> int:
@@ -235,17 +246,18 @@ class StaticGroupedKVCache(GroupedKVCache):
         """The completion token the next forward writes: t (1,) long, on the cache's device."""
         self.t = t  # (1,) the index_copy_ index
         # added to the scores of the own keys: 0 up to step t, -inf on the ones not yet written
-        self.own_bias = torch.zeros_like(self.own, dtype=self.k.dtype).masked_fill_(
+        self.own_bias = torch.zeros_like(self.own, dtype=self.pk.dtype).masked_fill_(
             self.own > self.t, float("-inf")
         )
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new k/v (n, n_kv, 1, D) at step t, in the cache's dtype (a bf16 model's CPU cache is
         float32); return the whole buffers (n, n_kv, max_new, D)."""
-        if k.dtype != self.k.dtype:  # fixed for the call: no cast op when the dtypes agree
-            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
-        self.k[layer].index_copy_(0, self.t, k.permute(2, 0, 1, 3))
-        self.v[layer].index_copy_(0, self.t, v.permute(2, 0, 1, 3))
+        if k.dtype != self.pk.dtype:  # fixed for the call: no cast op when the dtypes agree
+            k, v = k.to(self.pk.dtype), v.to(self.pk.dtype)
+        # index_put_ on the layer's own buffer: written in place by a compiled step too
+        self.k[layer].index_put_((self.t,), k.permute(2, 0, 1, 3))
+        self.v[layer].index_put_((self.t,), v.permute(2, 0, 1, 3))
         return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:

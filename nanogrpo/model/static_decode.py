@@ -74,8 +74,8 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
     """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0; mark the rows that hit an
     EOS id now. Returns the tokens as recorded (the next forward's input)."""
     tok = torch.where(s.done, s.pad, tok)  # (N,)
-    s.tokens.index_copy_(1, t, tok[:, None])
-    s.logps.index_copy_(1, t, lp.masked_fill(s.done, 0.0)[:, None])
+    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see kvcache.StaticGroupedKVCache)
+    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
     if len(s.eos):
         new = torch.isin(tok, s.eos) & ~s.done  # (N,)
         s.length.copy_(torch.where(new, t + 1, s.length))

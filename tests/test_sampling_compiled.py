@@ -67,8 +67,9 @@ def test_compiled_decode_equals_eager(lora_model, case):
     model, tok, prompts = lora_model
     kw = {}
     if case == "stop":
-        texts = sample(model, prompts, "eager").texts(tok)
-        kw = {"tokenizer": tok, "stop_strings": [texts[0][6:9], texts[4][12:14], "@@never"]}
+        texts = [t for t in sample(model, prompts, "eager").texts(tok) if len(t) >= 14]
+        assert len(texts) >= 2, texts  # stop strings the completions really produce, some inside a token
+        kw = {"tokenizer": tok, "stop_strings": [texts[0][6:9], texts[1][12:14], "@@never"]}
     eager, compiled = sample(model, prompts, "eager", **kw), sample(model, prompts, "compiled", **kw)
     assert_same(eager, compiled, LOGP_ATOL)
     assert len(set(eager.lengths.tolist())) > 3  # rows end apart

@@ -33,6 +33,7 @@ uniforms per step); per-prompt generators (what training uses) always match.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -95,7 +96,18 @@ def decode_step(model, lm_head, cache, s: DecodeState, tok, t, u, sample) -> tor
 
 @functools.cache
 def compiled_step():
-    """decode_step through torch.compile, made once per process (each new shape compiles on first use)."""
+    """decode_step through torch.compile, made once per process (each new shape compiles on first use).
+
+    A process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets)
+    keeps inductor's on-disk cache in a folder of its own: inductor reused the kernels one capability
+    compiled in a process of the other, which then read out of bounds or crashed (double free)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    isa, default = os.environ.get("ATEN_CPU_CAPABILITY"), default_cache_dir()
+    if isa and os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == os.path.abspath(
+        default
+    ):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{isa}"  # not a folder the user chose
     return torch.compile(decode_step, fullgraph=True, dynamic=False)
 
 

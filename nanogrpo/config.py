@@ -74,9 +74,7 @@ class SamplingConfig:
     score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
     (format graders check closing tags), and whatever that last token carries past it is dropped."""
     decode: Literal["eager", "static", "compiled"] = "eager"
-    """'static': fixed-shape decode steps with the same tokens (nanogrpo/model/static_decode.py); 'compiled':
-    those steps through torch.compile (same tokens; compiling takes minutes once per process and prompt-length
-    bucket, then each step is faster: for long runs, docs/BENCHMARKS.md)."""
+    """'static': fixed-shape steps, same tokens; 'compiled': those steps torch.compiled (compiles once: ~1 min)."""
     fold_lora: bool = True
     """Where weights are not packed (GPU), sample with LoRA folded in: costs a copy of the adapted weights."""
 

@@ -157,6 +157,31 @@ def test_refuse_names_the_flags_that_fit_and_off_reads_nothing(monkeypatch):
     assert memory_fit.fit_to_memory(sft, torch.device("cuda"), torch.bfloat16, rows) is sft and not asked
 
 
+def test_the_lora_fold_is_given_up_last_when_only_that_fits(monkeypatch, capsys):
+    """A card where even micro-batch 1 with checkpointing fits only without the sampler's folded copy of the
+    adapted weights: 'fit' turns the fold off (and says so), 'refuse' names --sampling.no-fold-lora."""
+    cfg = replace(readme_config(), micro_batch=0, model=replace(readme_config().model, path=QWEN))
+    c, s = memory.model_config(QWEN), gpu_step(cfg, 256)
+    assert s.lora_fold
+    least = replace(s, micro_batch=min(memory_fit.micro_batches(s)), checkpointing=True)
+    folded, unfolded = memory.plan(c, least).peak, memory.plan(c, replace(least, lora_fold=False)).peak
+    assert unfolded < folded  # the copy is counted
+    budget = (folded + unfolded) // 2
+    mock_cuda(monkeypatch, figure_for(budget))
+    rows = [{"_prompt_ids": [1] * 256}]
+    fitted = memory_fit.fit_to_memory(cfg, torch.device("cuda"), torch.bfloat16, rows)
+    out = capsys.readouterr().out
+    assert not fitted.sampling.fold_lora and "--sampling.no-fold-lora" in out and fitted.micro_batch > 0
+    assert memory.plan(c, gpu_step(fitted, 256)).peak <= budget
+    with pytest.raises(ValueError, match="--sampling.no-fold-lora fits"):
+        memory_fit.fit_to_memory(
+            replace(cfg, memory_check="refuse"), torch.device("cuda"), torch.bfloat16, rows
+        )
+    # with room for the copy, the fold stays
+    mock_cuda(monkeypatch, figure_for(folded + memory.GiB))
+    assert memory_fit.fit_to_memory(cfg, torch.device("cuda"), torch.bfloat16, rows).sampling.fold_lora
+
+
 def test_the_plan_counts_full_fine_tunes_and_the_cpu_paths():
     c = memory.model_config(QWEN)
     n, V, H = memory.param_count(c), c["vocab_size"], c["hidden_size"]

@@ -89,21 +89,26 @@ def micro_batches(s: Step) -> list[int]:
 
 def fit(c: dict, s: Step, budget: int, fsdp_ranks: int = 0, keep_micro: bool = False) -> Step | None:
     """The fastest setting of s that fits in `budget` bytes, or None: the largest whole-group micro-batch
-    without activation checkpointing (unless s already has it), else the largest micro-batch with it.
-    keep_micro: s.micro_batch stays, only checkpointing may be turned on."""
+    without activation checkpointing (unless s already has it), else the largest micro-batch with it; when
+    none fits and the sampler folds LoRA into a copy of the weights, the same without that copy (sampling
+    through the adapters: slower, and the last thing given up). keep_micro: s.micro_batch stays, only
+    checkpointing (and the fold) may be turned off or on."""
     sizes = [s.micro_batch] if keep_micro else micro_batches(s)
     tries = [] if s.checkpointing else [(m, False) for m in sizes if keep_micro or m >= min(s.group, s.rows)]
     tries += [(m, True) for m in sizes]
-    for m, ck in tries:
-        t = replace(s, micro_batch=m, checkpointing=ck)
-        if plan_of(c, t, fsdp_ranks).peak <= budget:
-            return t
+    for fold in [True, False] if s.lora_fold else [False]:
+        for m, ck in tries:
+            t = replace(s, micro_batch=m, checkpointing=ck, lora_fold=fold)
+            if plan_of(c, t, fsdp_ranks).peak <= budget:
+                return t
     return None
 
 
-def flags(s: Step) -> str:
-    """The flags of s's micro-batch and checkpointing, as a user types them."""
-    return f"--micro-batch {s.micro_batch}" + (" --model.activation-checkpointing" if s.checkpointing else "")
+def flags(s: Step, was: Step | None = None) -> str:
+    """The flags of s's micro-batch and checkpointing, as a user types them, and --sampling.no-fold-lora
+    when s gave up the fold that `was` had."""
+    out = f"--micro-batch {s.micro_batch}" + (" --model.activation-checkpointing" if s.checkpointing else "")
+    return out + (" --sampling.no-fold-lora" if was is not None and was.lora_fold and not s.lora_fold else "")
 
 
 def _gib(x: float) -> str:
@@ -165,7 +170,8 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
     written, so the chosen flags are what the run folder records and a --resume finds.
 
     'fit': a run that does not fit gets the largest micro-batch of whole groups that fits without activation
-    checkpointing, else the largest that fits with it, and one printed line says so. A --micro-batch other
+    checkpointing, else the largest that fits with it, else the same sampling through the LoRA adapters
+    instead of a folded copy (--sampling.no-fold-lora), and one printed line says so. A --micro-batch other
     than 0 (a flag, a preset or --config) is kept as given: only activation checkpointing may be turned on
     for it (it changes no number, only time); when that is not enough the run is refused, naming the flags
     that fit. 'refuse' refuses instead of choosing. A run that fits is left alone, silently. --resume changes
@@ -210,13 +216,16 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
         )
     if dist.is_main():
         print(
-            f"memory: {need}, but {have}: running with {flags(fitted)} "
+            f"memory: {need}, but {have}: running with {flags(fitted, s)} "
             f"({_gib(plan_of(c, fitted, ranks).peak)}; --memory-check off keeps the flags as given)"
         )
     return replace(
         cfg,
         micro_batch=fitted.micro_batch,
         model=replace(cfg.model, activation_checkpointing=fitted.checkpointing),
+        sampling=replace(
+            cfg.sampling, fold_lora=cfg.sampling.fold_lora and (fitted.lora_fold or not s.lora_fold)
+        ),
     )
 
 
@@ -245,10 +254,10 @@ def refusal(c: dict, s: Step, room: int, ranks: int, why: str, kept_micro: bool)
     if best is not None:
         kept = " --micro-batch is kept as given;" if kept_micro else ""
         return (
-            f"{why}:{kept} {flags(best)} fits ({_gib(plan_of(c, best, ranks).peak)}); pass it, or "
+            f"{why}:{kept} {flags(best, s)} fits ({_gib(plan_of(c, best, ranks).peak)}); pass it, or "
             "--memory-check off to run as configured"
         )
-    least = replace(s, micro_batch=min(micro_batches(s)), checkpointing=True)
+    least = replace(s, micro_batch=min(micro_batches(s)), checkpointing=True, lora_fold=False)
     p = plan_of(c, least, ranks)
     top = sorted(((v, k) for k, v in p.parts.items() if v), reverse=True)[:3]
     lora = ", train LoRA adapters (--lora.r 16) rather than every weight" if s.lora_r == 0 else ""

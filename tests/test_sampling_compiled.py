@@ -13,17 +13,20 @@ import collections
 
 import pytest
 import torch
-from test_sampling_static import MANY_EOS, TEXTS, assert_same
+from test_sampling_static import MANY_EOS, TEXTS, assert_same, lively  # noqa: F401, F811 (a fixture)
 
+from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.model import lora
 from nanogrpo.model.sampling import generate
 from nanogrpo.model.static_decode import PROMPT_BUCKET
+from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, random_transformer, resolve_model
 
 pytestmark = pytest.mark.slow
 SHAPE = "qwen2.5-1.5b:layers=28,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
 G, N_NEW = 3, 24
 LOGP_ATOL = 3e-5
+LOGP_ATOL_BF16 = 2e-4  # a bf16 model: 6e-5 measured, far under bf16's own rounding (4e-3 relative)
 MATMULS = {"mm", "bmm", "baddbmm", "addmm", "linear", "matmul", "_linear_pointwise", "_mkl_linear"}
 MATMULS |= {"onednn_linear", "mkl_linear"}  # packed.py's custom ops around the packed matmuls
 DISPATCHED = ("aten::", "mkldnn::", "mkl::", "nanogrpo::")  # ops the host dispatches
@@ -133,3 +136,16 @@ def test_a_compiled_step_dispatches_at_most_50_ops_besides_the_matmuls(lora_mode
     )
     assert steps >= 8 and matmuls >= 4 * 28  # the projections of every layer ran in the counted steps
     assert sum(other.values()) <= 50, other
+
+
+@pytest.mark.skipif(
+    not cpu_capability().onednn_bf16, reason="bf16 samples in float32 on this CPU: no bf16 units"
+)
+def test_compiled_decode_equals_eager_in_bf16(lively):  # noqa: F811
+    """A bf16 model, the CPU's default dtype where it has bf16 units (bf16 packed weights, a float32 cache):
+    the same tokens (inductor rounds to bf16 where eager does: emulate_precision_casts), the log-probs within
+    LOGP_ATOL_BF16."""
+    model, _, prompts = lively
+    bf16 = Transformer.from_pretrained(resolve_model("tiny"), dtype=torch.bfloat16)
+    bf16.load_state_dict(model.state_dict())
+    assert_same(sample(bf16, prompts, "eager"), sample(bf16, prompts, "compiled"), LOGP_ATOL_BF16)

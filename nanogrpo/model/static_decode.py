@@ -108,7 +108,11 @@ def compiled_step():
         default
     ):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{isa}"  # not a folder the user chose
-    return torch.compile(decode_step, fullgraph=True, dynamic=False)
+    # bf16 rounded where eager rounds it (inductor otherwise keeps a fused chain's intermediates in float32):
+    # the same tokens as the eager sampler, not near-ties drawn the other way
+    return torch.compile(
+        decode_step, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True}
+    )
 
 
 class _StopCheck:

@@ -27,6 +27,7 @@ FIRST = [
     "test_bench.py",
     "test_dist.py",  # its fixture makes the runs test_fsdp.py, test_eval_every.py and test_stage_dpo.py read
     "test_rewards_hostile.py",
+    "test_sampling_compiled.py",  # one torch.compile of a 28-layer model
     "test_ablate.py",
     "test_eval_extras.py",
     "test_runs.py",

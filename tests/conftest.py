@@ -18,9 +18,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # processes its tests start (golden_runs.py sets its own two: its records were made with two)
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    # torch.compile (tests/test_sampling_compiled.py) compiles in the worker itself: its pool of compile
-    # processes would take the cores the other workers run on
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 # the test files that take longest, in that order ahead of the rest: `make test` hands each worker a file

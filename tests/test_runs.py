@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers import run_train_here
 from safetensors.torch import load_file
-from test_train import ROOT, metrics, run_train
+from test_train import ROOT, metrics
 
 import train
 from nanogrpo.infra import checkpoint as ckpt
@@ -323,7 +323,7 @@ def _kill_at(proc, run: Path, rng: random.Random, during_save: bool) -> bool:
 def test_sigkill_at_random_moments_then_resume_equals_a_straight_run(tmp_path):
     steps = 8
     args = ["tiny", "--steps", str(steps), "--save-every", "1", "--eval-prompts", "0", "--no-plots"]
-    r = run_train(*args, "--out-dir", str(tmp_path / "straight"))
+    r = run_train_here(*args, "--out-dir", str(tmp_path / "straight"))  # the reference, in this process
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "killed"
     rng = random.Random(0)

@@ -96,9 +96,12 @@ class FakeServer:
                     srv.requests.append({"payload": payload, "headers": dict(self.headers), "t": time.time()})
                     srv.inflight += 1
                     srv.max_inflight = max(srv.max_inflight, srv.inflight)
-                try:
+                counted = True  # in flight until its reply starts: the client may send its next request as
+                try:  # soon as it has read this one's, before this thread got back to a `finally`
                     status, headers, body, delay = srv.script(payload, n)
                     time.sleep(delay)
+                    with srv.lock:
+                        srv.inflight, counted = srv.inflight - 1, False
                     if callable(body):
                         body(self.wfile)
                         return
@@ -112,8 +115,9 @@ class FakeServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up on a slow reply (the timeout test)
                 finally:
-                    with srv.lock:
-                        srv.inflight -= 1
+                    if counted:
+                        with srv.lock:
+                            srv.inflight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"

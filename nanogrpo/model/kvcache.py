@@ -244,7 +244,7 @@ class StaticGroupedKVCache(GroupedKVCache):
 
     def set_step(self, t: torch.Tensor) -> None:
         """The completion token the next forward writes: t (1,) long, on the cache's device."""
-        self.t = t  # (1,) the index_copy_ index
+        self.t = t  # (1,) the index_put_ index
         # added to the scores of the own keys: 0 up to step t, -inf on the ones not yet written
         self.own_bias = torch.zeros_like(self.own, dtype=self.pk.dtype).masked_fill_(
             self.own > self.t, float("-inf")

@@ -214,6 +214,7 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
         raise ValueError(
             refusal(c, s, room, ranks, f"{need}, but {have}", explicit and cfg.memory_check == "fit")
         )
+    gave_up_fold = s.lora_fold and not fitted.lora_fold
     if dist.is_main():
         print(
             f"memory: {need}, but {have}: running with {flags(fitted, s)} "
@@ -223,9 +224,7 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
         cfg,
         micro_batch=fitted.micro_batch,
         model=replace(cfg.model, activation_checkpointing=fitted.checkpointing),
-        sampling=replace(
-            cfg.sampling, fold_lora=cfg.sampling.fold_lora and (fitted.lora_fold or not s.lora_fold)
-        ),
+        sampling=replace(cfg.sampling, fold_lora=cfg.sampling.fold_lora and not gave_up_fold),
     )
 
 

@@ -56,7 +56,7 @@ from nanogrpo.infra.heap import release_free_heap
 from nanogrpo.model.lora import LoraLinear
 
 
-# The packed matmuls as opaque custom ops for torch.compile (--sampling.compile): inductor cannot lower oneDNN's
+# The packed matmuls as opaque custom ops for torch.compile (--sampling.decode compiled): inductor cannot lower oneDNN's
 # or MKL's packed weights itself, so a compiled decode step calls these as it calls any matmul; eager calls
 # the ATen ops directly (a custom op costs a Python dispatch per call)
 @torch.library.custom_op("nanogrpo::onednn_linear", mutates_args=())

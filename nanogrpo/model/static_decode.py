@@ -19,7 +19,7 @@ through torch.compile (inductor, fullgraph, static shapes: `compiled_step`): the
 sampling and bookkeeping become a few fused kernels, and the packed matmuls stay oneDNN's or MKL's (opaque
 custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMPT_BUCKET tokens, so one
 compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
-max_new_tokens) compiles again. Compiling costs once per process (minutes on a small CPU for a 28-layer model;
+max_new_tokens) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer model;
 inductor caches it on disk for the next run): it pays on long runs, not on the 60-step demo, so the default
 stays eager. Not yet done: CUDA graphs around the compiled step (a GPU gets inductor's Triton kernels, one
 launch each, without a captured graph).

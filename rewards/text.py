@@ -129,6 +129,7 @@ _GLUED = r"(?-i:[kKMBT])|bn|mn|mln|mld"
 _WORDS = r"thousands?|mila|millions?|milion[ei]|mld|mln|billions?|miliard[oi]|trillions?|bn|mn|tn"
 _NUMBER = re.compile(
     rf"""
+    (?=[-\u2212+$€£¥\d])                     # starts at a sign, a currency or a digit: lets the scan skip prose
     (?<![\w.,])(?<![^\W\d_][-\u2010])       # not glued to a word: 'H2O', 'COVID-19', 'v1.2'
     (?P<sign>[-\u2212+](?=[$€£¥]?\d))?
     [$€£¥]?

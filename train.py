@@ -48,6 +48,7 @@ from nanogrpo.model import judge_backend
 from nanogrpo.model.attention import check_flash
 from nanogrpo.model.logprobs import Batch, completion_logprobs
 from nanogrpo.model.memory_fit import fit_to_memory
+from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import Update, build_optimizer, build_scheduler, in_slices, step_counts, update
 from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.recipes.presets import PRESETS
@@ -72,6 +73,7 @@ def main(cfg: TrainConfig) -> dict:
         keep_freed_memory()
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()
+    check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg))  # a CUDA graph needs CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, tok, reward_fn = training_data(cfg)  # read, checked and tokenized before the model loads

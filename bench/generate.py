@@ -17,7 +17,9 @@ a step must read (weights + KV cache) per second with the device's copy bandwidt
 share of each roofline that decoding reaches, and the step's floor (the slower of the two). On a CPU it
 is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
 --decode eager,static,compiled gives a row per decode loop of the sampler (--sampling.decode), side by side,
-in the samplers' table and in the roofline's; a compiled loop's first call (the compile) is timed apart.
+in the samplers' table and in the roofline's; a compiled loop's first call (the compile) is timed apart. The
+loops that replay a CUDA graph (graph, compiled-graph) run on a GPU only; elsewhere their rows are skipped with
+a line saying so.
 
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
@@ -46,6 +48,7 @@ from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
 from nanogrpo.infra.heap import keep_freed_memory  # noqa: E402
 from nanogrpo.model.packed import packing_supported  # noqa: E402
 from nanogrpo.model.sampling import generate  # noqa: E402
+from nanogrpo.model.static_decode import GRAPHED  # noqa: E402
 from nanogrpo.model.transformer import ModelArgs, Transformer  # noqa: E402
 from nanogrpo.model.zoo import random_config, random_transformer, resolve_model  # noqa: E402
 
@@ -273,7 +276,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--decode", default="eager",
-        help="decode loops to time (--sampling.decode), comma-separated: eager, static, compiled",
+        help="decode loops to time (--sampling.decode), comma-separated: eager, static, compiled, graph, "
+        "compiled-graph (the last two on a GPU)",
     )  # fmt: skip
     ap.add_argument("--json", default="", help="also write every measurement to this file")
     args = ap.parse_args()
@@ -318,6 +322,10 @@ def main() -> None:
                 f"nanogrpo samples with LoRA r={args.lora_r} on every projection (transformers: none)"
             )
         gen = torch.Generator(args.device).manual_seed(0)
+        loops = args.decode.split(",")
+        if not args.device.startswith("cuda") and (graphed := [d for d in loops if d in GRAPHED]):
+            notes.append(f"{', '.join(graphed)}: skipped, a CUDA graph needs a GPU")
+            loops = [d for d in loops if d not in GRAPHED]
 
         def ours(decode: str) -> Callable[[], int]:
             def call() -> int:
@@ -329,10 +337,10 @@ def main() -> None:
 
             return call
 
-        for d in args.decode.split(","):  # a row per decode loop; the eager one is 'nanogrpo'
+        for d in loops:  # a row per decode loop; the eager one is 'nanogrpo'
             name = "nanogrpo" if d == "eager" else f"nanogrpo {d}"
             samplers[name] = ours(d)
-            if d == "compiled":  # its first call compiles the step: timed apart, then warm
+            if d.startswith("compiled"):  # its first call compiles the step: timed apart, then warm
                 t0 = time.perf_counter()
                 samplers[name]()
                 notes.append(
@@ -383,8 +391,7 @@ def main() -> None:
             if args.device == "cpu":
                 other = torch.float32 if dtype != torch.float32 else torch.bfloat16
                 ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
-            loops = args.decode.split(",")  # one row per batch and decode loop
-            roofline = [
+            roofline = [  # one row per batch and decode loop
                 decode_roofline(model, prompts, b, args, pad, peak, d) for b in batches for d in loops
             ]
         del model

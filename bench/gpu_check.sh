@@ -22,7 +22,8 @@
 #      nanogrpo cache: no download (needs safetensors; tokenizers for its tokenizer)  -> model.log
 #   5. bench/generate.py: the decode step with LoRA adapters as training samples, at batch 1, 64 and 128:
 #      ms/step, kernels per step and time per launch, share of the HBM roofline  -> generate.json, .log;
-#      then eager against the compiled step (--sampling.decode compiled) at batch 64 -> generate-compiled.*
+#      then eager against the step replayed as a CUDA graph (--sampling.decode graph) at the same batches
+#      -> generate-graph.*, and against the compiled step, alone and as a graph, at batch 64 -> generate-compiled.*
 #   6. bench/attention.py: which SDPA backend training-shaped (padded, GQA) attention gets  -> attention.log
 #   7. bench/step.py --plan: one LoRA GRPO step on that model (time split, sampler-trainer gap) with
 #      torch.cuda.max_memory_allocated next to nanogrpo.model.memory's plan for the same run  -> step.json, .log
@@ -141,18 +142,22 @@ fi
 # 4.-8. the model steps, each skipped with the reason when a package it needs is missing
 miss=$(missing safetensors)
 if [ -n "$miss" ]; then
-    for s in model generate generate-compiled attention step groups; do
+    for s in model generate generate-graph generate-compiled attention step groups; do
         skip $s "needs $miss (nanogrpo loads and saves weights with it; wheel in .whl/)"
     done
 else
     step model 60 $PY -m nanogrpo.model.zoo "$MODEL"
     step generate 90 $PY bench/generate.py $GENERATE_ARGS
     if [ "$SMOKE" = 1 ]; then
+        skip generate-graph "a CUDA graph needs a GPU (tests/test_sampling_static.py checks its loop on the CPU)"
         skip generate-compiled "tests/test_sampling_compiled.py compiles the step on the CPU"
-    else  # eager against compiled (--sampling.decode) at batch 64, the compile timed apart
-        step generate-compiled 150 $PY bench/generate.py --model $MODEL --device cuda --prompts 8 --group 8 \
+    else  # the decode loops of --sampling.decode side by side; a compile timed apart
+        step generate-graph 120 $PY bench/generate.py --model $MODEL --device cuda --prompts 4 --group 8 \
+            --new-tokens 64 --roofline 1,64,128 --lora-r 16 --warmup 1 --repeats 2 --only nanogrpo \
+            --decode eager,graph --json $RESULTS/generate-graph.json
+        step generate-compiled 180 $PY bench/generate.py --model $MODEL --device cuda --prompts 8 --group 8 \
             --new-tokens 64 --roofline 64 --lora-r 16 --warmup 1 --repeats 2 --only nanogrpo \
-            --decode eager,compiled --json $RESULTS/generate-compiled.json
+            --decode eager,compiled,compiled-graph --json $RESULTS/generate-compiled.json
     fi
     if [ -f bench/attention.py ]; then step attention 40 $PY bench/attention.py $ATTN_ARGS; else skip attention "bench/attention.py is missing"; fi
     miss=$(missing transformers tokenizers tyro tqdm numpy)
@@ -177,6 +182,7 @@ for s in train-grpo train-dynamic train-ppo train-full; do
 done
 [ -f "$RESULTS/tests.log" ] && echo "tests: $(grep -E '(passed|failed|error)' "$RESULTS/tests.log" | tail -1)"
 [ -f "$RESULTS/generate.log" ] && sed -n '/^model /,/^reproduce/p' "$RESULTS/generate.log"
+[ -f "$RESULTS/generate-graph.log" ] && sed -n '/^model /,/^reproduce/p' "$RESULTS/generate-graph.log"
 [ -f "$RESULTS/generate-compiled.log" ] && sed -n '/^model /,/^reproduce/p' "$RESULTS/generate-compiled.log"
 [ -f "$RESULTS/attention.log" ] && sed -n '/^attention /,$p' "$RESULTS/attention.log"
 [ -f "$RESULTS/step.log" ] && sed -n '/^GRPO step/,$p' "$RESULTS/step.log"

@@ -73,8 +73,8 @@ class SamplingConfig:
     """Stop strings: a completion ends at the token that completes the first one; its text (what the graders
     score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
     (format graders check closing tags), and whatever that last token carries past it is dropped."""
-    decode: Literal["eager", "static", "compiled"] = "eager"
-    """'static': fixed-shape steps, same tokens; 'compiled': those steps torch.compiled (compiles once: ~1 min)."""
+    decode: Literal["eager", "static", "compiled", "graph", "compiled-graph"] = "eager"
+    """'static': fixed-shape steps; 'compiled': torch.compiled (~1 min, once); '*graph': a CUDA graph (GPU)."""
     fold_lora: bool = True
     """Where weights are not packed (GPU), sample with LoRA folded in: costs a copy of the adapted weights."""
 

@@ -42,9 +42,22 @@ def test_every_bench_runs_at_tiny_shapes(smoke):
     stdout, out = smoke
     status = {line.split()[0]: line for line in (out / "status.txt").read_text().splitlines() if line.strip()}
     trains = {"train-grpo", "train-dynamic", "train-ppo", "train-full"}
-    benches = {"model", "generate", "generate-compiled", "attention", "step", "groups", "kernels"}
+    benches = {
+        "model",
+        "generate",
+        "generate-graph",
+        "generate-compiled",
+        "attention",
+        "step",
+        "groups",
+        "kernels",
+    }
     assert set(status) == {*trains, "tests", *benches}
-    skipped = {"tests", "generate-compiled"}  # the CPU suite runs the tests and compiles the step
+    skipped = {
+        "tests",
+        "generate-graph",
+        "generate-compiled",
+    }  # the CPU suite runs the tests and compiles the step
     for name, line in status.items():
         assert (line.split()[1] == "skipped") == (name in skipped), (
             f"bench step {name} did not run: {line}\n" + (out / f"{name}.log").read_text()[-2000:]

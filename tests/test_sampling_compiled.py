@@ -75,6 +75,8 @@ def test_compiled_decode_equals_eager(lora_model, case):
         kw = {"tokenizer": tok, "stop_strings": [texts[0][6:9], texts[1][12:14], "@@never"]}
     eager, compiled = sample(model, prompts, "eager", **kw), sample(model, prompts, "compiled", **kw)
     assert_same(eager, compiled, LOGP_ATOL)
+    # the loop a CUDA graph replays (off CUDA: the compiled step run again each step), same compiled step
+    assert_same(eager, sample(model, prompts, "compiled-graph", **kw), LOGP_ATOL)
     assert len(set(eager.lengths.tolist())) > 3  # rows end apart
     if case == "stop":
         assert compiled.texts(tok, kw["stop_strings"]) == eager.texts(tok, kw["stop_strings"])

@@ -6,13 +6,18 @@ sliced ones), within LOGP_ATOL.
 """
 
 import collections
+import typing
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from transformers import AutoTokenizer
 
-from nanogrpo.model import lora
+from nanogrpo.config import SamplingConfig
+from nanogrpo.model import lora, static_decode
 from nanogrpo.model.sampling import generate
+from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import random_transformer, resolve_model
 
@@ -88,10 +93,9 @@ def test_static_decode_equals_eager_in_bf16(lively):
     assert_same(sample(bf16, prompts, "eager", **kw), sample(bf16, prompts, "static", **kw))
 
 
-def test_static_decode_with_lora(lively, monkeypatch):
-    """LoRA injected (random B): static equals eager, with packed weights (the CPU's default) and without
-    (NANOGRPO_PACKED=0: the folded plain weights)."""
-    model, tok, prompts = lively
+@pytest.fixture(scope="module")
+def with_lora(lively):
+    """The lively model with LoRA (r 4, random B) on every projection, as a training run samples it."""
     model = Transformer.from_pretrained(resolve_model("tiny"))
     model.load_state_dict(lively[0].state_dict())
     lora.inject_lora(model, r=4, alpha=8.0)
@@ -99,6 +103,13 @@ def test_static_decode_with_lora(lively, monkeypatch):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    return model
+
+
+def test_static_decode_with_lora(lively, with_lora, monkeypatch):
+    """LoRA injected (random B): static equals eager, with packed weights (the CPU's default) and without
+    (NANOGRPO_PACKED=0: the folded plain weights)."""
+    model, prompts = with_lora, lively[2]
     kw = {"eos_ids": MANY_EOS}
     assert_same(sample(model, prompts, "eager", **kw), sample(model, prompts, "static", **kw))
     monkeypatch.setenv("NANOGRPO_PACKED", "0")
@@ -170,3 +181,100 @@ def test_static_decode_step_dispatches_fewer_ops():
         totals[decode] = sum(ops.values())
         print(f"{decode}: {totals[decode]:.0f} ATen ops per step, {compute:.0f} of them not views or matmuls")
     assert totals["static"] < totals["eager"]
+
+
+@pytest.mark.parametrize("case", ["eos", "stop"])
+def test_graph_loop_equals_eager(lively, with_lora, case):
+    """decode='graph' off CUDA: CapturedStep runs the closure a CUDA graph records, once per step (the first
+    call as the warm-up step, then as the replays): the same tokens as the eager sampler, with LoRA."""
+    _, tok, prompts = lively
+    kw = {"eos_ids": MANY_EOS}
+    if case == "stop":
+        kw = {"eos_ids": MANY_EOS[::4], "tokenizer": tok, "stop_strings": stops_from(with_lora, tok, prompts)}
+    eager, graph = sample(with_lora, prompts, "eager", **kw), sample(with_lora, prompts, "graph", **kw)
+    assert_same(eager, graph)
+    assert len(set(eager.lengths.tolist())) > 3  # rows end apart, some after a host sync
+
+
+SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "allclose"}
+SYNCS |= {"_unique2", "unique_consecutive", "unique_dim", "repeat_interleave"}  # host-sized outputs
+
+
+class Recording(TorchDispatchMode):
+    """Every op one call dispatches, as a CUDA graph would record it: its name, its tensors' shapes and
+    dtypes and its other arguments; and the tensors it reads that the call did not make itself (what a
+    graph replays by address: they must be the same tensors every step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.made, self.read = [], set(), set()
+
+    @staticmethod
+    def key(t: torch.Tensor):
+        return t.untyped_storage().data_ptr() if t.layout == torch.strided else id(t)  # packed: opaque
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = tree_flatten((args, kwargs))[0]
+        for a in flat:
+            if isinstance(a, torch.Tensor) and self.key(a) not in self.made:
+                self.read.add(self.key(a))
+        out = func(*args, **kwargs)
+        self.made |= {self.key(o) for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)}
+        shown = [(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in flat]
+        self.ops.append((func.__name__, tuple(shown)))
+        return out
+
+
+@pytest.mark.parametrize("packed", ["1", "0"])
+def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
+    """What lets `--sampling.decode graph` replay a CUDA graph, shown on the CPU: two consecutive decode steps
+    (LoRA, EOS ids, stop strings) dispatch the same ops with the same shapes and the same Python arguments,
+    read the same tensors from outside the step (no new tensor, no value that changes), and never ask the
+    host for a value (no .item(), no nonzero). NANOGRPO_PACKED=0 runs the weights as a GPU has them: folded,
+    not packed."""
+    monkeypatch.setenv("NANOGRPO_PACKED", packed)
+    _, tok, prompts = lively
+    recordings, calls = [], []
+    step = static_decode.decode_step
+
+    def recorded(*a, **kw):
+        calls.append(1)
+        if len(calls) in (3, 4):  # steps 3 and 4: past the first, between two host syncs
+            with Recording() as r:
+                step(*a, **kw)
+            recordings.append(r)
+        else:
+            step(*a, **kw)
+
+    monkeypatch.setattr(static_decode, "decode_step", recorded)
+    stops = stops_from(with_lora, tok, prompts)
+    sample(with_lora, prompts, "graph", eos_ids=MANY_EOS, tokenizer=tok, stop_strings=stops)
+    first, second = recordings
+    assert len(first.ops) > 50 and first.ops == second.ops
+    assert first.read == second.read
+    assert not {name.split(".")[0] for name, _ in first.ops} & SYNCS
+
+
+def test_graph_loops_need_cuda_and_no_fsdp():
+    """The refusal before the model loads, and the config's choices are the sampler's."""
+    assert typing.get_args(typing.get_type_hints(SamplingConfig)["decode"]) == DECODE_LOOPS
+    for decode in ("graph", "compiled-graph"):
+        with pytest.raises(
+            ValueError, match="CUDA graph, and this run is on cpu: use --sampling.decode compiled"
+        ):
+            check_decode(decode, torch.device("cpu"), "none")
+        with pytest.raises(ValueError, match="--model.parallel ddp"):
+            check_decode(decode, torch.device("cuda"), "fsdp")
+        check_decode(decode, torch.device("cuda"), "ddp")
+    for decode in ("eager", "static", "compiled"):
+        check_decode(decode, torch.device("cpu"), "fsdp")
+
+
+def test_train_refuses_a_graph_loop_on_the_cpu_before_the_model_loads(tmp_path):
+    from helpers import run_train_here
+
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "run"), "--sampling.decode", "graph")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--sampling.decode graph replays the decode step as a CUDA graph" in r.stderr.splitlines()[-1]
+    assert not (tmp_path / "run" / "config.json").exists()

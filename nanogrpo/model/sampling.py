@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from nanogrpo.model.kvcache import GroupedKVCache
 from nanogrpo.model.packed import folded_lora, packed_weights
-from nanogrpo.model.static_decode import generate_static
+from nanogrpo.model.static_decode import DECODE_LOOPS, generate_static
 
 
 @dataclass
@@ -227,8 +227,10 @@ def generate(
     W + (alpha / r) B A folded into one weight (packed.folded_lora: one copy of the adapted weights in their
     dtype for the call) instead of running the adapters; False runs the adapters as the trainer does.
     `decode`: 'eager' (the loop below: slices the cache, drops ended rows), 'static' (fixed-shape steps,
-    static_decode.py: same tokens with the same generators, log-probs to float32 rounding) or 'compiled'
-    (those steps through torch.compile: the same tokens; compiling costs once per process and shape).
+    static_decode.py: same tokens with the same generators, log-probs to float32 rounding), 'compiled'
+    (those steps through torch.compile: the same tokens; compiling costs once per process and shape), 'graph'
+    or 'compiled-graph' (the static or compiled step recorded once per call as a CUDA graph and replayed; off
+    CUDA, where there is no graph, they run the step as 'static' and 'compiled' do).
     """
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
         raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
@@ -242,8 +244,8 @@ def generate(
         raise ValueError(f"temperature={temperature} (>= 0), top_p={top_p} (0, 1], top_k={top_k} (>= 0)")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need the tokenizer to decode completions: pass tokenizer=")
-    if decode not in ("eager", "static", "compiled"):
-        raise ValueError(f"decode={decode!r}: use 'eager', 'static' or 'compiled'")
+    if decode not in DECODE_LOOPS:
+        raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, DECODE_LOOPS))}")
     if any(s == "" for s in stop_strings):
         raise ValueError("an empty stop string would end every completion at once; remove it")
 
@@ -260,7 +262,8 @@ def generate(
             if decode != "eager":
                 return _generate_static(
                     model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, compiled=decode == "compiled",
+                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, compiled=decode.startswith("compiled"),
+                    graph=decode.endswith("graph"),
                 )  # fmt: skip
             return _generate(
                 model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
@@ -369,16 +372,16 @@ def _generate(
 
 def _generate_static(
     model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
-    amp=None, compiled: bool = False,
+    amp=None, compiled: bool = False, graph: bool = False,
 ) -> Generation:  # fmt: skip
     """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop;
-    `compiled`: its steps through torch.compile."""
+    `compiled`: its steps through torch.compile; `graph`: the step recorded once as a CUDA graph."""
     W = model.lm_head_weight  # (V, H)
     lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     sample = lambda logits, u: sample_tokens(logits, temperature, top_p, top_k, None, u)  # noqa: E731
     s = generate_static(
         model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer, generator, pad_id,
-        amp, temperature, _prefill, compiled,
+        amp, temperature, _prefill, compiled, graph,
     )  # fmt: skip
     return _finish(s.tokens, s.logps, s.length, s.done, pad_id)
 

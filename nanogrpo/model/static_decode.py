@@ -21,8 +21,14 @@ custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMP
 compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
 max_new_tokens) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer model;
 inductor caches it on disk for the next run): it pays on long runs, not on the 60-step demo, so the default
-stays eager. Not yet done: CUDA graphs around the compiled step (a GPU gets inductor's Triton kernels, one
-launch each, without a captured graph).
+stays eager.
+
+`--sampling.decode graph` (CUDA only) records the step once as a CUDA graph and replays it for every later
+token (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile. `compiled-graph`
+records the compiled step. A graph replays fixed addresses, so the step keeps all its state in tensors that live
+for the whole call (the cache, `DecodeState`, the uniforms) and its step index on the device (`DecodeState.step`,
+advanced by the step itself): no argument changes from one step to the next, and no Python value either. The
+recording is made again for every `generate` call (the buffers are new), which costs about one eager step.
 
 Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the masked softmax
 over max_new keys and the longer products round differently from the sliced ones). With one generator for
@@ -43,6 +49,23 @@ from nanogrpo.model.kvcache import StaticGroupedKVCache
 
 SYNC_EVERY = 8  # decode steps between host syncs (early stop, stop strings)
 PROMPT_BUCKET = 64  # compiled steps: the prompts' keys padded to a multiple of this many tokens
+DECODE_LOOPS = ("eager", "static", "compiled", "graph", "compiled-graph")  # --sampling.decode
+GRAPHED = ("graph", "compiled-graph")  # the loops that replay a CUDA graph
+
+
+def check_decode(decode: str, device: torch.device, parallel: str) -> None:
+    """Refuse before the model loads a decode loop that cannot run here: a CUDA graph off CUDA, or around
+    FSDP's forward (`parallel` as dist.parallel_mode says), whose Python hooks gather each block's weights."""
+    if decode in GRAPHED and device.type != "cuda":
+        raise ValueError(
+            f"--sampling.decode {decode} replays the decode step as a CUDA graph, and this run is on "
+            f"{device.type}: use --sampling.decode compiled (torch.compile on the CPU) or static"
+        )
+    if decode in GRAPHED and parallel == "fsdp":
+        raise ValueError(
+            f"--sampling.decode {decode}: FSDP gathers each block's weights in Python hooks during the forward, "
+            "which a CUDA graph cannot replay: use --sampling.decode static, or --model.parallel ddp"
+        )
 
 
 @dataclass
@@ -56,6 +79,7 @@ class DecodeState:
     next_pos: torch.Tensor  # (N, 1) long, position of each row's first new token
     eos: torch.Tensor  # (E,) long, the EOS ids
     pad: torch.Tensor  # () long, the pad id
+    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
 
 
 def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
@@ -84,14 +108,18 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
     return tok
 
 
-def decode_step(model, lm_head, cache, s: DecodeState, tok, t, u, sample) -> torch.Tensor:
-    """One decode step on fixed shapes: the forward of token t (N,) at step t ((1,) long tensor), then
-    token t + 1 sampled with uniforms u (N, 1) (None when greedy) and recorded. Returns it (N,)."""
+def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:
+    """One decode step on fixed shapes, all its inputs in `s`: the forward of token t = s.step (as recorded in
+    s.tokens), then token t + 1 sampled with the uniforms u[t + 1] (u: (max_new, N, 1), None when greedy) and
+    recorded, and s.step advanced. The same tensors every step: what lets a CUDA graph replay it."""
+    t = s.step  # (1,)
+    tok = s.tokens.index_select(1, t)  # (N, 1) token t, pad for ended rows
     cache.set_step(t)
-    h = model(tok[:, None], position_ids=s.next_pos + t, kv_cache=cache, return_hidden=True)  # (N, 1, H)
+    h = model(tok, position_ids=s.next_pos + t, kv_cache=cache, return_hidden=True)  # (N, 1, H)
     logits = lm_head(h[:, 0]).float()  # (N, V)
-    nxt, lp = sample(logits, u)  # (N,), (N,)
-    return record(s, t + 1, nxt, lp)
+    nxt, lp = sample(logits, None if u is None else u.index_select(0, t + 1)[0])  # (N,), (N,)
+    record(s, t + 1, nxt, lp)
+    s.step.add_(1)
 
 
 @functools.cache
@@ -113,6 +141,35 @@ def compiled_step():
     return torch.compile(
         decode_step, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True}
     )
+
+
+class CapturedStep:
+    """A decode step recorded as a CUDA graph: the first call runs `run` for real on a side stream (what
+    capture asks for: cuBLAS and a compiled step warm up there), then records it, which runs nothing; every
+    later call replays the recording. `run` must read and write only tensors that outlive the loop and take
+    no decision on the host (decode_step over one DecodeState does both).
+
+    Off CUDA there is no graph: every call runs `run` again. That is the loop the CPU tests check against the
+    eager sampler, and what the recording holds: the same ops on the same tensors every step."""
+
+    def __init__(self, run, device: torch.device):
+        self.run, self.device, self.graph = run, device, None
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.device.type != "cuda":
+            self.run()
+        else:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.run()  # this step, for real
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.run()  # recorded only: the state stays where the step above left it
+            self.graph = graph
 
 
 class _StopCheck:
@@ -157,10 +214,11 @@ class _StopCheck:
 
 
 def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer,
-                    generator, pad_id, amp, temperature, prefill, compiled: bool = False):  # fmt: skip
+                    generator, pad_id, amp, temperature, prefill, compiled: bool = False,
+                    graph: bool = False):  # fmt: skip
     """sampling._generate's contract (tokens, log-probs, lengths, truncated) on fixed-shape steps.
     `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill; `compiled`: each step
-    through `compiled_step`."""
+    through `compiled_step`; `graph`: the step recorded once and replayed (CapturedStep)."""
     dev = model.lm_head_weight.device
     N = len(prompts) * G
     bucket = PROMPT_BUCKET if compiled else 1
@@ -174,22 +232,23 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
         length=torch.full((N,), max_new, dtype=torch.long, device=dev),
         done=torch.zeros(N, dtype=torch.bool, device=dev),
         next_pos=next_pos, eos=eos, pad=torch.tensor(pad_id, device=dev),
+        step=torch.zeros(1, dtype=torch.long, device=dev),
     )  # fmt: skip
     u = draw_uniforms(generator, len(prompts), G, max_new, dev) if temperature > 0 else None
     u = None if u is None else u[:, :, None]  # (max_new, N, 1)
-    u_at = (lambda t: None) if u is None else (lambda t: u[t])  # (N, 1)
     stops = _StopCheck(stop_strings, tokenizer) if stop_strings else None
-    steps = torch.arange(max_new, device=dev)[:, None]  # (max_new, 1) the step indices as tensors, made once
-    tok, lp = sample(logits, u_at(0))  # (N,) the first token, from the prefill's logits
-    tok = record(s, steps[0], tok, lp)
+    tok, lp = sample(logits, None if u is None else u[0])  # (N,) the first token, from the prefill's logits
+    record(s, s.step, tok, lp)
+    run = lambda: step(model, lm_head, cache, s, u, sample)  # noqa: E731
+    advance = CapturedStep(run, dev) if graph else run
     made = 1  # steps sampled so far
-    for t in range(max_new - 1):
+    for _ in range(max_new - 1):
         if made % SYNC_EVERY == 0:  # one host sync every SYNC_EVERY steps
             if stops is not None:
                 stops(s, made)
             if bool(s.done.all()):
                 break
-        tok = step(model, lm_head, cache, s, tok, steps[t], u_at(t + 1), sample)
+        advance()
         made += 1
     if stops is not None:
         stops(s, made)

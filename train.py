@@ -73,7 +73,7 @@ def main(cfg: TrainConfig) -> dict:
         keep_freed_memory()
     dist.init(device.type)
     rank, world = dist.rank(), dist.world()
-    check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg))  # a CUDA graph needs CUDA, no FSDP
+    check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path)  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, tok, reward_fn = training_data(cfg)  # read, checked and tokenized before the model loads

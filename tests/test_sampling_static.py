@@ -6,6 +6,7 @@ sliced ones), within LOGP_ATOL.
 """
 
 import collections
+import functools
 import typing
 
 import pytest
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer
 from nanogrpo.config import SamplingConfig
 from nanogrpo.model import lora, static_decode
 from nanogrpo.model.sampling import generate
-from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode
+from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode, check_rope
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import random_transformer, resolve_model
 
@@ -268,7 +269,13 @@ def test_graph_loops_need_cuda_and_no_fsdp():
             check_decode(decode, torch.device("cuda"), "fsdp")
         check_decode(decode, torch.device("cuda"), "ddp")
     for decode in ("eager", "static", "compiled"):
-        check_decode(decode, torch.device("cpu"), "fsdp")
+        check_decode(decode, torch.device("cpu"), "fsdp", "tiny")
+    # a traced step cannot follow RoPE tables that change with the length (Phi-3's longrope, dynamic NTK)
+    for decode in ("compiled", "graph", "compiled-graph"):
+        with pytest.raises(ValueError, match=r"RoPE \(longrope\) depends on the sequence length"):
+            check_rope(decode, {"rope_type": "longrope", "factor": 4.0})
+        check_rope(decode, {"rope_type": "llama3"})
+    check_rope("static", {"rope_type": "dynamic"})
 
 
 def test_train_refuses_a_graph_loop_on_the_cpu_before_the_model_loads(tmp_path):
@@ -278,3 +285,61 @@ def test_train_refuses_a_graph_loop_on_the_cpu_before_the_model_loads(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "--sampling.decode graph replays the decode step as a CUDA graph" in r.stderr.splitlines()[-1]
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+class Devices(TorchDispatchMode):
+    """The devices of every tensor an op is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat = tree_flatten((args, kwargs or {}))[0]
+        self.seen |= {a.device.type for a in flat if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
+    """The graph loop's steps on the meta device, a stand-in for CUDA (shapes, no data): a step that read a
+    value back to the host would raise there, and every tensor the recorded steps' ops take is on the model's
+    device (a CPU tensor in a CUDA graph is a copy the graph cannot replay). LoRA folded into the weights, as
+    on a GPU."""
+    from nanogrpo.model.packed import folded_lora
+    from nanogrpo.model.sampling import _prefill, sample_tokens
+
+    spec = "qwen2.5-1.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
+    cpu = random_transformer(spec, dtype=torch.float32)
+    lora.inject_lora(cpu, r=4, alpha=8.0)
+    meta = torch.device("meta")
+    G, max_new = 2, 6  # under SYNC_EVERY: no host sync in the loop, which meta could not answer
+    cache_cls = functools.partial(static_decode.StaticGroupedKVCache, bucket=1)
+    W = cpu.lm_head_weight
+    logits, cache, next_pos = _prefill(
+        cpu, lambda h: h @ W.T, [[5, 6, 7], [8, 9]], G, max_new, 0, None, cache_cls
+    )
+    for name, v in vars(cache).items():  # the prompts' cache, as a GPU's prefill leaves it
+        if isinstance(v, torch.Tensor) or (isinstance(v, list) and v and isinstance(v[0], torch.Tensor)):
+            setattr(cache, name, v.to(meta) if isinstance(v, torch.Tensor) else [x.to(meta) for x in v])
+    model = cpu.to(meta)
+    seen, steps, step = set(), [], static_decode.decode_step
+
+    def watched(*a, **kw):
+        steps.append(1)
+        if len(steps) == 1:  # the warm-up step, run before the recording (it builds RoPE's table here)
+            return step(*a, **kw)
+        with Devices() as d:  # the steps a graph replays
+            step(*a, **kw)
+        seen.update(d.seen)
+
+    monkeypatch.setattr(static_decode, "decode_step", watched)
+    sample = lambda lg, u: sample_tokens(lg, 1.0, 1.0, 0, None, u)  # noqa: E731
+    prefill = lambda *a: (logits.to(meta), cache, next_pos.to(meta))  # noqa: E731
+    with folded_lora(model, enabled=True):
+        W = model.lm_head_weight
+        s = static_decode.generate_static(
+            model, lambda h: h @ W.T, [[5, 6, 7], [8, 9]], G, max_new, sample, [3, 4], (), None, None, 0, None,
+            1.0, prefill, graph=True,
+        )  # fmt: skip
+    assert len(steps) == max_new - 1 and seen == {"meta"}
+    assert s.tokens.device == meta and s.tokens.shape == (2 * G, max_new)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from nanogrpo.model.transformer import ModelArgs
 
 
+LENGTH_DEPENDENT = ("dynamic", "longrope")
+"""The rope types whose tables depend on the sequence length: the forward reads it on the host every call."""
+
+
 def rope_inv_freq(args: ModelArgs, seq_len: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (rot_dim/2,) float32 on the CPU and the cos/sin scale, for sequences of seq_len."""
     dim = int(args.head_dim * args.partial_rotary_factor)

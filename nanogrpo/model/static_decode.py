@@ -46,16 +46,24 @@ from dataclasses import dataclass
 import torch
 
 from nanogrpo.model.kvcache import StaticGroupedKVCache
+from nanogrpo.model.rope import LENGTH_DEPENDENT
 
 SYNC_EVERY = 8  # decode steps between host syncs (early stop, stop strings)
 PROMPT_BUCKET = 64  # compiled steps: the prompts' keys padded to a multiple of this many tokens
 DECODE_LOOPS = ("eager", "static", "compiled", "graph", "compiled-graph")  # --sampling.decode
 GRAPHED = ("graph", "compiled-graph")  # the loops that replay a CUDA graph
+CAPTURED = ("compiled", *GRAPHED)  # the loops whose step is traced once: no host reads inside it
 
 
-def check_decode(decode: str, device: torch.device, parallel: str) -> None:
+def check_decode(decode: str, device: torch.device, parallel: str, model_path: str | None = None) -> None:
     """Refuse before the model loads a decode loop that cannot run here: a CUDA graph off CUDA, or around
-    FSDP's forward (`parallel` as dist.parallel_mode says), whose Python hooks gather each block's weights."""
+    FSDP's forward (`parallel` as dist.parallel_mode says), whose Python hooks gather each block's weights;
+    a traced step for a model (`model_path`, its config.json read) whose RoPE reads the length on the host."""
+    if decode in CAPTURED and model_path is not None:
+        from nanogrpo.model.memory import model_config
+        from nanogrpo.model.transformer import ModelArgs
+
+        check_rope(decode, ModelArgs.from_hf(model_config(model_path)).rope_scaling)
     if decode in GRAPHED and device.type != "cuda":
         raise ValueError(
             f"--sampling.decode {decode} replays the decode step as a CUDA graph, and this run is on "
@@ -65,6 +73,17 @@ def check_decode(decode: str, device: torch.device, parallel: str) -> None:
         raise ValueError(
             f"--sampling.decode {decode}: FSDP gathers each block's weights in Python hooks during the forward, "
             "which a CUDA graph cannot replay: use --sampling.decode static, or --model.parallel ddp"
+        )
+
+
+def check_rope(decode: str, rope_scaling: dict) -> None:
+    """A traced step (compiled or recorded) cannot hold RoPE tables that change with the sequence length."""
+    kind = rope_scaling.get("rope_type")
+    if decode in CAPTURED and kind in LENGTH_DEPENDENT:
+        raise ValueError(
+            f"--sampling.decode {decode}: this model's RoPE ({kind}) depends on the sequence length, which its "
+            "forward reads on the host every step, and a compiled or recorded step cannot: use "
+            "--sampling.decode static or eager"
         )
 
 
@@ -219,6 +238,7 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
     """sampling._generate's contract (tokens, log-probs, lengths, truncated) on fixed-shape steps.
     `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill; `compiled`: each step
     through `compiled_step`; `graph`: the step recorded once and replayed (CapturedStep)."""
+    check_rope("compiled" if compiled else "graph" if graph else "static", model.config.rope_scaling)
     dev = model.lm_head_weight.device
     N = len(prompts) * G
     bucket = PROMPT_BUCKET if compiled else 1

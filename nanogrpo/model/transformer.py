@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from nanogrpo.model.attention import varlen
 from nanogrpo.model.kvcache import NO_CACHE, KVCache
-from nanogrpo.model.rope import apply_rope, rope_inv_freq, rope_tables
+from nanogrpo.model.rope import LENGTH_DEPENDENT, apply_rope, rope_inv_freq, rope_tables
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
 ARCHITECTURES = {
@@ -249,7 +249,7 @@ class Transformer(nn.Module):
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rs = self.config.rope_scaling
         seq_len, key = 0, "default"
-        if rs.get("rope_type") in ("dynamic", "longrope"):  # these depend on the length: needs a host sync
+        if rs.get("rope_type") in LENGTH_DEPENDENT:  # these depend on the length: needs a host sync
             seq_len = int(position_ids.max()) + 1
             long = seq_len > rs.get("original_max_position_embeddings", self.config.max_position_embeddings)
             key = seq_len if rs["rope_type"] == "dynamic" and long else long

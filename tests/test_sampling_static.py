@@ -252,6 +252,7 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
     stops = stops_from(with_lora, tok, prompts)
     sample(with_lora, prompts, "graph", eos_ids=MANY_EOS, tokenizer=tok, stop_strings=stops)
     first, second = recordings
+    print(f"NANOGRPO_PACKED={packed}: {len(first.ops)} ops a step, {len(first.read)} tensors read from outside")
     assert len(first.ops) > 50 and first.ops == second.ops
     assert first.read == second.read
     assert not {name.split(".")[0] for name, _ in first.ops} & SYNCS

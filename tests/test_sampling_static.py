@@ -199,6 +199,9 @@ def test_graph_loop_equals_eager(lively, with_lora, case):
 
 SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "allclose"}
 SYNCS |= {"_unique2", "unique_consecutive", "unique_dim", "repeat_interleave"}  # host-sized outputs
+SYNCS |= {
+    "isin"
+}  # one op here, but on CUDA, for more rows than ~10 x E^0.145 for E ids, a sort and a unique()
 
 
 class Recording(TorchDispatchMode):
@@ -252,7 +255,9 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
     stops = stops_from(with_lora, tok, prompts)
     sample(with_lora, prompts, "graph", eos_ids=MANY_EOS, tokenizer=tok, stop_strings=stops)
     first, second = recordings
-    print(f"NANOGRPO_PACKED={packed}: {len(first.ops)} ops a step, {len(first.read)} tensors read from outside")
+    print(
+        f"NANOGRPO_PACKED={packed}: {len(first.ops)} ops a step, {len(first.read)} tensors read from outside"
+    )
     assert len(first.ops) > 50 and first.ops == second.ops
     assert first.read == second.read
     assert not {name.split(".")[0] for name, _ in first.ops} & SYNCS

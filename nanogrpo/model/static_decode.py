@@ -25,9 +25,10 @@ stays eager.
 
 `--sampling.decode graph` (CUDA only) records the step once as a CUDA graph and replays it for every later
 token (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile. `compiled-graph`
-records the compiled step. A graph replays fixed addresses, so the step keeps all its state in tensors that live
-for the whole call (the cache, `DecodeState`, the uniforms) and its step index on the device (`DecodeState.step`,
-advanced by the step itself): no argument changes from one step to the next, and no Python value either. The
+records the compiled step. A graph replays fixed addresses, so the step keeps all its state in tensors that
+live for the whole call (the cache, `DecodeState`, the uniforms) and its step index on the device
+(`DecodeState.step`, advanced by the step itself): no argument changes from one step to the next, and no
+Python value either. The
 recording is made again for every `generate` call (the buffers are new), which costs about one eager step.
 
 Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the masked softmax
@@ -71,8 +72,8 @@ def check_decode(decode: str, device: torch.device, parallel: str, model_path: s
         )
     if decode in GRAPHED and parallel == "fsdp":
         raise ValueError(
-            f"--sampling.decode {decode}: FSDP gathers each block's weights in Python hooks during the forward, "
-            "which a CUDA graph cannot replay: use --sampling.decode static, or --model.parallel ddp"
+            f"--sampling.decode {decode}: FSDP gathers each block's weights in Python hooks during the "
+            "forward, which a CUDA graph cannot replay: use --sampling.decode static, or --model.parallel ddp"
         )
 
 
@@ -81,8 +82,8 @@ def check_rope(decode: str, rope_scaling: dict) -> None:
     kind = rope_scaling.get("rope_type")
     if decode in CAPTURED and kind in LENGTH_DEPENDENT:
         raise ValueError(
-            f"--sampling.decode {decode}: this model's RoPE ({kind}) depends on the sequence length, which its "
-            "forward reads on the host every step, and a compiled or recorded step cannot: use "
+            f"--sampling.decode {decode}: this model's RoPE ({kind}) depends on the sequence length, which "
+            "its forward reads on the host every step, and a compiled or recorded step cannot: use "
             "--sampling.decode static or eager"
         )
 
@@ -121,7 +122,9 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
     s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see kvcache.StaticGroupedKVCache)
     s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
     if len(s.eos):
-        new = torch.isin(tok, s.eos) & ~s.done  # (N,)
+        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
+        # calls unique(), which reads a size back to the host (no graph can hold that)
+        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
         s.length.copy_(torch.where(new, t + 1, s.length))
         s.done.logical_or_(new)
     return tok
@@ -186,7 +189,9 @@ class CapturedStep:
                 self.run()  # this step, for real
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: a CUDA call from another thread (a reward server's client) does not void the
+            # recording; torch.cuda.graph also empties the allocator's cache as it starts, once per call
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.run()  # recorded only: the state stays where the step above left it
             self.graph = graph
 

@@ -28,8 +28,8 @@ token (`CapturedStep`): one launch for the whole step instead of one per kernel,
 records the compiled step. A graph replays fixed addresses, so the step keeps all its state in tensors that
 live for the whole call (the cache, `DecodeState`, the uniforms) and its step index on the device
 (`DecodeState.step`, advanced by the step itself): no argument changes from one step to the next, and no
-Python value either. The
-recording is made again for every `generate` call (the buffers are new), which costs about one eager step.
+Python value either. The recording is made again for every `generate` call (the buffers are new), which
+costs about one eager step.
 
 Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the masked softmax
 over max_new keys and the longer products round differently from the sliced ones). With one generator for
@@ -115,9 +115,9 @@ def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tens
     return torch.rand(max_new, P * G, generator=generator, device=device)  # (max_new, N)
 
 
-def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
-    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0; mark the rows that hit an
-    EOS id now. Returns the tokens as recorded (the next forward's input)."""
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
+    feeds); mark the rows that hit an EOS id now."""
     tok = torch.where(s.done, s.pad, tok)  # (N,)
     s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see kvcache.StaticGroupedKVCache)
     s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
@@ -127,7 +127,6 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
         new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
         s.length.copy_(torch.where(new, t + 1, s.length))
         s.done.logical_or_(new)
-    return tok
 
 
 def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:

@@ -7,6 +7,7 @@ sliced ones), within LOGP_ATOL.
 
 import collections
 import functools
+import os
 import typing
 
 import pytest
@@ -349,3 +350,26 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
         )  # fmt: skip
     assert len(steps) == max_new - 1 and seen == {"meta"}
     assert s.tokens.device == meta and s.tokens.shape == (2 * G, max_new)
+
+
+def test_compiled_kernels_go_to_a_folder_of_the_users_own(tmp_path, monkeypatch):
+    """Inductor's default cache is a /tmp folder another user can make first (and fill with kernels this
+    process would load): the compiled step compiles into nanogrpo's cache folder instead, one per CPU code
+    path, made private; a folder another user may write is refused; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    static_decode.private_inductor_cache()
+    folder = tmp_path / "inductor-avx2"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder) and folder.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
+    static_decode.private_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    shared = tmp_path / "inductor-default"
+    shared.mkdir()
+    shared.chmod(0o777)  # as a folder someone else made for everyone would be
+    with pytest.raises(RuntimeError, match="another user owns it or may write to it .mode 777.: remove it"):
+        static_decode.private_inductor_cache()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ

@@ -19,9 +19,9 @@ through torch.compile (inductor, fullgraph, static shapes: `compiled_step`): the
 sampling and bookkeeping become a few fused kernels, and the packed matmuls stay oneDNN's or MKL's (opaque
 custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMPT_BUCKET tokens, so one
 compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
-max_new_tokens) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer model;
-inductor caches it on disk for the next run): it pays on long runs, not on the 60-step demo, so the default
-stays eager.
+max_new_tokens) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer
+model; inductor caches it on disk for the next run, in nanogrpo's cache folder rather than a shared /tmp:
+`private_inductor_cache`): it pays on long runs, not on the 60-step demo, so the default stays eager.
 
 `--sampling.decode graph` (CUDA only) records the step once as a CUDA graph and replays it for every later
 token (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile. `compiled-graph`
@@ -143,20 +143,36 @@ def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:
     s.step.add_(1)
 
 
+def private_inductor_cache() -> None:
+    """Point inductor's on-disk cache (compiled kernels, loaded as code) at a folder of this user's own,
+    unless TORCHINDUCTOR_CACHE_DIR names one already.
+
+    Inductor's default is /tmp/torchinductor_$USER: any user of the machine can make that folder first and
+    fill it with kernels this process would then load and run. nanogrpo compiles into its cache folder
+    instead (~/.cache/nanogrpo, or $NANOGRPO_CACHE), refusing one that another user owns or may write. A
+    process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets) gets
+    a folder of its own: inductor reused the kernels one capability compiled in a process of the other, which
+    then read out of bounds or crashed (double free)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return  # the user's own choice
+    from nanogrpo.model.zoo import cache_dir
+
+    folder = cache_dir() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{folder} holds compiled code this process would run, and another user owns it or may write to "
+            f"it (mode {st.st_mode & 0o777:o}): remove it, or set TORCHINDUCTOR_CACHE_DIR to a folder of your own"
+        )
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+
+
 @functools.cache
 def compiled_step():
-    """decode_step through torch.compile, made once per process (each new shape compiles on first use).
-
-    A process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets)
-    keeps inductor's on-disk cache in a folder of its own: inductor reused the kernels one capability
-    compiled in a process of the other, which then read out of bounds or crashed (double free)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    isa, default = os.environ.get("ATEN_CPU_CAPABILITY"), default_cache_dir()
-    if isa and os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == os.path.abspath(
-        default
-    ):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{isa}"  # not a folder the user chose
+    """decode_step through torch.compile, made once per process (each new shape compiles on first use),
+    compiling into `private_inductor_cache`'s folder."""
+    private_inductor_cache()
     # bf16 rounded where eager rounds it (inductor otherwise keeps a fused chain's intermediates in float32):
     # the same tokens as the eager sampler, not near-ties drawn the other way
     return torch.compile(

@@ -10,10 +10,12 @@ samples the same batch shape, EOS ids and sampling settings, so the graph compil
 """
 
 import collections
+import os
 
 import pytest
 import torch
 from test_sampling_static import MANY_EOS, TEXTS, assert_same, lively  # noqa: F401, F811 (a fixture)
+from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.model import lora
@@ -23,6 +25,7 @@ from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, random_transformer, resolve_model
 
 pytestmark = pytest.mark.slow
+CHOSEN = os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) != default_cache_dir()  # by the user
 SHAPE = "qwen2.5-1.5b:layers=28,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
 G, N_NEW = 3, 24
 LOGP_ATOL = 3e-5
@@ -151,3 +154,18 @@ def test_compiled_decode_equals_eager_in_bf16(lively):  # noqa: F811
     bf16 = Transformer.from_pretrained(resolve_model("tiny"), dtype=torch.bfloat16)
     bf16.load_state_dict(model.state_dict())
     assert_same(sample(bf16, prompts, "eager"), sample(bf16, prompts, "compiled"), LOGP_ATOL_BF16)
+
+
+@pytest.mark.skipif(CHOSEN, reason="TORCHINDUCTOR_CACHE_DIR names a folder of the user's choice")
+def test_the_kernels_are_in_nanogrpos_cache_folder(lora_model):
+    """The compiles above wrote their kernels into nanogrpo's private folder (static_decode.
+    private_inductor_cache), not inductor's /tmp default that another user could have made first; the
+    suite's earlier tests let inductor look at its folder before (it then writes its default into the
+    environment), as a training run's start-up may."""
+    from nanogrpo.model.zoo import cache_dir as nanogrpo_cache
+
+    model, _, prompts = lora_model
+    sample(model, prompts, "compiled")
+    folder = nanogrpo_cache() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
+    assert cache_dir() == str(folder) and any(folder.iterdir())
+    assert folder.stat().st_mode & 0o777 == 0o700

@@ -12,6 +12,7 @@ import typing
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import AutoTokenizer
@@ -365,6 +366,9 @@ def test_compiled_kernels_go_to_a_folder_of_the_users_own(tmp_path, monkeypatch)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
     static_decode.private_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes when it looks
+    static_decode.private_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     shared = tmp_path / "inductor-default"

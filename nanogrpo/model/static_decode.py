@@ -153,9 +153,13 @@ def private_inductor_cache() -> None:
     process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets) gets
     a folder of its own: inductor reused the kernels one capability compiled in a process of the other, which
     then read out of bounds or crashed (double free)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return  # the user's own choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     from nanogrpo.model.zoo import cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # inductor writes its default there once it looks
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return  # the user's own choice
 
     folder = cache_dir() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)

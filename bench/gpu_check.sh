@@ -30,8 +30,9 @@
 #   8. bench/length_groups.py: the training forward + backward with the completions in length groups
 #      against one group, and the fixed cost of a group                   -> groups.log
 #   9. bench/kernels.py: ceilings, log-probs, LCS, cosine with what the budget has left  -> kernels.json
-# Override the model steps' flags with GENERATE_ARGS / STEP_ARGS / GROUPS_ARGS. The last thing printed is
-# the table; RESULTS_DIR holds the full numbers.
+# Override the model steps' flags with GENERATE_ARGS / STEP_ARGS / GROUPS_ARGS; run only some steps with
+# GPU_STEPS="model generate-graph" (the others are listed as skipped). The last thing printed is the table;
+# RESULTS_DIR holds the full numbers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,6 +55,10 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() {
     local name=$1 cap=$(($2 * CAP_SCALE))
     shift 2
+    if [ -n "${GPU_STEPS:-}" ] && [[ " $GPU_STEPS " != *" $name "* ]]; then
+        skip "$name" "not in GPU_STEPS"
+        return
+    fi
     local t=$(left)
     [ "$cap" -lt "$t" ] && t=$cap
     if [ "$t" -le 5 ]; then

@@ -139,3 +139,19 @@ def test_cpu_check_verdicts_follow_the_targets():
     rows = cc.step_rows({"runs": [{"nanogrpo": run([4.2]), "trl": run([10.0])}]}, "")
     assert rows[0]["met"] is False
     assert cc.step_rows({"runs": [{"nanogrpo": run([4.2])}]}, "why")[0]["met"] is None
+
+
+def test_gpu_steps_runs_only_the_steps_named(tmp_path):
+    """GPU_STEPS="model groups": a GPU session short of time runs just those; the rest are listed as skipped."""
+    if shutil.which("bash") is None:
+        pytest.skip("bench/gpu_check.sh needs bash")
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_STEPS": "model groups"}
+    res = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--cpu-smoke", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    status = dict(line.split(maxsplit=1) for line in (tmp_path / "status.txt").read_text().splitlines())
+    assert status["model"].startswith("ok") and status["groups"].startswith("ok"), status
+    for name in ("train-grpo", "train-ppo", "generate", "attention", "step", "kernels"):
+        assert status[name].split() == ["skipped", "not", "in", "GPU_STEPS"], (name, status[name])

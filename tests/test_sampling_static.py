@@ -377,3 +377,22 @@ def test_compiled_kernels_go_to_a_folder_of_the_users_own(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="another user owns it or may write to it .mode 777.: remove it"):
         static_decode.private_inductor_cache()
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_train_refuses_a_compiled_step_for_a_length_dependent_rope(tmp_path):
+    """check_decode reads the model's config.json at start-up (no weights needed yet): Phi-3's longrope."""
+    import json
+
+    cfg = json.loads((resolve_model("tiny") / "config.json").read_text())
+    long = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+    }
+    cfg["rope_parameters"] = long  # transformers >= 5 (the tiny model's); older configs say rope_scaling
+    cfg["original_max_position_embeddings"] = 256
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"RoPE \(longrope\) depends on the sequence length"):
+        check_decode("compiled", torch.device("cpu"), "none", str(tmp_path))
+    check_decode("static", torch.device("cpu"), "none", str(tmp_path))  # the static loop reads it per step

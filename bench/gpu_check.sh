@@ -17,7 +17,8 @@
 #   1. the machine: GPU, driver, versions                                   -> env.txt
 #   2. train.py tiny on the device, two steps each: GRPO, GRPO with dynamic sampling, PPO, and a bf16 full
 #      fine-tune with KL in the loss (the sampler under autocast)          -> train-*.log, train-*/
-#   3. the kernel and attention tests on CUDA, all of them (no -x)          -> tests.log
+#   3. the kernel, attention and decode-loop tests on CUDA, all of them (no -x: the decode loops replayed
+#      as CUDA graphs give the eager sampler's tokens)                      -> tests.log
 #   4. a random model of a real shape ($GPU_MODEL, default random:qwen2.5-1.5b), built once into the
 #      nanogrpo cache: no download (needs safetensors; tokenizers for its tokenizer)  -> model.log
 #   5. bench/generate.py: the decode step with LoRA adapters as training samples, at batch 1, 64 and 128:
@@ -140,8 +141,8 @@ fi
 if [ "$SMOKE" = 1 ]; then
     skip tests "the CPU suite runs them (make test)"
 else
-    step tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_kernels_logprobs.py tests/test_kernels_lcs.py \
-        tests/test_kernels_cosine.py tests/test_attention.py
+    step tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_kernels_logprobs.py tests/test_kernels_lcs.py \
+        tests/test_kernels_cosine.py tests/test_attention.py tests/test_sampling_static.py
 fi
 
 # 4.-8. the model steps, each skipped with the reason when a package it needs is missing

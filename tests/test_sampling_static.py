@@ -413,3 +413,49 @@ def test_cuda_decode_loops_equal_eager(lively, with_lora, decode):
     other = generate(model, prompts, generator=gens(), decode=decode, stop_strings=stops, **kw)
     assert_same(eager, other, atol=1e-4)  # cuBLAS picks other kernels for other shapes: 1e-4, not 1e-5
     assert len(set(eager.lengths.tolist())) > 3
+
+
+class FakeCuda:
+    """Stands in for torch.cuda's streams, stream contexts and graphs, to drive CapturedStep's CUDA branch."""
+
+    replays = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def replay(self):
+        FakeCuda.replays += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_captured_step_runs_once_records_once_then_replays(monkeypatch):
+    """CapturedStep on CUDA (its streams and graph faked): the first call runs the step on a side stream and
+    records it; every later call only replays. A recording that fails says what to run instead."""
+    FakeCuda.replays = 0
+    monkeypatch.setattr(torch.cuda, "Stream", FakeCuda)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: FakeCuda())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: FakeCuda())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeCuda)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: FakeCuda())
+    runs = []
+    step = static_decode.CapturedStep(lambda: runs.append(1), torch.device("cuda"))
+    step()
+    assert len(runs) == 2 and FakeCuda.replays == 0  # the step for real, then under the (fake) recording
+    step(), step()
+    assert len(runs) == 2 and FakeCuda.replays == 2
+
+    class Refused(FakeCuda):
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: Refused())
+    with pytest.raises(RuntimeError, match="not permitted .*\nSample with --sampling.decode static"):
+        static_decode.CapturedStep(lambda: None, torch.device("cuda"))()

@@ -210,8 +210,14 @@ class CapturedStep:
             graph = torch.cuda.CUDAGraph()
             # thread_local: a CUDA call from another thread (a reward server's client) does not void the
             # recording; torch.cuda.graph also empties the allocator's cache as it starts, once per call
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.run()  # recorded only: the state stays where the step above left it
+            try:
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    self.run()  # recorded only: the state stays where the step above left it
+            except RuntimeError as e:  # an op that reads back to the host, or one CUDA cannot record
+                raise RuntimeError(
+                    f"recording the decode step as a CUDA graph failed: {e}\nSample with --sampling.decode "
+                    "static (or compiled) instead; tests/test_sampling_static.py's recording tests show which op"
+                ) from e
             self.graph = graph
 
 

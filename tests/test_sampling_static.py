@@ -290,7 +290,8 @@ def test_graph_loops_need_cuda_and_no_fsdp():
 def test_train_refuses_a_graph_loop_on_the_cpu_before_the_model_loads(tmp_path):
     from helpers import run_train_here
 
-    r = run_train_here("tiny", "--out-dir", str(tmp_path / "run"), "--sampling.decode", "graph")
+    run = ("tiny", "--out-dir", str(tmp_path / "run"), "--model.device", "cpu")  # cpu: also on a GPU machine
+    r = run_train_here(*run, "--sampling.decode", "graph")
     assert r.returncode == 2, r.stderr[-2000:]
     assert "--sampling.decode graph replays the decode step as a CUDA graph" in r.stderr.splitlines()[-1]
     assert not (tmp_path / "run" / "config.json").exists()

@@ -55,32 +55,37 @@ from nanogrpo.infra.cpu import cpu_capability, packing_supported
 from nanogrpo.infra.heap import release_free_heap
 from nanogrpo.model.lora import LoraLinear
 
-
 # The packed matmuls as opaque custom ops for torch.compile (--sampling.decode compiled): inductor cannot lower oneDNN's
 # or MKL's packed weights itself, so a compiled decode step calls these as it calls any matmul; eager calls
-# the ATen ops directly (a custom op costs a Python dispatch per call)
-@torch.library.custom_op("nanogrpo::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+# the ATen ops directly. Defined with torch.library.Library, not the custom_op decorator, whose Python
+# wrapper costs more per call (docs/BENCHMARKS.md, "The decode step as a CUDA graph").
+_LIB = torch.library.Library("nanogrpo", "DEF")
+_LIB.define("onednn_linear(Tensor x, Tensor packed, Tensor? bias, int out) -> Tensor")
+_LIB.define("mkl_linear(Tensor x, Tensor packed, Tensor w, Tensor? bias, int rows) -> Tensor")
+
+
+def _onednn_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int
+) -> torch.Tensor:
     """(n, in) @ a oneDNN-packed (out, in) weight + bias -> (n, out)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-@onednn_linear.register_fake
-def _(x, packed, bias, out):
-    return x.new_empty(x.shape[0], out)
-
-
-@torch.library.custom_op("nanogrpo::mkl_linear", mutates_args=())
-def mkl_linear(
-    x: torch.Tensor, packed: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, rows: int
-) -> torch.Tensor:
+def _mkl_linear(x, packed, w, bias, rows: int) -> torch.Tensor:
     """(rows, in) @ an MKL-packed (out, in) weight (`w`: its shape) + bias -> (rows, out)."""
     return torch.ops.mkl._mkl_linear(x, packed, w, bias, rows)
 
 
-@mkl_linear.register_fake
-def _(x, packed, w, bias, rows):
-    return x.new_empty(rows, w.shape[0])
+_LIB.impl("onednn_linear", _onednn_linear, "CompositeExplicitAutograd")
+_LIB.impl("mkl_linear", _mkl_linear, "CompositeExplicitAutograd")
+torch.library.register_fake(
+    "nanogrpo::onednn_linear", lambda x, packed, bias, out: x.new_empty(x.shape[0], out)
+)
+torch.library.register_fake(
+    "nanogrpo::mkl_linear", lambda x, packed, w, bias, rows: x.new_empty(rows, w.shape[0])
+)
+onednn_linear = torch.ops.nanogrpo.onednn_linear.default
+mkl_linear = torch.ops.nanogrpo.mkl_linear.default
 
 
 class PackedLinear(nn.Module):

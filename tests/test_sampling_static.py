@@ -349,7 +349,7 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
         W = model.lm_head_weight
         s = static_decode.generate_static(
             model, lambda h: h @ W.T, [[5, 6, 7], [8, 9]], G, max_new, sample, [3, 4], (), None, None, 0, None,
-            1.0, prefill, graph=True,
+            1.0, prefill, "graph",
         )  # fmt: skip
     assert len(steps) == max_new - 1 and seen == {"meta"}
     assert s.tokens.device == meta and s.tokens.shape == (2 * G, max_new)

@@ -262,8 +262,7 @@ def generate(
             if decode != "eager":
                 return _generate_static(
                     model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, compiled=decode.startswith("compiled"),
-                    graph=decode.endswith("graph"),
+                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, decode,
                 )  # fmt: skip
             return _generate(
                 model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
@@ -372,16 +371,16 @@ def _generate(
 
 def _generate_static(
     model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
-    amp=None, compiled: bool = False, graph: bool = False,
+    amp=None, decode: str = "static",
 ) -> Generation:  # fmt: skip
     """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop;
-    `compiled`: its steps through torch.compile; `graph`: the step recorded once as a CUDA graph."""
+    `decode`: 'static', 'compiled', 'graph' or 'compiled-graph'."""
     W = model.lm_head_weight  # (V, H)
     lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
     sample = lambda logits, u: sample_tokens(logits, temperature, top_p, top_k, None, u)  # noqa: E731
     s = generate_static(
         model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer, generator, pad_id,
-        amp, temperature, _prefill, compiled, graph,
+        amp, temperature, _prefill, decode,
     )  # fmt: skip
     return _finish(s.tokens, s.logps, s.length, s.done, pad_id)
 

@@ -263,12 +263,13 @@ class _StopCheck:
 
 
 def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer,
-                    generator, pad_id, amp, temperature, prefill, compiled: bool = False,
-                    graph: bool = False):  # fmt: skip
+                    generator, pad_id, amp, temperature, prefill, decode: str = "static"):  # fmt: skip
     """sampling._generate's contract (tokens, log-probs, lengths, truncated) on fixed-shape steps.
-    `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill; `compiled`: each step
-    through `compiled_step`; `graph`: the step recorded once and replayed (CapturedStep)."""
-    check_rope("compiled" if compiled else "graph" if graph else "static", model.config.rope_scaling)
+    `sample(logits, u)` draws one token per row; `prefill` is sampling._prefill; `decode`: 'static',
+    'compiled' (each step through `compiled_step`), 'graph' (the step recorded once and replayed:
+    CapturedStep) or 'compiled-graph'."""
+    check_rope(decode, model.config.rope_scaling)
+    compiled, graph = decode in ("compiled", "compiled-graph"), decode in GRAPHED
     dev = model.lm_head_weight.device
     N = len(prompts) * G
     bucket = PROMPT_BUCKET if compiled else 1

@@ -416,6 +416,25 @@ def test_cuda_decode_loops_equal_eager(lively, with_lora, decode):
     assert len(set(eager.lengths.tolist())) > 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: bench/gpu_check.sh runs it there")
+def test_cuda_graph_under_autocast_replays_the_static_step(lively):
+    """A full fine-tune samples its float32 weights under bf16 autocast, whose cache holds each weight's bf16
+    copy for the call. The recording reads those copies (made by the prefill and the step that runs before
+    it); replaying it after they were freed would read garbage. The replayed loop must give the static
+    loop's tokens: the same kernels on the same inputs."""
+    model, tok, prompts = lively
+    model = copy.deepcopy(model).cuda()  # float32 parameters that require grad: autocast caches their casts
+    assert all(p.requires_grad for p in model.parameters())
+    kw = {"group_size": G, "max_new_tokens": N_NEW, "eos_ids": MANY_EOS[::4], "autocast": torch.bfloat16}
+    gens = lambda: [torch.Generator("cuda").manual_seed(100 + i) for i in range(len(prompts))]  # noqa: E731
+    static = generate(model, prompts, generator=gens(), decode="static", **kw)
+    graph = generate(model, prompts, generator=gens(), decode="graph", **kw)
+    again = generate(model, prompts, generator=gens(), decode="graph", **kw)  # a new recording per call
+    assert_same(static, graph, atol=1e-4)
+    assert_same(graph, again, atol=0.0)
+    assert len(set(static.lengths.tolist())) > 1
+
+
 class FakeCuda:
     """Stands in for torch.cuda's streams, stream contexts and graphs, to drive CapturedStep's CUDA branch."""
 

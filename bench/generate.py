@@ -13,9 +13,10 @@ transformers side runs with that too.
 
 --roofline B1,B2 also times nanogrpo's decode step alone at each batch (P x G rows) and compares the bytes
 a step must read (weights + KV cache) per second with the device's copy bandwidth (measured here, or
---peak-gbs), and its FLOPs per second with the machine's matmul rate (measured at a large shape): the
-share of each roofline that decoding reaches, and the step's floor (the slower of the two). On a CPU it
-is on by default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
+--peak-gbs), and its FLOPs per second with the machine's matmul rate (a large matmul, timed in turns with
+the step's calls): the share of each roofline that decoding reaches, the step's floor (the slower of the
+two) and the step's time over it ('x floor', with each turn's ratio on a line below). On a CPU it is on by
+default at P x G, and the ceilings (copy GB/s, float32 and bf16 matmul GFLOP/s) are printed.
 --decode eager,static,compiled gives a row per decode loop of the sampler (--sampling.decode), side by side,
 in the samplers' table and in the roofline's; a compiled loop's first call (the compile) is timed apart. The
 loops that replay a CUDA graph (graph, compiled-graph) run on a GPU only; elsewhere their rows are skipped with
@@ -143,15 +144,23 @@ def copy_bandwidth_gbs(device: str) -> float:
     return 2 * x.numel() * x.element_size() / statistics.median(wall) / 1e9
 
 
-def matmul_gflops(dtype: torch.dtype, device: str) -> float | None:
-    """The machine's matmul rate at a large shape (1024 x 2048 @ 2048 x 2048), GFLOP/s; None if the dtype's
-    matmul does not run here. On a CPU this is the compute ceiling a decode step's matmuls can reach."""
+def matmul_call(dtype: torch.dtype, device: str) -> tuple[Callable[[], object], int] | None:
+    """One large matmul (1024 x 2048 @ 2048 x 2048) and its FLOPs: what the machine's matmul rate is timed
+    with; None if the dtype's matmul does not run here (no bf16 units: emulated, not a ceiling to quote)."""
     if device == "cpu" and dtype == torch.bfloat16 and not cpu_capability().onednn_bf16:
-        return None  # no bf16 units: the bf16 matmul is emulated, not a ceiling worth quoting
+        return None
     x = torch.randn(1024, 2048, device=device).to(dtype)
     w = torch.randn(2048, 2048, device=device).to(dtype)
-    wall, _ = timed(lambda: torch.mm(x, w), warmup=2, repeats=5)
-    return 2 * 1024 * 2048 * 2048 / statistics.median(wall) / 1e9
+    return (lambda: torch.mm(x, w)), 2 * 1024 * 2048 * 2048
+
+
+def matmul_gflops(dtype: torch.dtype, device: str) -> float | None:
+    """The machine's matmul rate at a large shape, GFLOP/s (None: see matmul_call). On a CPU this is the
+    compute ceiling a decode step's matmuls can reach."""
+    if (mm := matmul_call(dtype, device)) is None:
+        return None
+    wall, _ = timed(mm[0], warmup=2, repeats=5)
+    return mm[1] / statistics.median(wall) / 1e9
 
 
 def cpu_copy_gbs() -> float:
@@ -162,12 +171,19 @@ def cpu_copy_gbs() -> float:
     return 2 * x.numel() * 4 / statistics.median(wall) / 1e9
 
 
-def decode_roofline(model, prompts, batch: int, a, pad: int, peak: float, decode: str = "eager") -> dict:
+def decode_roofline(
+    model, prompts, batch: int, a, pad: int, peak: float, decode: str = "eager", mm=None
+) -> dict:
     """Seconds per decode step at `batch` rows (P prompts x G), from two timings of the same prompts
     ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and the bytes a
     step must read at least: every weight once (the embedding table only as the tied LM head) plus the
     KV cache (each prompt's keys once per group, as the sampler shares them, and on average N/2 keys of
-    each completion's own). Utilisation = those bytes / step time / peak bandwidth."""
+    each completion's own). Utilisation = those bytes / step time / peak bandwidth.
+
+    The step's floor is the slower of its bytes at `peak` and its FLOPs at the matmul rate. `mm` (matmul_call's
+    (call, FLOPs)) is timed in the same turns as the two generate calls, so the rate and the step are measured
+    in the same minutes: on a shared VM whose speed drifts by 20-40% between minutes, a rate taken once
+    moves the step / floor ratio by as much. Each turn's ratio is kept too."""
     G = min(a.group, batch)
     P = batch // G
     assert P * G == batch and P <= len(prompts), f"batch {batch} is not P x G with G={G}"
@@ -177,9 +193,14 @@ def decode_roofline(model, prompts, batch: int, a, pad: int, peak: float, decode
     def run(n: int) -> None:
         generate(model, prompts, group_size=G, max_new_tokens=n, generator=gen, pad_id=pad, decode=decode)
 
-    t_full = statistics.median(timed(lambda: run(N), a.warmup, a.repeats)[0])
-    t_one = statistics.median(timed(lambda: run(1), a.warmup, a.repeats)[0])
+    calls = {"full": lambda: run(N), "one": lambda: run(1)}
+    if mm is not None:
+        calls["mm"] = mm[0]
+    turns = {name: wall for name, ((wall, _), _) in taking_turns(calls, a.warmup, a.repeats).items()}
+    t_full, t_one = statistics.median(turns["full"]), statistics.median(turns["one"])
     t_step = max(t_full - t_one, 1e-9) / (N - 1)
+    steps = [max(f - o, 1e-9) / (N - 1) for f, o in zip(turns["full"], turns["one"])]  # each turn's step
+    rates = [mm[1] / t / 1e9 for t in turns["mm"]] if mm is not None else []  # each turn's GFLOP/s
     # what one decode step dispatches, by the same difference: ATen ops on the host, kernels on the GPU
     (aten_n, kern_n), (aten_1, kern_1) = (
         op_counts(lambda: run(N), a.device),
@@ -200,6 +221,12 @@ def decode_roofline(model, prompts, batch: int, a, pad: int, peak: float, decode
     # every weight is one multiply-add per row, the LM head included (the embedding gather is free)
     matmul_params = sum(p.numel() for p in params) - (0 if tied else model.model.embed_tokens.weight.numel())
     flops = 2 * batch * matmul_params  # attention's own FLOPs are small at these lengths
+    rate = statistics.median(rates) if rates else None
+
+    def floor(gflops: float | None) -> float:
+        """Seconds: the step cannot beat its bytes at copy speed or its FLOPs at the matmul rate."""
+        return max((weights + kv) / (peak * 1e9) if peak else 0.0, flops / (gflops * 1e9) if gflops else 0.0)
+
     return {
         "batch": batch, "decode": decode, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
         "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
@@ -207,6 +234,9 @@ def decode_roofline(model, prompts, batch: int, a, pad: int, peak: float, decode
         "us_per_launch": t_step * 1e6 / launches if launches > 0 else None,
         "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
         "utilisation": gbs / peak if peak else None, "flops_step": flops, "GFLOPs": flops / t_step / 1e9,
+        "matmul_GFLOPs": rate, "matmul_GFLOPs_turns": rates, "floor_ms": floor(rate) * 1e3,
+        "x_floor": t_step / floor(rate) if floor(rate) else None,
+        "x_floor_turns": [t / floor(r) for t, r in zip(steps, rates)] if floor(rate) else [],
     }  # fmt: skip
 
 
@@ -386,13 +416,14 @@ def main() -> None:
                 peak, peak_from = copy_bandwidth_gbs(args.device), "measured device copy"
             elif not peak:
                 peak, peak_from = cpu_copy_gbs(), "measured CPU copy"
+            mm = matmul_call(dtype, args.device)
             rate = matmul_gflops(dtype, args.device)
             ceilings = {"copy_GBps": peak, "matmul_GFLOPs": rate, "dtype": args.dtype}
             if args.device == "cpu":
                 other = torch.float32 if dtype != torch.float32 else torch.bfloat16
                 ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
             roofline = [  # one row per batch and decode loop
-                decode_roofline(model, prompts, b, args, pad, peak, d) for b in batches for d in loops
+                decode_roofline(model, prompts, b, args, pad, peak, d, mm) for b in batches for d in loops
             ]
         del model
 
@@ -444,22 +475,27 @@ def main() -> None:
             )
         head = f"{'batch':>6}{'decode':>10}{'P x G':>8}{'ms/step':>10}{'tok/s':>10}{'MB/step':>10}{'GB/s':>9}"
         launch = "kernels" if args.device.startswith("cuda") else "aten ops"
-        head += f"{'of peak':>9}{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{launch + '/step':>15}"
+        head += (
+            f"{'of peak':>9}{'GFLOP/s':>9}{'of mm':>7}{'floor ms':>10}{'x floor':>9}{launch + '/step':>15}"
+        )
         print(head + f"{'us/launch':>11}")
         for r in roofline:
             util = f"{100 * r['utilisation']:.0f}%" if r["utilisation"] is not None else "-"
             mb = (r["weight_bytes"] + r["kv_bytes_mean"]) / 1e6
             pg = f"{r['P']}x{r['G']}"
-            share = f"{100 * r['GFLOPs'] / rate:.0f}%" if rate else "-"
-            # the step cannot be faster than its bytes at copy speed or its FLOPs at the matmul rate
-            floor = max((r["weight_bytes"] + r["kv_bytes_mean"]) / (peak * 1e9 or float("inf")) * 1e3,
-                        r["flops_step"] / (rate * 1e9) * 1e3 if rate else 0.0)  # fmt: skip
-            r["floor_ms"] = floor
+            share = f"{100 * r['GFLOPs'] / r['matmul_GFLOPs']:.0f}%" if r["matmul_GFLOPs"] else "-"
+            times = f"{r['x_floor']:.2f}x" if r["x_floor"] else "-"
             print(
                 f"{r['batch']:>6}{r['decode']:>10}{pg:>8}{r['t_step_ms']:>10.2f}{r['decode_tok_per_s']:>10.0f}"
-                f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{floor:>10.1f}"
+                f"{mb:>10.0f}{r['GBps']:>9.0f}{util:>9}{r['GFLOPs']:>9.0f}{share:>7}{r['floor_ms']:>10.1f}{times:>9}"
                 f"{r['kernels_step' if args.device.startswith('cuda') else 'aten_ops_step']:>15.0f}"
                 f"{r['us_per_launch'] or 0:>11.1f}"
+            )
+        for r in (r for r in roofline if r["x_floor_turns"]):
+            rates = ", ".join(f"{g:.0f}" for g in r["matmul_GFLOPs_turns"])
+            print(
+                f"batch {r['batch']} {r['decode']}: each turn's step / floor "
+                f"{', '.join(f'{x:.2f}x' for x in r['x_floor_turns'])} (matmul GFLOP/s in those turns: {rates})"
             )
     print("reproduce: python " + " ".join(shlex.quote(a) for a in ["bench/generate.py", *sys.argv[1:]]))
     if args.json:

@@ -31,6 +31,7 @@ safetensors such a model is built in memory.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import shlex
@@ -53,6 +54,7 @@ from nanogrpo.model.static_decode import GRAPHED  # noqa: E402
 from nanogrpo.model.transformer import ModelArgs, Transformer  # noqa: E402
 from nanogrpo.model.zoo import random_config, random_transformer, resolve_model  # noqa: E402
 
+MM_REPEATS = 5  # matmuls per turn of the decode roofline; the fastest gives that turn's rate
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 QUESTIONS = [
@@ -172,42 +174,36 @@ def cpu_copy_gbs() -> float:
 
 
 def decode_roofline(
-    model, prompts, batch: int, a, pad: int, peak: float, decode: str = "eager", mm=None
-) -> dict:
-    """Seconds per decode step at `batch` rows (P prompts x G), from two timings of the same prompts
-    ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and the bytes a
-    step must read at least: every weight once (the embedding table only as the tied LM head) plus the
-    KV cache (each prompt's keys once per group, as the sampler shares them, and on average N/2 keys of
-    each completion's own). Utilisation = those bytes / step time / peak bandwidth.
+    model, prompts, batch: int, a, pad: int, peak: float, loops: list[str], mm=None
+) -> list[dict]:
+    """For each decode loop: seconds per decode step at `batch` rows (P prompts x G), from two timings of the
+    same prompts ((t(N new tokens) - t(1 new token)) / (N - 1): the prefill and the first draw cancel), and
+    the bytes a step must read at least: every weight once (the embedding table only as the tied LM head)
+    plus the KV cache (each prompt's keys once per group, as the sampler shares them, and on average N/2 keys
+    of each completion's own). Utilisation = those bytes / step time / peak bandwidth.
 
-    The step's floor is the slower of its bytes at `peak` and its FLOPs at the matmul rate. `mm` (matmul_call's
-    (call, FLOPs)) is timed in the same turns as the two generate calls, so the rate and the step are measured
-    in the same minutes: on a shared VM whose speed drifts by 20-40% between minutes, a rate taken once
-    moves the step / floor ratio by as much. Each turn's ratio is kept too."""
+    The step's floor is the slower of its bytes at `peak` and its FLOPs at the matmul rate. Every loop's two
+    calls and `mm` (matmul_call's (call, FLOPs): the best of MM_REPEATS matmuls) take turns, so the loops and
+    the rate are measured in the same minutes: on a shared VM whose speed drifts by 20-40% between minutes,
+    a rate taken once moved the step / floor ratio from 1.3x to 2.0x between runs. Each turn's ratio is kept."""
     G = min(a.group, batch)
     P = batch // G
     assert P * G == batch and P <= len(prompts), f"batch {batch} is not P x G with G={G}"
     prompts, N = prompts[:P], a.new_tokens
     gen = torch.Generator(a.device).manual_seed(0)
 
-    def run(n: int) -> None:
+    def run(n: int, decode: str) -> None:
         generate(model, prompts, group_size=G, max_new_tokens=n, generator=gen, pad_id=pad, decode=decode)
 
-    calls = {"full": lambda: run(N), "one": lambda: run(1)}
+    calls = {}
+    for d in loops:
+        calls[f"{d} full"], calls[f"{d} one"] = functools.partial(run, N, d), functools.partial(run, 1, d)
+    best: list[float] = []  # each turn's fastest matmul, seconds
     if mm is not None:
-        calls["mm"] = mm[0]
+        calls["mm"] = lambda: best.append(min(timed(mm[0], warmup=0, repeats=MM_REPEATS)[0]))
     turns = {name: wall for name, ((wall, _), _) in taking_turns(calls, a.warmup, a.repeats).items()}
-    t_full, t_one = statistics.median(turns["full"]), statistics.median(turns["one"])
-    t_step = max(t_full - t_one, 1e-9) / (N - 1)
-    steps = [max(f - o, 1e-9) / (N - 1) for f, o in zip(turns["full"], turns["one"])]  # each turn's step
-    rates = [mm[1] / t / 1e9 for t in turns["mm"]] if mm is not None else []  # each turn's GFLOP/s
-    # what one decode step dispatches, by the same difference: ATen ops on the host, kernels on the GPU
-    (aten_n, kern_n), (aten_1, kern_1) = (
-        op_counts(lambda: run(N), a.device),
-        op_counts(lambda: run(1), a.device),
-    )
-    aten_step, kern_step = (aten_n - aten_1) / (N - 1), (kern_n - kern_1) / (N - 1)
-    launches = kern_step if a.device.startswith("cuda") else aten_step
+    rates = [mm[1] / t / 1e9 for t in best[-a.repeats :]] if mm is not None else []  # each turn's GFLOP/s
+    rate = statistics.median(rates) if rates else None
     c, w = model.config, model.lm_head.weight
     tied = w is model.model.embed_tokens.weight
     params = {id(p): p for p in model.parameters()}.values()
@@ -217,27 +213,37 @@ def decode_roofline(
     elem = w.element_size() if w.is_cuda else 4  # the CPU sampler keeps a float32 cache
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem  # bytes per cached token
     kv = (P * max(map(len, prompts)) + batch * N / 2) * kv_token
-    gbs = (weights + kv) / t_step / 1e9
     # every weight is one multiply-add per row, the LM head included (the embedding gather is free)
     matmul_params = sum(p.numel() for p in params) - (0 if tied else model.model.embed_tokens.weight.numel())
     flops = 2 * batch * matmul_params  # attention's own FLOPs are small at these lengths
-    rate = statistics.median(rates) if rates else None
 
     def floor(gflops: float | None) -> float:
         """Seconds: the step cannot beat its bytes at copy speed or its FLOPs at the matmul rate."""
         return max((weights + kv) / (peak * 1e9) if peak else 0.0, flops / (gflops * 1e9) if gflops else 0.0)
 
-    return {
-        "batch": batch, "decode": decode, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
-        "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
-        "aten_ops_step": aten_step, "kernels_step": kern_step,
-        "us_per_launch": t_step * 1e6 / launches if launches > 0 else None,
-        "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
-        "utilisation": gbs / peak if peak else None, "flops_step": flops, "GFLOPs": flops / t_step / 1e9,
-        "matmul_GFLOPs": rate, "matmul_GFLOPs_turns": rates, "floor_ms": floor(rate) * 1e3,
-        "x_floor": t_step / floor(rate) if floor(rate) else None,
-        "x_floor_turns": [t / floor(r) for t, r in zip(steps, rates)] if floor(rate) else [],
-    }  # fmt: skip
+    rows = []
+    for d in loops:
+        full, one = turns[f"{d} full"], turns[f"{d} one"]
+        t_full, t_one = statistics.median(full), statistics.median(one)
+        t_step = max(t_full - t_one, 1e-9) / (N - 1)
+        steps = [max(f - o, 1e-9) / (N - 1) for f, o in zip(full, one)]  # each turn's step
+        # what one decode step dispatches, by the same difference: ATen ops on the host, kernels on the GPU
+        (aten_n, kern_n), (aten_1, kern_1) = (op_counts(calls[f"{d} {n}"], a.device) for n in ("full", "one"))
+        aten_step, kern_step = (aten_n - aten_1) / (N - 1), (kern_n - kern_1) / (N - 1)
+        launches = kern_step if a.device.startswith("cuda") else aten_step
+        gbs = (weights + kv) / t_step / 1e9
+        rows.append({
+            "batch": batch, "decode": d, "P": P, "G": G, "new_tokens": N, "prompt_len_max": max(map(len, prompts)),
+            "t_call_s": t_full, "t_prefill_s": t_one, "t_step_ms": t_step * 1e3, "decode_tok_per_s": batch / t_step,
+            "aten_ops_step": aten_step, "kernels_step": kern_step,
+            "us_per_launch": t_step * 1e6 / launches if launches > 0 else None,
+            "weight_bytes": weights, "kv_bytes_mean": kv, "GBps": gbs, "peak_GBps": peak or None,
+            "utilisation": gbs / peak if peak else None, "flops_step": flops, "GFLOPs": flops / t_step / 1e9,
+            "matmul_GFLOPs": rate, "matmul_GFLOPs_turns": rates, "floor_ms": floor(rate) * 1e3,
+            "x_floor": t_step / floor(rate) if floor(rate) else None,
+            "x_floor_turns": [t / floor(r) for t, r in zip(steps, rates)] if floor(rate) else [],
+        })  # fmt: skip
+    return rows
 
 
 def op_counts(fn, device: str) -> tuple[int, int]:
@@ -422,8 +428,8 @@ def main() -> None:
             if args.device == "cpu":
                 other = torch.float32 if dtype != torch.float32 else torch.bfloat16
                 ceilings[f"matmul_GFLOPs_{str(other).split('.')[1]}"] = matmul_gflops(other, args.device)
-            roofline = [  # one row per batch and decode loop
-                decode_roofline(model, prompts, b, args, pad, peak, d, mm) for b in batches for d in loops
+            roofline = [  # one row per batch and decode loop; a batch's loops take turns
+                row for b in batches for row in decode_roofline(model, prompts, b, args, pad, peak, loops, mm)
             ]
         del model
 

@@ -28,7 +28,7 @@ from nanogrpo import grpo, kl
 from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
-from nanogrpo.eval.during import HeldOutEval, check_eval_every
+from nanogrpo.eval.during import HeldOutEval, check_eval_every, held_out_source
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
@@ -76,7 +76,7 @@ def main(cfg: TrainConfig) -> dict:
     check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path)  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
-    rows, tok, reward_fn = training_data(cfg)  # read, checked and tokenized before the model loads
+    rows, tok, reward_fn, held_out = training_data(cfg)  # read, checked and tokenized before the model loads
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
     out = Path(cfg.out_dir)
@@ -100,7 +100,7 @@ def main(cfg: TrainConfig) -> dict:
     step0 = resume(cfg, policy, opt, sched, order, logger) if cfg.resume else 0  # --resume: its step
 
     run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
-    evaluator = HeldOutEval(cfg, policy, device)  # --eval-every: held-out scores (nanogrpo/eval/during.py)
+    evaluator = HeldOutEval(cfg, policy, device, held_out)  # --eval-every: held-out scores (eval/during.py)
     evaluator.start(logger, step0)  # step 0, before any update: a metrics.jsonl line of its own
     step_fn = STAGES[cfg.algo]  # a training stage is a step function (nanogrpo/stages/)
     P_local = cfg.prompts_per_step // world
@@ -136,7 +136,7 @@ def main(cfg: TrainConfig) -> dict:
             _save(policy, out, step + 1, opt, sched, order)
     bar.close()
 
-    return finish(cfg, policy, logger)  # the adapter or model, plots, final eval, run page
+    return finish(cfg, policy, logger, held_out)  # the adapter or model, plots, final eval, run page
 
 
 def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Logger) -> int:
@@ -173,14 +173,14 @@ def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Log
     return step0
 
 
-def finish(cfg: TrainConfig, policy, logger: Logger) -> dict:
+def finish(cfg: TrainConfig, policy, logger: Logger, held_out: tuple[list[dict], str] | None) -> dict:
     """The end of a run: the final adapter (or model), the held-out eval, the plots and the run page, and
     summary.json; then the logs closed and the folder's lock released."""
     out = Path(cfg.out_dir)
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
     policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
     if cfg.eval_prompts > 0 and dist.is_main():
-        summary["eval"] = final_eval(cfg, policy, out)
+        summary["eval"] = final_eval(cfg, policy, out, held_out)
     if dist.is_main():
         if cfg.plots:
             write_report(out)  # the PNGs (nanogrpo/infra/plots.py) and index.html, which embeds them
@@ -206,16 +206,21 @@ class NonFiniteStep(RuntimeError):
         )
 
 
-def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction | None]:
-    """The training rows (CPT: windows of the text), the tokenizer and, for GRPO and PPO, the reward; every
-    row checked, naming file and line, and every prompt tokenized, before any model loads."""
+def training_data(
+    cfg: TrainConfig,
+) -> tuple[list[dict], object, RewardFunction | None, tuple[list[dict], str] | None]:
+    """The training rows (CPT: windows of the text), the tokenizer, for GRPO and PPO the reward, and the
+    held-out rows with their source (None without any); every row checked, naming file and line, and every
+    prompt tokenized, before any model loads."""
     judge_backend.register()  # a local judge model runs on nanogrpo's model and sampler
+    # the held-out rows are read once, now: a bad or missing --data.eval must not wait for the run's end, and
+    # the evaluations during training and at its end score the rows checked here, whatever the file becomes
+    eval_source = held_out_source(cfg)  # --data.eval, or the demo task's held-out split
+    held_out = load_task(eval_source, "eval", column_map(cfg.data)) if eval_source else None
     if cfg.algo == "cpt":
         tok = prompt_budget(cfg)[0]
-        return cpt.load_windows(cfg.data, tok), tok, None
+        return cpt.load_windows(cfg.data, tok), tok, None, held_out
     rows, source = load_task(cfg.data.train, "train", column_map(cfg.data))  # --data.*-field: renamed columns
-    # --data.eval is read and checked now too: a bad or missing file must not wait for the run's end
-    held_out = load_task(cfg.data.eval, "eval", column_map(cfg.data)) if cfg.data.eval else None
     reward_fn = None
     if cfg.algo in ("grpo", "ppo"):
         # a judge keeps its cache in the run folder, so a resumed run does not pay twice
@@ -235,7 +240,7 @@ def training_data(cfg: TrainConfig) -> tuple[list[dict], object, RewardFunction 
             print(
                 f"{n_cut} prompts of {source} cut to their last {limit} tokens (--data.long-prompts truncate)"
             )
-    return rows, tok, reward_fn
+    return rows, tok, reward_fn, held_out
 
 
 def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
@@ -341,17 +346,16 @@ def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> S
     return Scored(roll, reward, parts, run.reward_fn.details(), time.perf_counter() - t1)
 
 
-def final_eval(cfg: TrainConfig, policy, out: Path) -> dict | None:
+def final_eval(cfg: TrainConfig, policy, out: Path, held_out: tuple[list[dict], str] | None) -> dict | None:
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
     95% CI of the difference."""
     from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
 
-    source = cfg.data.eval or ("demo" if cfg.data.train == "demo" else "")
-    if not source or not policy.use_lora:
+    if held_out is None or not policy.use_lora:
         print("final eval skipped: it needs --data.eval (or the demo task) and LoRA (the base is LoRA off)")
         return None
-    rows = load_task(source, "eval", column_map(cfg.data))[0][: cfg.eval_prompts]
+    rows = held_out[0][: cfg.eval_prompts]  # training_data's rows: the ones checked at the start
     policy.core.eval()
     res = base_vs_trained(
         policy.core,

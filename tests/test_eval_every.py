@@ -9,6 +9,7 @@ import pytest
 from helpers import run_train_here
 from test_train import metrics, tiny
 
+from nanogrpo.data import load_task
 from nanogrpo.eval.during import eval_line, eval_seed, means
 from nanogrpo.eval.evaluate import pass_and_mean
 from train import cli, main
@@ -109,6 +110,31 @@ def test_a_held_out_file_enables_it_beside_any_training_data(tmp_path):
     cfg = replace(cfg, out_dir=str(tmp_path / "run"), eval_prompts=2, steps=2)
     main(cfg)
     assert sorted(evals(tmp_path / "run")) == [0, 2]
+
+
+def test_the_held_out_file_is_read_once_at_start_up(tmp_path, monkeypatch):
+    """The evaluations during training and the final table score the rows read and checked before the model
+    loaded: the file removed right after that read, the run still evaluates at steps 0 and 2 and at its end."""
+    import train
+
+    rows, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "reference": "a"}) + "\n" for i in range(4)))
+    shutil.copy(rows, held)
+    reads = []
+
+    def read_then_remove(name, split="train", columns=None):
+        out = load_task(name, split, columns)
+        reads.append(split)
+        if split == "eval":
+            held.unlink()
+        return out
+
+    monkeypatch.setattr(train, "load_task", read_then_remove)
+    cfg = cli(["tiny", "--data.train", str(rows), "--data.eval", str(held), "--eval-every", "2"])
+    main(replace(cfg, out_dir=str(tmp_path / "run"), eval_prompts=2, steps=2))
+    assert reads.count("eval") == 1 and not held.exists()
+    assert sorted(evals(tmp_path / "run")) == [0, 2]
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["metrics"]["em"]["n"] == 2
 
 
 def test_pass_and_mean_seeds_means_and_the_console_line():

@@ -344,9 +344,11 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
         sampling=replace(cfg.sampling, stop=(stop,), max_new_tokens=16),
         reward=replace(cfg.reward, spec="rouge_l:1"),
     )
+    from nanogrpo.data import load_task
     from train import final_eval
 
-    final_eval(cfg, SimpleNamespace(core=model, tokenizer=tok, use_lora=True), tmp_path)
+    held_out = load_task(cfg.data.eval, "eval")
+    final_eval(cfg, SimpleNamespace(core=model, tokenizer=tok, use_lora=True), tmp_path, held_out)
     for side in ("base", "trained"):
         got = json.loads((tmp_path / f"eval_{side}.jsonl").read_text())["completion"]
         assert got == want, side

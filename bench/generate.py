@@ -139,7 +139,7 @@ def taking_turns(samplers: dict, warmup: int, repeats: int) -> dict[str, tuple[t
 
 
 def copy_bandwidth_gbs(device: str) -> float:
-    """Device-to-device copy (bytes read + written per second), as bench/kernels.py measures it."""
+    """Device-to-device copy (bytes read + written per second), as bench/kernel_timings.py measures it."""
     x = torch.empty(1 << 29, dtype=torch.bfloat16, device=device)  # 1 GiB: many times the L2
     y = torch.empty_like(x)
     wall, _ = timed(lambda: y.copy_(x), warmup=2, repeats=10)

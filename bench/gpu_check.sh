@@ -30,7 +30,7 @@
 #      torch.cuda.max_memory_allocated next to nanogrpo.model.memory's plan for the same run  -> step.json, .log
 #   8. bench/length_groups.py: the training forward + backward with the completions in length groups
 #      against one group, and the fixed cost of a group                   -> groups.log
-#   9. bench/kernels.py: ceilings, log-probs, LCS, cosine with what the budget has left  -> kernels.json
+#   9. bench/kernel_timings.py: ceilings, log-probs, LCS, cosine with what the budget has left  -> kernels.json
 # Override the model steps' flags with GENERATE_ARGS / STEP_ARGS / GROUPS_ARGS; run only some steps with
 # GPU_STEPS="model generate-graph" (the others are listed as skipped). The last thing printed is the table;
 # RESULTS_DIR holds the full numbers.
@@ -176,7 +176,7 @@ else
 fi
 
 # 9. the kernels, with what is left (40 s of it kept for the table and the bench's own wrap-up)
-step kernels $(($(left) - 10)) $PY bench/kernels.py $KERNEL_ARGS --out "$RESULTS" --budget-s $(($(left) - 40))
+step kernels $(($(left) - 10)) $PY bench/kernel_timings.py $KERNEL_ARGS --out "$RESULTS" --budget-s $(($(left) - 40))
 
 # the table, last
 echo

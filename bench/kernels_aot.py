@@ -1,13 +1,13 @@
-"""Ahead-of-time compile of every Triton kernel in kernels/ for sm_80, sm_89 and sm_90, without a GPU: the
+"""Ahead-of-time compile of every Triton kernel in nanogrpo_kernels/ for sm_80, sm_89 and sm_90, without a GPU: the
 shared memory, registers and register spills of each launch config the code picks, against each GPU's
 limits. Prints a table; exits 1 when a kernel spills, overflows shared memory or does not compile.
 
     python bench/kernels_aot.py                         # every kernel, dtype and config, on the three GPUs
     python bench/kernels_aot.py --arch 80 --only logprobs --json aot.json
 
-The configs are the ones the kernels choose at launch: `kernels.logprobs_tiles.gpu_config` for each input dtype
+The configs are the ones the kernels choose at launch: `nanogrpo_kernels.logprobs_tiles.gpu_config` for each input dtype
 and compute capability (forward, backward, backward with the entropy gradient), every block size
-`kernels.lcs.lcs_launch_config` can return (the register row and the tiled kernel), and the cosine kernel
+`nanogrpo_kernels.lcs.lcs_launch_config` can return (the register row and the tiled kernel), and the cosine kernel
 at its largest block. Pointers are compiled as 16-byte aligned and the log-probs hidden size and row
 strides as multiples of 16: the specialisation Triton gives them at run time for any hidden size that is a
 multiple of 16 (all released models). Other hidden sizes compile without vectorised loads or pipelining
@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from kernels import HAS_TRITON  # noqa: E402
-from kernels import cosine as cos_mod  # noqa: E402
-from kernels import lcs as lcs_mod  # noqa: E402
-from kernels import logprobs as lp_mod  # noqa: E402
-from kernels.logprobs_tiles import gpu_config  # noqa: E402
+from nanogrpo_kernels import HAS_TRITON  # noqa: E402
+from nanogrpo_kernels import cosine as cos_mod  # noqa: E402
+from nanogrpo_kernels import lcs as lcs_mod  # noqa: E402
+from nanogrpo_kernels import logprobs as lp_mod  # noqa: E402
+from nanogrpo_kernels.logprobs_tiles import gpu_config  # noqa: E402
 
 # Largest dynamic shared memory a block may opt into (CUDA programming guide, compute capabilities table).
 SHARED_LIMIT = {80: 166_912, 89: 101_376, 90: 232_448}

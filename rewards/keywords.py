@@ -85,7 +85,7 @@ def keyword_scores(texts: list[str], key_points: list[list[list[tuple[str, ...]]
                 pairs_a.append(ids)
                 pairs_b.append(found)
                 where.append((i, j, max(len(ids), len(found))))
-    from kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
+    from nanogrpo_kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
 
     lcs = lcs_lengths(pairs_a, pairs_b)
     sums: dict[tuple[int, int], list[float]] = {}

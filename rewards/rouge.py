@@ -6,7 +6,7 @@ Words are case-folded unicode word runs (`\\w+`): no stemming and no stop-word r
 worked examples come out as written (A 0.67, B 0.19, C 0.89). The `rouge-score` package keeps only
 [a-z0-9] and so drops accented words; on ASCII text without stemming the two agree.
 
-Every LCS in nanogrpo (here and the keyword chains) goes through `kernels.lcs.lcs_lengths`: words
+Every LCS in nanogrpo (here and the keyword chains) goes through `nanogrpo_kernels.lcs.lcs_lengths`: words
 become integer ids, a whole batch of pairs goes in at once, and the lengths come from rapidfuzz's
 bit-parallel LCS on the CPU cores, or from the Triton kernel on a GPU (kernels' backend 'triton').
 
@@ -31,7 +31,7 @@ def to_ids(seqs: Sequence[Sequence[str]]) -> list[list[int]]:
 
 def rouge_l(answers: Sequence[str], references: Sequence[str]) -> list[float | None]:
     """ROUGE-L F1 of each (answer, reference) pair; None where the reference has no words."""
-    from kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
+    from nanogrpo_kernels.lcs import lcs_lengths  # on first use: kernels loads torch and triton
 
     cand = [words(a) for a in answers]
     ref = [words(r) for r in references]

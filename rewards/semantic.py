@@ -21,7 +21,7 @@ works with --reward.semantic-model, e.g. a Qwen3 embedding model on a GPU.
 
 The model loads on first use; answers are embedded in batches (never one call per row); reference
 embeddings are cached by text for the whole run, and the G answers of a prompt share one. The cosines
-come from kernels.cosine (one Triton pass on a GPU, torch on the CPU). The
+come from nanogrpo_kernels.cosine (one Triton pass on a GPU, torch on the CPU). The
 baseline sample is drawn from the rows given to `RewardFunction.validate` (the training data).
 None when the reference is empty. The compared text is the completion without its think block (seed
 000 compares the explanation: use --reward.text-tag spiegazione for its format).
@@ -150,7 +150,7 @@ class Semantic(Grader):
         texts = [reply_text(batch[i].completion, self.cfg.text_tag, self.cfg.think_tag) for i in live]
         gen = self.embed(texts)  # (N, D)
         ref = torch.stack([self._refs[refs[i]] for i in live])  # (N, D)
-        from kernels.cosine import adjusted_cosine, cosine  # Triton on a GPU, torch otherwise
+        from nanogrpo_kernels.cosine import adjusted_cosine, cosine  # Triton on a GPU, torch otherwise
 
         c = self.cfg.semantic_scale
         if self.cfg.semantic_baseline and self.cfg.semantic_clip:

@@ -1,4 +1,4 @@
-"""kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (Shaping Explanations), zero vectors included.
+"""nanogrpo_kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (Shaping Explanations), zero vectors included.
 
 Without CUDA, importing `kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
 """
@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels.cosine import adjusted_cosine, cosine, cosine_torch, cosine_triton
+import nanogrpo_kernels
+from nanogrpo_kernels.cosine import adjusted_cosine, cosine, cosine_torch, cosine_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_HERE = kernels.HAS_TRITON and (DEV == "cuda" or kernels.interpreting())
+TRITON_HERE = nanogrpo_kernels.HAS_TRITON and (DEV == "cuda" or nanogrpo_kernels.interpreting())
 IMPLS = [cosine_torch] + ([cosine_triton] if TRITON_HERE else [])
 
 

@@ -1,4 +1,4 @@
-"""kernels.lcs: rapidfuzz (CPU) and the Triton row-DP kernel against a plain dynamic programme.
+"""nanogrpo_kernels.lcs: rapidfuzz (CPU) and the Triton row-DP kernel against a plain dynamic programme.
 
 Without CUDA, importing `kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
 """
@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-import kernels
-from kernels import lcs as lcs_mod
-from kernels.lcs import lcs_lengths, lcs_rapidfuzz, lcs_triton
+import nanogrpo_kernels
+from nanogrpo_kernels import lcs as lcs_mod
+from nanogrpo_kernels.lcs import lcs_lengths, lcs_rapidfuzz, lcs_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_HERE = kernels.HAS_TRITON and (DEV == "cuda" or kernels.interpreting())
+TRITON_HERE = nanogrpo_kernels.HAS_TRITON and (DEV == "cuda" or nanogrpo_kernels.interpreting())
 needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="Triton kernels cannot run in this process")
 
 
@@ -63,12 +63,12 @@ def test_rapidfuzz_matches_dp():
 def test_triton_kernel_matches_dp_and_rapidfuzz():
     a, b = cases()
     want = [lcs_dp(x, y) for x, y in zip(a, b)]
-    old = kernels._backend
-    kernels.set_backend("triton")
+    old = nanogrpo_kernels._backend
+    nanogrpo_kernels.set_backend("triton")
     try:
         got = lcs_lengths(a, b)  # lists padded to tensors, the kernel, back to a list
     finally:
-        kernels._backend = old
+        nanogrpo_kernels._backend = old
     assert got == want == lcs_rapidfuzz(a, b)
 
 

@@ -1,4 +1,4 @@
-"""kernels.logprobs against float64 log_softmax + gather: the chunked reference and the Triton kernels.
+"""nanogrpo_kernels.logprobs against float64 log_softmax + gather: the chunked reference and the Triton kernels.
 
 On a machine without CUDA, importing `kernels` turns on Triton's interpreter (TRITON_INTERPRET=1), so the
 Triton kernels run here on CPU tensors; with CUDA they run compiled on the GPU. If triton was imported
@@ -15,24 +15,24 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import kernels
-from kernels.logprobs import LogprobsFunction, logprobs_torch, token_logprobs
-from kernels.logprobs_tiles import CPU_CONFIG, GPU_CONFIGS, gpu_config
+import nanogrpo_kernels
+from nanogrpo_kernels.logprobs import LogprobsFunction, logprobs_torch, token_logprobs
+from nanogrpo_kernels.logprobs_tiles import CPU_CONFIG, GPU_CONFIGS, gpu_config
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_HERE = kernels.HAS_TRITON and (DEV == "cuda" or kernels.interpreting())
+TRITON_HERE = nanogrpo_kernels.HAS_TRITON and (DEV == "cuda" or nanogrpo_kernels.interpreting())
 needs_triton = pytest.mark.skipif(not TRITON_HERE, reason="Triton kernels cannot run in this process")
 BV = CPU_CONFIG["BLOCK_V"]
 
 
 @contextmanager
 def backend(name: str):
-    old = kernels._backend
-    kernels.set_backend(name)
+    old = nanogrpo_kernels._backend
+    nanogrpo_kernels.set_backend(name)
     try:
         yield
     finally:
-        kernels._backend = old
+        nanogrpo_kernels._backend = old
 
 
 def make(n, h, v, dtype=torch.float32, seed=0, device="cpu"):
@@ -182,7 +182,7 @@ def test_without_entropy_grad_nothing_changes(path):
 @needs_triton
 def test_triton_vocab_splits_agree():
     """The forward's vocabulary split (partial LSEs combined outside) gives the same result for any split."""
-    from kernels.logprobs import _logprobs_fwd_triton
+    from nanogrpo_kernels.logprobs import _logprobs_fwd_triton
 
     hidden, weight, targets = make(24, 32, 1000, device=DEV)
     outs = [_logprobs_fwd_triton(hidden, weight, targets, 1.0, splits=s) for s in (1, 3, 8)]
@@ -240,7 +240,7 @@ def test_dispatch_follows_backend_and_device():
     want = oracle(hidden, weight, targets, 1.0, torch.zeros(8))
     torch.testing.assert_close(a[0].double(), want[0], rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="unknown kernel backend"):
-        kernels.set_backend("cuda")
+        nanogrpo_kernels.set_backend("cuda")
     with pytest.raises(ValueError, match="targets"):
         token_logprobs(hidden, weight, targets[:3])
     with pytest.raises(ValueError, match="temperature"):
@@ -248,7 +248,7 @@ def test_dispatch_follows_backend_and_device():
 
 
 def test_backend_from_environment():
-    code = "import kernels; print(kernels.get_backend())"
+    code = "import nanogrpo_kernels; print(nanogrpo_kernels.get_backend())"
     env = dict(os.environ, NANOGRPO_KERNELS="torch")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "torch"
@@ -358,7 +358,8 @@ def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
 
 
 @pytest.mark.skipif(
-    DEV == "cuda" or TRITON_HERE or not kernels.HAS_TRITON, reason="the Triton tests ran in this process"
+    DEV == "cuda" or TRITON_HERE or not nanogrpo_kernels.HAS_TRITON,
+    reason="the Triton tests ran in this process",
 )
 def test_triton_in_interpreter_subprocess():
     """triton was imported before `kernels` (interpreter off): run the Triton tests in a fresh process."""

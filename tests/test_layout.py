@@ -4,11 +4,15 @@ functions short enough to read, and imports that point one way between packages 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ("nanogrpo", "rewards", "kernels")
+LIBRARY = ("nanogrpo", "rewards", "nanogrpo_kernels")
 MAX_FILE_LINES = 460  # "about 450"
 MAX_FUNCTION_LINES = 80
 
@@ -122,3 +126,42 @@ def test_imports_between_packages_have_no_cycle():
 def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}}) == []
+
+
+def installed_names() -> list[str]:
+    """The top-level import names `pip install nanogrpo` puts in site-packages: the packages and the two
+    entry points' modules, read from pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = [pattern.removesuffix("*") for pattern in setup["packages"]["find"]["include"]]
+    return packages + setup["py-modules"]
+
+
+def test_no_installed_name_is_another_distributions():
+    """A top-level name of ours that another installed distribution also ships shadows it, and breaks whatever
+    imports it: transformers 5.25 depends on Hugging Face's `kernels` and imports it at start-up, which found
+    our old top-level `kernels/` folder instead and failed."""
+    names = installed_names()
+    assert sorted(names) == sorted([*LIBRARY, "train", "eval"])
+    owners = importlib.metadata.packages_distributions()
+    taken = {name: others for name in names if (others := set(owners.get(name, [])) - {"nanogrpo"})}
+    assert taken == {}, f"rename these packages: another installed distribution ships them: {taken}"
+
+
+def test_no_script_shadows_an_installed_module():
+    """`python bench/x.py` puts bench/ first on sys.path (pytest puts tests/ there), so a file beside a script
+    named like an installed module is imported in its place: bench/kernels.py once stood in for Hugging Face's
+    `kernels` inside transformers."""
+    owners = importlib.metadata.packages_distributions()
+    shadows = {
+        str(p.relative_to(ROOT)): owners.get(p.stem, "the standard library")
+        for p in tracked("bench", "scripts", "tests", ".")
+        if p.parent.relative_to(ROOT).as_posix() in ("bench", "scripts", "tests", ".")
+        and (set(owners.get(p.stem, [])) - {"nanogrpo"} or p.stem in sys.stdlib_module_names)
+    }
+    assert shadows == {}, f"rename these files: each hides the installed module of its name: {shadows}"
+
+
+def test_a_taken_name_is_found():
+    """The check above sees a name that an installed distribution ships: `torch` is torch's."""
+    assert "torch" in importlib.metadata.packages_distributions()["torch"]

@@ -216,7 +216,7 @@ def test_the_mask_needs_keep_and_the_bonus_needs_entropy():
 def test_entropy_bonus_gradient_through_the_head_matches_float64_autograd():
     """grpo_loss's bonus through token_logprobs(entropy_grad=True) (the reference path): the gradient of
     -coef * mean H with respect to hidden and weight equals float64 autograd of an explicit entropy."""
-    from kernels.logprobs import token_logprobs
+    from nanogrpo_kernels.logprobs import token_logprobs
 
     g = torch.Generator().manual_seed(0)
     n, h, v, temp = 6, 8, 50, 0.7

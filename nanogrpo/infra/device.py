@@ -19,10 +19,10 @@ from nanogrpo.infra.cpu import cpu_capability
 
 
 def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
-    import kernels
+    import nanogrpo_kernels
 
     if cfg.kernels != "auto":  # 'auto' leaves NANOGRPO_KERNELS in charge
-        kernels.set_backend(cfg.kernels)  # once, before the first kernel call
+        nanogrpo_kernels.set_backend(cfg.kernels)  # once, before the first kernel call
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     else:

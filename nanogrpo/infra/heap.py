@@ -10,7 +10,7 @@ CPU time went to the kernel (docs/BENCHMARKS.md).
 `keep_freed_memory()`, which train.py and eval.py call for a CPU run, sets the mmap threshold to its
 32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: a shorter
 step for a slightly higher peak (docs/BENCHMARKS.md). Blocks over 32 MiB still come from the system each time; the log-prob
-head's tiles stay under it (kernels/logprobs.py).
+head's tiles stay under it (nanogrpo_kernels/logprobs.py).
 `release_free_heap()` is the opposite (malloc_trim): the free pages back to the system, so that the
 resident memory falls to what is live; it does nothing in a process that keeps its memory.
 

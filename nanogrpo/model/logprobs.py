@@ -2,7 +2,7 @@
 the metrics share.
 
 The model returns final hidden states; only the positions that predict a completion token are gathered,
-and kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
+and nanogrpo_kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
 
 The G completions of a prompt share it: the forward runs each prompt once, expands its keys/values to the
 group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.logprobs import token_logprobs
 from nanogrpo.model.kvcache import PrefixKV
+from nanogrpo_kernels.logprobs import token_logprobs
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
   outputs, ~ (4H + 3I + 2H), and the inputs of the seven projections [D]. With activation checkpointing
   each layer keeps only its input [H] and one layer at a time is recomputed; without, every layer keeps
   its set. The prompts' keys and values expanded to the M rows, per layer [D].
-- log-probs (kernels/logprobs.py). The Triton kernel (CUDA): no vocabulary-sized tensor in the forward,
+- log-probs (nanogrpo_kernels/logprobs.py). The Triton kernel (CUDA): no vocabulary-sized tensor in the forward,
   and one dz chunk [C, V] in the backward, C = 2^28 / V rows [D]. The PyTorch reference (the CPU, or
   --model.kernels torch): chunks of 2^22 / V rows, about three [C, V] float32 tiles alive at once (the
   logits, their exponential, a product), and, when the whole log-softmax of the micro-batch has at most
@@ -65,8 +65,8 @@ GiB = 1024**3
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-# the Triton backward's dz chunk (elements, kernels/logprobs_tiles.py); the reference's float32 chunk and the
-# largest log-softmax it keeps for the backward (kernels/logprobs.py). Copied, not imported: importing kernels
+# the Triton backward's dz chunk (elements, nanogrpo_kernels/logprobs_tiles.py); the reference's float32 chunk and the
+# largest log-softmax it keeps for the backward (nanogrpo_kernels/logprobs.py). Copied, not imported: importing kernels
 # imports triton.
 TRITON_CHUNK_ELEMS = 1 << 28
 TORCH_CHUNK_ELEMS = 1 << 22
@@ -231,7 +231,7 @@ def activation_bytes(c: dict, s: Step) -> int:
 
 
 def logprob_bytes(c: dict, s: Step) -> int:
-    """The vocabulary-sized tensors of one micro-batch's log-probs (kernels/logprobs.py)."""
+    """The vocabulary-sized tensors of one micro-batch's log-probs (nanogrpo_kernels/logprobs.py)."""
     V, tok = c["vocab_size"], s.micro_rows * s.new_tokens
     if s.logprobs == "triton":
         rows = s.logprob_chunk or max(128, (TRITON_CHUNK_ELEMS // V) // 128 * 128)

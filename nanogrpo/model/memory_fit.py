@@ -129,12 +129,12 @@ def run_step(
         return None
     import torch
 
-    import kernels
+    import nanogrpo_kernels
     from nanogrpo.infra.cpu import packing_supported
 
     cuda = device.type == "cuda"
-    backend = cfg.model.kernels if cfg.model.kernels != "auto" else kernels.get_backend()
-    triton = kernels.HAS_TRITON and backend != "torch" and (cuda or backend == "triton")
+    backend = cfg.model.kernels if cfg.model.kernels != "auto" else nanogrpo_kernels.get_backend()
+    triton = nanogrpo_kernels.HAS_TRITON and backend != "torch" and (cuda or backend == "triton")
     group = {"grpo": cfg.grpo.group_size, "ppo": cfg.ppo.samples_per_prompt, "cpt": 1}[cfg.algo]
     weights = dtype if cfg.lora.r > 0 else torch.float32
     packing = not cuda and packing_supported(torch.empty(0, dtype=weights))  # packing folds LoRA itself

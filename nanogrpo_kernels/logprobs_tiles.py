@@ -1,14 +1,14 @@
-"""The launch configs of kernels/logprobs.py's Triton kernels: tile sizes per kernel, input width and GPU
+"""The launch configs of nanogrpo_kernels/logprobs.py's Triton kernels: tile sizes per kernel, input width and GPU
 generation, the interpreter's tiles, and the backward's chunk size.
 
-The kernels and their PyTorch reference are in kernels/logprobs.py; bench/kernels_aot.py compiles these
+The kernels and their PyTorch reference are in nanogrpo_kernels/logprobs.py; bench/kernels_aot.py compiles these
 configs for each GPU generation without a GPU and bench/kernels.py times other tiles through
 `CONFIG_OVERRIDE`.
 """
 
 import torch
 
-from kernels import interpreting
+from nanogrpo_kernels import interpreting
 
 # Tile sizes, per kernel, input width and GPU generation, chosen at launch from the device's compute
 # capability. Each one compiles with no register spills and within the shared memory of every GPU it

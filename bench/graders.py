@@ -1,11 +1,11 @@
 """Benchmarks of the graders on the CPU: ROUGE-L pairs/s against the `rouge-score` package, and semantic
 reward completions/s. Prints a table last, then the command that reproduces it.
 
-    python bench/rewards.py                 # 1,000 pairs of 512 tokens; 256 semantic completions
-    python bench/rewards.py --smoke         # tiny sizes: checks that the script runs
+    python bench/graders.py                 # 1,000 pairs of 512 tokens; 256 semantic completions
+    python bench/graders.py --smoke         # tiny sizes: checks that the script runs
 
 ROUGE-L is timed end to end as the trainer calls it: `rewards.rouge.rouge_l` on strings (tokenising,
-word ids, then kernels.lcs.lcs_lengths for the whole batch). The `rouge-score` package (Google's
+word ids, then nanogrpo_kernels.lcs.lcs_lengths for the whole batch). The `rouge-score` package (Google's
 reference implementation, pure Python dynamic programming) is NOT a nanogrpo dependency; install it
 into the environment for this benchmark only:
 
@@ -148,7 +148,7 @@ def main() -> None:
             f"| semantic completions/s ({sem['completions']} x {sem['words']} words, MiniLM-L6, CPU) | {sem['completions_per_s']:,.1f} | | |"
         )
         print(f"| semantic model load (s) | {sem['load_s']:.1f} | | |")
-    print("\ncommand: python bench/rewards.py " + " ".join(sys.argv[1:]))
+    print("\ncommand: python bench/graders.py " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

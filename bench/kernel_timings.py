@@ -1,9 +1,9 @@
-"""Benchmarks of kernels/: log-probs (naive vs ours vs Liger), LCS (ours vs rapidfuzz), cosine, and the
+"""Benchmarks of nanogrpo_kernels/: log-probs (naive vs ours vs Liger), LCS (ours vs rapidfuzz), cosine, and the
 GPU's ceilings (copy bandwidth, bf16 matmul rate). Prints a table last; --out DIR writes kernels.json.
 
-    python bench/kernels.py                  # GPU: the sizes of the performance targets (docs/BENCHMARKS.md)
-    python bench/kernels.py --cpu            # CPU-sized shapes (the numbers in docs/BENCHMARKS.md)
-    python bench/kernels.py --cpu-smoke      # tiny shapes: checks that the script runs (seconds; the LCS
+    python bench/kernel_timings.py                  # GPU: the sizes of the performance targets (docs/BENCHMARKS.md)
+    python bench/kernel_timings.py --cpu            # CPU-sized shapes (the numbers in docs/BENCHMARKS.md)
+    python bench/kernel_timings.py --cpu-smoke      # tiny shapes: checks that the script runs (seconds; the LCS
                                              # kernel in Triton's interpreter)
 
 Times are medians of repeated runs after warm-up (CUDA events on the GPU). Peak memory is what the
@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import kernels  # noqa: E402
-from kernels import logprobs as lp_mod  # noqa: E402
-from kernels.cosine import adjusted_cosine, cosine_torch  # noqa: E402
-from kernels.lcs import lcs_lengths, lcs_rapidfuzz  # noqa: E402
-from kernels.logprobs_tiles import CONFIG_OVERRIDE, gpu_config  # noqa: E402
+import nanogrpo_kernels  # noqa: E402
+from nanogrpo_kernels import logprobs as lp_mod  # noqa: E402
+from nanogrpo_kernels.cosine import adjusted_cosine, cosine_torch  # noqa: E402
+from nanogrpo_kernels.lcs import lcs_lengths, lcs_rapidfuzz  # noqa: E402
+from nanogrpo_kernels.logprobs_tiles import CONFIG_OVERRIDE, gpu_config  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -214,8 +214,8 @@ def bench_logprobs(res: dict, n: int, v: int, hdim: int, dtype, reps: int) -> No
 
 def tune_logprobs(res: dict, n: int, v: int, hdim: int) -> None:
     """Time the forward kernel in a few tile shapes; the fastest is used for the rest of the run (through
-    kernels.logprobs_tiles.CONFIG_OVERRIDE). The first is the shipped one for this GPU
-    (kernels.logprobs_tiles.gpu_config), which compiles without spills (bench/kernels_aot.py); the others may
+    nanogrpo_kernels.logprobs_tiles.CONFIG_OVERRIDE). The first is the shipped one for this GPU
+    (nanogrpo_kernels.logprobs_tiles.gpu_config), which compiles without spills (bench/kernels_aot.py); the others may
     spill on some GPUs."""
     h = torch.randn(n, hdim, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(v, hdim, device="cuda", dtype=torch.bfloat16) / hdim**0.5
@@ -276,11 +276,11 @@ def bench_lcs(res: dict, pairs: int, length: int, vocab: int, reps: int, interpr
     except ImportError:
         res["rapidfuzz"] = "not installed"
         want = None
-    if not kernels.HAS_TRITON or not (CUDA or (interpret and kernels.interpreting())):
+    if not nanogrpo_kernels.HAS_TRITON or not (CUDA or (interpret and nanogrpo_kernels.interpreting())):
         return
     res["triton_device"] = "cuda" if CUDA else "interpreter"
-    old = kernels.get_backend()
-    kernels.set_backend("triton")  # CPU tensors go to the kernel too (in the interpreter)
+    old = nanogrpo_kernels.get_backend()
+    nanogrpo_kernels.set_backend("triton")  # CPU tensors go to the kernel too (in the interpreter)
     try:
         ad, bd = a.to(DEV), b.to(DEV)
         got = lcs_lengths(ad, bd).tolist()
@@ -291,7 +291,7 @@ def bench_lcs(res: dict, pairs: int, length: int, vocab: int, reps: int, interpr
         res["triton_s"] = timeit(lambda: lcs_lengths(ad, bd), reps=reps, warmup=1)
         res["triton_from_lists_s"] = timeit(lambda: lcs_triton_from_lists(la, lb), reps=reps, warmup=0)
     finally:
-        kernels.set_backend(old)
+        nanogrpo_kernels.set_backend(old)
     if "rapidfuzz_all_cores_s" in res:
         res["speedup_vs_rapidfuzz_all_cores"] = res["rapidfuzz_all_cores_s"] / res["triton_s"]
 
@@ -308,7 +308,7 @@ def bench_cosine(res: dict, n: int, d: int, reps: int) -> None:
     res["shape"] = dict(N=n, D=d)
     res["torch_s"] = timeit(lambda: cosine_torch(gen, ref, base, 4.0, True), reps=reps)
     res["dispatch_s"] = timeit(lambda: adjusted_cosine(gen, ref, base), reps=reps)
-    res["backend"] = "triton" if kernels.use_triton(gen) else "torch"
+    res["backend"] = "triton" if nanogrpo_kernels.use_triton(gen) else "torch"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -401,16 +401,19 @@ def main() -> None:
         machine=dict(
             cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), torch=torch.__version__
         ),
-        backend=kernels.get_backend(),
+        backend=nanogrpo_kernels.get_backend(),
     )
-    if kernels.HAS_TRITON:
+    if nanogrpo_kernels.HAS_TRITON:
         import triton
 
         results["machine"]["triton"] = triton.__version__
     t_start = time.time()
     sections = [
         ("ceilings", lambda r: bench_ceilings(r)),
-        ("tune", lambda r: tune_logprobs(r, *sizes["lp"][:3]) if CUDA and kernels.HAS_TRITON else None),
+        (
+            "tune",
+            lambda r: tune_logprobs(r, *sizes["lp"][:3]) if CUDA and nanogrpo_kernels.HAS_TRITON else None,
+        ),
         ("logprobs", lambda r: bench_logprobs(r, *sizes["lp"], reps=sizes["reps"])),
         ("lcs", lambda r: bench_lcs(r, *sizes["lcs"], reps=sizes["reps"], interpret=args.cpu_smoke)),
         ("cosine", lambda r: bench_cosine(r, *sizes["cos"], reps=sizes["reps"])),

@@ -24,7 +24,7 @@ with lengths, and returns the LCS length of each pair. It is the one function th
 import numpy as np
 import torch
 
-from kernels import get_backend, interpreting, tl, triton, use_triton
+from nanogrpo_kernels import get_backend, interpreting, tl, triton, use_triton
 
 Seqs = list[list[int]]
 

@@ -40,8 +40,8 @@ import contextlib
 
 import torch
 
-from kernels import tl, triton, use_triton
-from kernels.logprobs_tiles import TRITON_CHUNK_ELEMS, launch_args
+from nanogrpo_kernels import tl, triton, use_triton
+from nanogrpo_kernels.logprobs_tiles import TRITON_CHUNK_ELEMS, launch_args
 
 # Reference path: at most this many float32 logits per chunk (2**22 elements = 16 MiB: under glibc's
 # largest mmap threshold, so a process that keeps its freed memory (nanogrpo/infra/heap.py) reuses the tiles
@@ -407,7 +407,7 @@ def token_logprobs(
     hidden [N, H], weight [V, H], targets [N] (ids in [0, V)) -> (logp [N] float32, entropy [N] float32).
     Differentiable w.r.t. hidden and weight; entropy is detached (a metric) unless entropy_grad (an entropy
     bonus in the loss), which costs one more [C, V] tile in the reference's backward. CUDA tensors run the Triton
-    kernels, CPU tensors the chunked PyTorch reference (see `kernels.set_backend`). Under autocast the
+    kernels, CPU tensors the chunked PyTorch reference (see `nanogrpo_kernels.set_backend`). Under autocast the
     logits are those of hidden and weight cast to the autocast dtype, and the gradient is theirs (through
     the casts), on both paths.
     """

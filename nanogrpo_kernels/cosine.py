@@ -16,7 +16,7 @@ so an empty completion embedded to zeros scores 0, never nan. There is no backwa
 
 import torch
 
-from kernels import tl, triton, use_triton
+from nanogrpo_kernels import tl, triton, use_triton
 
 
 def _rows(x: torch.Tensor, n: int) -> torch.Tensor:

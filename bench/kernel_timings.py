@@ -1,10 +1,10 @@
-"""Benchmarks of nanogrpo_kernels/: log-probs (naive vs ours vs Liger), LCS (ours vs rapidfuzz), cosine, and the
-GPU's ceilings (copy bandwidth, bf16 matmul rate). Prints a table last; --out DIR writes kernels.json.
+"""Benchmarks of nanogrpo_kernels/: log-probs (naive vs ours vs Liger), LCS (ours vs rapidfuzz), cosine,
+and the GPU's ceilings (copy bandwidth, bf16 matmul rate). Prints a table last; --out DIR writes kernels.json.
 
-    python bench/kernel_timings.py                  # GPU: the sizes of the performance targets (docs/BENCHMARKS.md)
-    python bench/kernel_timings.py --cpu            # CPU-sized shapes (the numbers in docs/BENCHMARKS.md)
-    python bench/kernel_timings.py --cpu-smoke      # tiny shapes: checks that the script runs (seconds; the LCS
-                                             # kernel in Triton's interpreter)
+    python bench/kernel_timings.py              # GPU: the sizes of the targets (docs/BENCHMARKS.md)
+    python bench/kernel_timings.py --cpu        # CPU-sized shapes (the numbers in docs/BENCHMARKS.md)
+    python bench/kernel_timings.py --cpu-smoke  # tiny shapes: checks that the script runs (seconds; the LCS
+                                                # kernel in Triton's interpreter)
 
 Times are medians of repeated runs after warm-up (CUDA events on the GPU). Peak memory is what the
 measured call allocated on top of its inputs: torch.cuda.max_memory_allocated on the GPU, the process's
@@ -215,8 +215,8 @@ def bench_logprobs(res: dict, n: int, v: int, hdim: int, dtype, reps: int) -> No
 def tune_logprobs(res: dict, n: int, v: int, hdim: int) -> None:
     """Time the forward kernel in a few tile shapes; the fastest is used for the rest of the run (through
     nanogrpo_kernels.logprobs_tiles.CONFIG_OVERRIDE). The first is the shipped one for this GPU
-    (nanogrpo_kernels.logprobs_tiles.gpu_config), which compiles without spills (bench/kernels_aot.py); the others may
-    spill on some GPUs."""
+    (nanogrpo_kernels.logprobs_tiles.gpu_config), which compiles without spills (bench/kernels_aot.py); the
+    others may spill on some GPUs."""
     h = torch.randn(n, hdim, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(v, hdim, device="cuda", dtype=torch.bfloat16) / hdim**0.5
     y = torch.randint(0, v, (n,), device="cuda")

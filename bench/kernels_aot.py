@@ -1,12 +1,12 @@
-"""Ahead-of-time compile of every Triton kernel in nanogrpo_kernels/ for sm_80, sm_89 and sm_90, without a GPU: the
-shared memory, registers and register spills of each launch config the code picks, against each GPU's
+"""Ahead-of-time compile of every Triton kernel in nanogrpo_kernels/ for sm_80, sm_89 and sm_90, without a
+GPU: the shared memory, registers and register spills of each launch config the code picks, against each GPU's
 limits. Prints a table; exits 1 when a kernel spills, overflows shared memory or does not compile.
 
     python bench/kernels_aot.py                         # every kernel, dtype and config, on the three GPUs
     python bench/kernels_aot.py --arch 80 --only logprobs --json aot.json
 
-The configs are the ones the kernels choose at launch: `nanogrpo_kernels.logprobs_tiles.gpu_config` for each input dtype
-and compute capability (forward, backward, backward with the entropy gradient), every block size
+The configs are the ones the kernels choose at launch: `nanogrpo_kernels.logprobs_tiles.gpu_config` for each
+input dtype and compute capability (forward, backward, backward with the entropy gradient), every block size
 `nanogrpo_kernels.lcs.lcs_launch_config` can return (the register row and the tiled kernel), and the cosine kernel
 at its largest block. Pointers are compiled as 16-byte aligned and the log-probs hidden size and row
 strides as multiples of 16: the specialisation Triton gives them at run time for any hidden size that is a

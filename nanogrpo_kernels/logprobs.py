@@ -406,10 +406,10 @@ def token_logprobs(
 
     hidden [N, H], weight [V, H], targets [N] (ids in [0, V)) -> (logp [N] float32, entropy [N] float32).
     Differentiable w.r.t. hidden and weight; entropy is detached (a metric) unless entropy_grad (an entropy
-    bonus in the loss), which costs one more [C, V] tile in the reference's backward. CUDA tensors run the Triton
-    kernels, CPU tensors the chunked PyTorch reference (see `nanogrpo_kernels.set_backend`). Under autocast the
-    logits are those of hidden and weight cast to the autocast dtype, and the gradient is theirs (through
-    the casts), on both paths.
+    bonus in the loss), which costs one more [C, V] tile in the reference's backward. CUDA tensors run the
+    Triton kernels, CPU tensors the chunked PyTorch reference (see `nanogrpo_kernels.set_backend`). Under
+    autocast the logits are those of hidden and weight cast to the autocast dtype, and the gradient is theirs
+    (through the casts), on both paths.
     """
     _check_inputs(hidden, weight, targets, temperature)
     targets = targets.long()

@@ -1,8 +1,8 @@
-"""The launch configs of nanogrpo_kernels/logprobs.py's Triton kernels: tile sizes per kernel, input width and GPU
-generation, the interpreter's tiles, and the backward's chunk size.
+"""The launch configs of nanogrpo_kernels/logprobs.py's Triton kernels: tile sizes per kernel, input width
+and GPU generation, the interpreter's tiles, and the backward's chunk size.
 
-The kernels and their PyTorch reference are in nanogrpo_kernels/logprobs.py; bench/kernels_aot.py compiles these
-configs for each GPU generation without a GPU and bench/kernels.py times other tiles through
+The kernels and their PyTorch reference are in nanogrpo_kernels/logprobs.py; bench/kernels_aot.py compiles
+these configs for each GPU generation without a GPU and bench/kernel_timings.py times other tiles through
 `CONFIG_OVERRIDE`.
 """
 
@@ -39,7 +39,8 @@ GPU_CONFIGS = {  # (kernel, input width, GPU generation) -> launch config
 }
 # The interpreter: small tiles, so that tests stay fast.
 CPU_CONFIG = dict(BLOCK_N=16, BLOCK_V=128, BLOCK_H=32)
-# bench/kernels.py tries other tiles by putting a config here under 'fwd' or 'bwd' (unchecked: it may spill).
+# bench/kernel_timings.py tries other tiles by putting a config here under 'fwd' or 'bwd' (unchecked: it may
+# spill).
 CONFIG_OVERRIDE: dict[str, dict] = {}
 # Triton backward: at most this many dz entries per chunk (2**28 = 512 MiB in bf16).
 TRITON_CHUNK_ELEMS = 1 << 28

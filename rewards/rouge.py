@@ -8,7 +8,7 @@ worked examples come out as written (A 0.67, B 0.19, C 0.89). The `rouge-score` 
 
 Every LCS in nanogrpo (here and the keyword chains) goes through `nanogrpo_kernels.lcs.lcs_lengths`: words
 become integer ids, a whole batch of pairs goes in at once, and the lengths come from rapidfuzz's
-bit-parallel LCS on the CPU cores, or from the Triton kernel on a GPU (kernels' backend 'triton').
+bit-parallel LCS on the CPU cores, or from the Triton kernel on a GPU (nanogrpo_kernels' backend 'triton').
 
 None when the reference has no words; an empty answer scores 0.
 """

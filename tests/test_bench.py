@@ -78,8 +78,8 @@ def test_every_bench_runs_at_tiny_shapes(smoke):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra)")
 def test_kernels_bench_tables_the_triton_lcs_row(smoke):
-    """bench/kernel_timings.py --cpu-smoke (the smoke's last step) runs the LCS kernel in Triton's interpreter and
-    tables its row: the results a CUDA run writes and reads, on the CPU."""
+    """bench/kernel_timings.py --cpu-smoke (the smoke's last step) runs the LCS kernel in Triton's interpreter
+    and tables its row: the results a CUDA run writes and reads, on the CPU."""
     log = (smoke[1] / "kernels.log").read_text()
     lcs = [line for line in log.splitlines() if "triton (interpreter)" in line]
     assert lcs and "(matches: True)" in lcs[0], log[-3000:]

@@ -1,6 +1,7 @@
-"""nanogrpo_kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (Shaping Explanations), zero vectors included.
+"""nanogrpo_kernels.cosine against F.cosine_similarity: plain and baseline-adjusted (Shaping Explanations),
+zero vectors included.
 
-Without CUDA, importing `kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
+Without CUDA, importing `nanogrpo_kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """nanogrpo_kernels.lcs: rapidfuzz (CPU) and the Triton row-DP kernel against a plain dynamic programme.
 
-Without CUDA, importing `kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
+Without CUDA, importing `nanogrpo_kernels` turns on Triton's interpreter, so the kernel runs here on the CPU.
 """
 
 import random

@@ -1,8 +1,10 @@
-"""nanogrpo_kernels.logprobs against float64 log_softmax + gather: the chunked reference and the Triton kernels.
+"""nanogrpo_kernels.logprobs against float64 log_softmax + gather: the chunked reference and the Triton
+kernels.
 
-On a machine without CUDA, importing `kernels` turns on Triton's interpreter (TRITON_INTERPRET=1), so the
-Triton kernels run here on CPU tensors; with CUDA they run compiled on the GPU. If triton was imported
-before `kernels` on a CPU machine (the interpreter then off), this module re-runs itself in a subprocess.
+On a machine without CUDA, importing `nanogrpo_kernels` turns on Triton's interpreter (TRITON_INTERPRET=1),
+so the Triton kernels run here on CPU tensors; with CUDA they run compiled on the GPU. If triton was imported
+before `nanogrpo_kernels` on a CPU machine (the interpreter then off), this module re-runs itself in a
+subprocess.
 """
 
 import os
@@ -362,7 +364,8 @@ def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     reason="the Triton tests ran in this process",
 )
 def test_triton_in_interpreter_subprocess():
-    """triton was imported before `kernels` (interpreter off): run the Triton tests in a fresh process."""
+    """triton was imported before `nanogrpo_kernels` (interpreter off): run the Triton tests in a fresh
+    process."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-k", "triton", __file__],

@@ -22,8 +22,8 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
   outputs, ~ (4H + 3I + 2H), and the inputs of the seven projections [D]. With activation checkpointing
   each layer keeps only its input [H] and one layer at a time is recomputed; without, every layer keeps
   its set. The prompts' keys and values expanded to the M rows, per layer [D].
-- log-probs (nanogrpo_kernels/logprobs.py). The Triton kernel (CUDA): no vocabulary-sized tensor in the forward,
-  and one dz chunk [C, V] in the backward, C = 2^28 / V rows [D]. The PyTorch reference (the CPU, or
+- log-probs (nanogrpo_kernels/logprobs.py). The Triton kernel (CUDA): no vocabulary-sized tensor in the
+  forward, and one dz chunk [C, V] in the backward, C = 2^28 / V rows [D]. The PyTorch reference (the CPU, or
   --model.kernels torch): chunks of 2^22 / V rows, about three [C, V] float32 tiles alive at once (the
   logits, their exponential, a product), and, when the whole log-softmax of the micro-batch has at most
   2^25 entries, that log-softmax kept for the backward [4]. A full fine-tune also accumulates the LM
@@ -65,9 +65,9 @@ GiB = 1024**3
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-# the Triton backward's dz chunk (elements, nanogrpo_kernels/logprobs_tiles.py); the reference's float32 chunk and the
-# largest log-softmax it keeps for the backward (nanogrpo_kernels/logprobs.py). Copied, not imported: importing kernels
-# imports triton.
+# the Triton backward's dz chunk (elements, nanogrpo_kernels/logprobs_tiles.py); the reference's float32 chunk
+# and the largest log-softmax it keeps for the backward (nanogrpo_kernels/logprobs.py). Copied, not imported:
+# importing nanogrpo_kernels imports triton.
 TRITON_CHUNK_ELEMS = 1 << 28
 TORCH_CHUNK_ELEMS = 1 << 22
 TORCH_KEEP_ELEMS = 1 << 25

@@ -4,7 +4,7 @@ prompt order.
 Rows are read and checked by nanogrpo/formats.py (JSONL, CSV, Parquet, datasets folders, the HF cache); the
 built-in `demo` task and the recipes' embedded data live in nanogrpo/recipes/. This file holds what the
 stages read from a row: the SFT target, the DPO pair (a row's `chosen`/`rejected`, or a multiple-choice
-question's correct and wrong options; nanogrpo/build/convert.py reads an answer the same way), and the
+question's correct and wrong options; nanogrpo/reward_data/convert.py reads an answer the same way), and the
 prompt's tokens.
 """
 

@@ -20,7 +20,7 @@ The score is the weighted mean of the checks (--reward.style-weights 'length:2,l
 check's weight is keyed by its function name); a check that returns None drops out. None when the
 row has no reference. The text checked is the completion without its think block.
 
-A row may carry its own checks as data, `style_spec` (what `python -m nanogrpo.build style` drafts
+A row may carry its own checks as data, `style_spec` (what `python -m nanogrpo.reward_data style` drafts
 from the reference, with an LLM's weights); for that row they replace the built-in checks, and the user
 checks still run with their --reward.style-weights weights:
 

@@ -1,5 +1,5 @@
-"""nanogrpo/build/convert.py: MedQA-style multiple-choice rows to open generation (DPO and the training loader
-accept the output; bad rows named by file and line), and the seeded, stratified split."""
+"""nanogrpo/reward_data/convert.py: MedQA-style multiple-choice rows to open generation (DPO and the training
+loader accept the output; bad rows named by file and line), and the seeded, stratified split."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import write_rows
 
-from nanogrpo.build import convert
 from nanogrpo.data import DataError, load_rows
+from nanogrpo.reward_data import convert
 from nanogrpo.stages import dpo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def read(path: Path) -> list[dict]:
 
 def run_convert(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "nanogrpo.build.convert", *map(str, args)],
+        [sys.executable, "-m", "nanogrpo.reward_data.convert", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -286,14 +286,14 @@ def _entropy_tokens(text: str) -> list:
 
 def _untrusted_parsers() -> dict:
     """Every reader of text from a policy or a judge server that is not a grader of LOCAL."""
-    from nanogrpo.build.llm import read_json_object
+    from nanogrpo.reward_data.llm import read_json_object
     from rewards import judge, judge_entropy, llm_client, rubric, style, text
 
     entropy = judge_entropy.EntropyJudge(dataclasses.replace(CFG.judge, model="m"))
     return {
         "judge.extract_json": judge.extract_json,
         "judge.parse_group_marks": lambda t: judge.parse_group_marks(t, 4),
-        "build.read_json_object": read_json_object,  # the reward-data builder's reader (extract_json)
+        "reward_data.read_json_object": read_json_object,  # the reward-data builder's reader (extract_json)
         "judge_entropy.read": lambda t: entropy.read(llm_client.Reply(t, tokens=_entropy_tokens(t)), 4),
         "judge_entropy.mark_distributions": lambda t: judge_entropy.mark_distributions(_entropy_tokens(t), 4),
         "rubric.parse_yes_no": rubric.parse_yes_no,

@@ -25,7 +25,7 @@ def read_label_rows(path: str | Path, rubrics: Sequence[str | Path] = ()) -> lis
         if not all(isinstance(r.get(k), str) for k in ("prompt", "response", "criterion")):
             raise ValueError(
                 f"{path}: row {n} has no 'prompt', 'response' and 'criterion'; the readouts ask about a criterion "
-                "of a response, so 'text' rows cannot be compared (python -m nanogrpo.build label writes the rows)"
+                "of a response, so 'text' rows cannot be compared (python -m nanogrpo.reward_data label writes the rows)"
             )
     table: dict[tuple[str, str], float] = {}
     for f in rubrics:

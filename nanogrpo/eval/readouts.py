@@ -4,9 +4,9 @@
     python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --folds 5 --rubrics rubrics.jsonl \
         --probe-pool mean --out runs/readouts-mean
 
-Input: the rows `python -m nanogrpo.build label` writes, {"prompt", "response", "criterion", "label": 0|1},
-with optional "split" ("train" / "dev" / "test") and "weight" (the criterion's rubric weight; or give
-the rubric rows with --rubrics). Every readout asks the same question of the same model, the rubric
+Input: the rows `python -m nanogrpo.reward_data label` writes, {"prompt", "response", "criterion",
+"label": 0|1}, with optional "split" ("train" / "dev" / "test") and "weight" (the criterion's rubric
+weight; or give the rubric rows with --rubrics). Every readout asks the same question of the same model, the rubric
 judge's Yes/No question (rewards.rubric.criterion_messages):
 
 - generative: the model replies (greedy) and a reply starting with Yes means met (rewards.rubric's
@@ -192,7 +192,7 @@ def compare(
     overall differences with paired bootstrap 95% intervals; writes readouts.json and predictions.jsonl.
 
     Args:
-        data: Label rows {"prompt", "response", "criterion", "label"} (python -m nanogrpo.build label), optional
+        data: Label rows {"prompt", "response", "criterion", "label"} (python -m nanogrpo.reward_data label), optional
             "split" (train/dev/test) and "weight".
         model: The frozen LM of every readout: 'tiny', 'smollm2' or an HF folder.
         out: Folder for readouts.json, predictions.jsonl and the judge cache (a rerun reuses the verdicts).

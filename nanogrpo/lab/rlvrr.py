@@ -9,7 +9,7 @@ The arms (RLVRR's ablation on keyword choice, docs/PAPERS.md), each trained on t
 
 - chains:     the recipe's own key points (the paper's LLM-drafted keyword chains), keywords:0.5,style:0.5;
 - tfidf15/30: one key point of the reference's top tf-idf words, 15% / 30% of its words
-              (`python -m nanogrpo.build baseline`, nanogrpo/build/baselines.py), same reward;
+              (`python -m nanogrpo.reward_data baseline`, nanogrpo/reward_data/baselines.py), same reward;
 - random15/30: as many words of the reference drawn at random (random30 is not in the paper: --arms adds it);
 - no-content: the style reward alone (keywords weighted 0: scored and logged, never rewarded).
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import tyro
 
-from nanogrpo.build import baselines
 from nanogrpo.eval import seeds as seedruns
 from nanogrpo.recipes import recipe_path
+from nanogrpo.reward_data import baselines
 
 CONTENT_SPEC = "keywords:0.5,style:0.5,rouge_l:0"  # the preset's average; rouge_l scored for the table only
 STYLE_SPEC = "keywords:0,style:1,rouge_l:0"  # no content reward: keywords scored for the table only
@@ -56,7 +56,7 @@ class Arm:
     what: str
     """One line for the console."""
     method: str = "chains"
-    """'chains' (the recipe's key points), 'tfidf' or 'random' (`python -m nanogrpo.build baseline`)."""
+    """'chains' (the recipe's key points), 'tfidf' or 'random' (`python -m nanogrpo.reward_data baseline`)."""
     share: float = 0.0
     """tfidf/random: keywords per reference word."""
     spec: str = CONTENT_SPEC

@@ -1,7 +1,7 @@
-"""Command line of the reward-data builds: `python -m nanogrpo.build SUBCOMMAND [--flags]`.
+"""Command line of the reward-data builds: `python -m nanogrpo.reward_data SUBCOMMAND [--flags]`.
 
-Each subcommand's flags are listed by `python -m nanogrpo.build SUBCOMMAND --help`; the subcommands
-are described in nanogrpo/build/__init__.py and docs/BUILD.md.
+Each subcommand's flags are listed by `python -m nanogrpo.reward_data SUBCOMMAND --help`; the subcommands
+are described in nanogrpo/reward_data/__init__.py and docs/REWARD_DATA.md.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import tyro
 
-from nanogrpo.build import baselines, keypoints, rubric, style
-from nanogrpo.build import filter as row_filter  # not `filter`: the builtin
 from nanogrpo.model import judge_backend
+from nanogrpo.reward_data import baselines, keypoints, rubric, style
+from nanogrpo.reward_data import filter as row_filter  # not `filter`: the builtin
 
 COMMANDS = {
     "keypoints": (keypoints.KeypointsArgs, keypoints.run),
@@ -27,11 +27,11 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the subcommand and its flags, run it; a bad flag or bad data exits 2 with one line."""
-    import nanogrpo.build as pkg
+    import nanogrpo.reward_data as pkg
 
     args = tyro.extras.subcommand_cli_from_dict(
         {name: cls for name, (cls, _) in COMMANDS.items()},
-        prog="python -m nanogrpo.build",
+        prog="python -m nanogrpo.reward_data",
         args=argv,
         description=pkg.__doc__.split("\n\n")[0],
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 import tyro
 
-from nanogrpo.build import rows as io
+from nanogrpo.reward_data import rows as io
 from rewards.judge import JudgeCache, extract_json
 from rewards.llm_client import ChatRequest, Reply, check_endpoint, make_client
 from rewards.options import JudgeConfig

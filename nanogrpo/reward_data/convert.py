@@ -1,7 +1,7 @@
 """Data converters: multiple-choice questions to open-generation rows, and a seeded, stratified split.
 
-    python -m nanogrpo.build.convert mcq medqa/test.jsonl --out data/medqa_test.jsonl
-    python -m nanogrpo.build.convert split data/medqa_train.jsonl --by meta_info --out-dir data/medqa
+    python -m nanogrpo.reward_data.convert mcq medqa/test.jsonl --out data/medqa_test.jsonl
+    python -m nanogrpo.reward_data.convert split data/medqa_train.jsonl --by meta_info --out-dir data/medqa
 
 mcq: each row holds a question, its options (a list, lettered A, B, C, ...; an object label -> text; or
 bigbio's list of {"key", "value"}) and the answer (its letter or key, its text, or a list's 0-based index;
@@ -311,7 +311,7 @@ RUNNERS = {Mcq: run_mcq, Split: run_split}
 
 if __name__ == "__main__":
     args = tyro.extras.subcommand_cli_from_dict(
-        COMMANDS, prog="python -m nanogrpo.build.convert", description=__doc__.split("\n\n")[0]
+        COMMANDS, prog="python -m nanogrpo.reward_data.convert", description=__doc__.split("\n\n")[0]
     )
     try:
         RUNNERS[type(args)](args)

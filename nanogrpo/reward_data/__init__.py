@@ -1,4 +1,4 @@
-"""Reward data from references, built once, offline: `python -m nanogrpo.build SUBCOMMAND`.
+"""Reward data from references, built once, offline: `python -m nanogrpo.reward_data SUBCOMMAND`.
 
 The graders of seeds 003 and 004 read fields that nobody writes by hand at scale: `key_points`
 (rewards/keywords.py), `style_spec` (rewards/style.py), `rubric` (rewards/rubric.py) and the labels a
@@ -13,5 +13,5 @@ checks every draft against the reference, and writes JSONL that train.py reads a
   filter     drop rows whose own reference scores below a threshold on the configured graders
   baseline   keywords by TF-IDF over the corpus or at random, at a share of the reference (no LLM)
 
-docs/BUILD.md has the whole data path, with commands.
+docs/REWARD_DATA.md has the whole data path, with commands.
 """

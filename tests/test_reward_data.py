@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build`: every subcommand against a fake OpenAI-compatible server on 127.0.0.1.
+"""`python -m nanogrpo.reward_data`: every subcommand against a fake OpenAI-compatible server on 127.0.0.1.
 
 The server (tests/test_judge.py's FakeServer) answers from canned replies chosen by what the request
 asks: good, malformed and partial drafts, a bad first draft and a good repair, a draft bad twice. The
@@ -20,9 +20,9 @@ from helpers import write_rows
 from test_judge import FakeServer, chat_body
 from test_judge_llama import llama_server  # noqa: F401 (the real server, started as its tests start it)
 
-from nanogrpo.build import keypoints
-from nanogrpo.build.__main__ import main
 from nanogrpo.data import load_rows
+from nanogrpo.reward_data import keypoints
+from nanogrpo.reward_data.__main__ import main
 from rewards import RewardConfig, Sample, build_reward
 from rewards.keywords import key_point_lists
 
@@ -286,7 +286,7 @@ def test_style_python_checks_are_validated_in_the_sandbox(server, tmp_path, caps
         ":1: python checks: still wrong after one repair: run on the reference: bullets gives the reference 0"
         in err
     )
-    from nanogrpo.build.sandbox import row_code
+    from nanogrpo.reward_data.sandbox import row_code
 
     assert row_code(REF_B, REF_B, out) == 1.0 and row_code("prose", REF_B, out) == 0.0
     assert row_code("x", REF_B, {}) is None
@@ -308,7 +308,7 @@ def test_style_python_check_errors_are_the_repair(server, tmp_path):
 
 def test_row_code_runs_as_a_style_user_check():
     row = {"reference": REF_B, "style_spec": SPEC_B, "style_code": [GOOD_CODE]}
-    cfg = RewardConfig(spec="style:1", style_user_checks=("nanogrpo.build.sandbox.row_code",),
+    cfg = RewardConfig(spec="style:1", style_user_checks=("nanogrpo.reward_data.sandbox.row_code",),
                        style_allow_user_code=True, style_weights="length:1,row_code:1")  # fmt: skip
     reward = build_reward(cfg)
     scores, _ = reward([Sample("q", REF_B, 0, row), Sample("q", "Roast the squash.", 1, row)])
@@ -322,7 +322,7 @@ def test_row_code_runs_as_a_style_user_check():
 
 
 def test_sandbox_refuses_loops_memory_sockets_and_bad_values():
-    from nanogrpo.build.sandbox import Limits, run_checks
+    from nanogrpo.reward_data.sandbox import Limits, run_checks
 
     def check(name: str, body: str) -> dict:
         return {"name": name, "code": f"def {name}(response):\n    " + body.replace("\n", "\n    ")}
@@ -346,7 +346,7 @@ def test_sandbox_refuses_loops_memory_sockets_and_bad_values():
 
 
 def test_sandbox_cpu_limit_kills_what_no_alarm_stops():
-    from nanogrpo.build.sandbox import Limits, run_checks
+    from nanogrpo.reward_data.sandbox import Limits, run_checks
 
     hang = {"name": "c", "code": "def c(response):\n    return sum(range(10**12))"}  # one long call into C
     (res,) = run_checks([hang], ["x"], Limits(seconds=0.3))
@@ -354,7 +354,7 @@ def test_sandbox_cpu_limit_kills_what_no_alarm_stops():
 
 
 def test_sandbox_network_namespace_has_no_network():
-    from nanogrpo.build import sandbox
+    from nanogrpo.reward_data import sandbox
 
     if not sandbox.namespace_works():
         pytest.skip("unshare -rn does not work here (no unprivileged user namespaces)")

@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build baseline`: keywords without an LLM, for RLVRR's ablations.
+"""`python -m nanogrpo.reward_data baseline`: keywords without an LLM, for RLVRR's ablations.
 
 RLVRR compares its LLM keywords with keywords picked by TF-IDF or at random, at 15% (and 30%) of the
 reference. Here a row's keywords are distinct single words of its reference (the first of `reference`,
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import tyro
 
-from nanogrpo.build import rows as io
+from nanogrpo.reward_data import rows as io
 from rewards.text import words
 
 

@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build style`: style checks drafted from the reference, as data, with LLM weights.
+"""`python -m nanogrpo.reward_data style`: style checks drafted from the reference, as data, with LLM weights.
 
 RLVRR's style reward is a few checks per reference (length, markdown) with LLM-assigned importance
 weights. Here the checks are a declarative spec, `style_spec`, that the style grader scores as is
@@ -10,10 +10,10 @@ must score 1 on the reference itself (it is the style asked for). A draft that f
 request saying which checks failed; one that fails again is reported and left out.
 
 `--python-checks` also asks for free-form Python checks (`def name(response) -> float`), kept in
-`style_code`. They are validated by running them on the reference in the sandbox (nanogrpo/build/
+`style_code`. They are validated by running them on the reference in the sandbox (nanogrpo/reward_data/
 sandbox.py: a child process with CPU, memory, file and process limits and no network), never in this
 process, and each must score 1 there. The trainer runs them only through the opt-in style user check
-`nanogrpo.build.sandbox.row_code`, in the same sandbox (docs/BUILD.md).
+`nanogrpo.reward_data.sandbox.row_code`, in the same sandbox (docs/REWARD_DATA.md).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nanogrpo.build import rows as io
-from nanogrpo.build import sandbox
-from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo.reward_data import rows as io
+from nanogrpo.reward_data import sandbox
+from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.rows import prompt_text
 from rewards.style import ELEMENTS, parse_style_spec, spec_scores, text_style
 from rewards.text import words
@@ -97,7 +97,8 @@ class StyleArgs(DraftArgs):
 
     python_checks: bool = False
     """Also ask for free-form Python checks (`style_code`), validated in the sandbox: LLM-written code, run in a
-    child process only (CPU, memory, file and process limits, no network; see nanogrpo/build/sandbox.py)."""
+    child process only (CPU, memory, file and process limits, no network; see
+    nanogrpo/reward_data/sandbox.py)."""
     max_code_checks: int = 4
     """Most Python checks asked for per row."""
     check_seconds: float = 2.0

@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build rubric` and `label`: rubric criteria from the reference, and judge labels for a probe.
+"""`python -m nanogrpo.reward_data rubric` and `label`: rubric criteria from the reference, and judge labels for a probe.
 
 rubric: Small-LM Judges rewrites each question's rubric into six criteria, two hard (constraints the request
 states: a format, a length, something to include or avoid) and four soft (what makes an answer good).
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nanogrpo.build import rows as io
-from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo.reward_data import rows as io
+from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.rows import prompt_text
 from rewards.rubric import parse_rubric
 

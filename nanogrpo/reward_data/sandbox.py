@@ -23,11 +23,12 @@ A check is source code defining `check(response: str) -> float | bool` (or the f
 `name`): 1 / True for a response with the property, 0 / False without, a fraction in between. Anything
 else (an exception, a timeout, a value outside [0, 1]) is an error of that call, with what happened.
 
-`row_code` runs a row's `style_code` checks (what `python -m nanogrpo.build style --python-checks`
+`row_code` runs a row's `style_code` checks (what `python -m nanogrpo.reward_data style --python-checks`
 writes) on a completion, as a style user check of the trainer, still in a child process:
 
     python train.py --reward.spec keywords:0.5,style:0.5 --reward.allow-user-code \\
-        --reward.style-user-checks nanogrpo.build.sandbox.row_code --reward.style-weights length:1,row_code:1
+        --reward.style-user-checks nanogrpo.reward_data.sandbox.row_code \\
+        --reward.style-weights length:1,row_code:1
 
 One child per completion: about 20-40 ms each on a CPU, so some seconds per step of a large batch.
 """

@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.build filter`: drop rows whose own reference scores below a threshold.
+"""`python -m nanogrpo.reward_data filter`: drop rows whose own reference scores below a threshold.
 
 RLVRR filters its training data by grading each reference with the reward built from it: "data
 filtered out when both the content and style rewards of the reference itself fall below 0.7". Here the
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import tyro
 
-from nanogrpo.build import rows as io
+from nanogrpo.reward_data import rows as io
 from rewards import RewardConfig, Sample, build_reward
 from rewards.rows import prompt_text
 

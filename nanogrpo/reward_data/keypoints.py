@@ -1,4 +1,5 @@
-"""`python -m nanogrpo.build keypoints`: key points and their keywords, drafted by an LLM from the references.
+"""`python -m nanogrpo.reward_data keypoints`: key points and their keywords, drafted by an LLM from the
+references.
 
 RLVRR's content reward (rewards/keywords.py) reads `key_points`: per key point, short keywords taken
 from the reference. Two-level extraction (the default, as in RLVRR) asks twice per row: first for
@@ -22,8 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nanogrpo.build import rows as io
-from nanogrpo.build.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo.reward_data import rows as io
+from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
 from rewards.keywords import first_positions, spaced_words
 from rewards.rows import prompt_text
 from rewards.text import words

@@ -35,6 +35,7 @@ FIRST = [
     "test_loss_variants.py",
     "test_resume.py",
     "test_probe.py",
+    "test_model_cache.py",  # torchrun and four first runs in subprocesses
     "test_golden.py",
     "test_fastpaths.py",
     "test_eval_cli.py",

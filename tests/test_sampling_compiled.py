@@ -174,7 +174,7 @@ def test_the_kernels_are_in_nanogrpos_cache_folder(lora_model):
     private_inductor_cache), not inductor's /tmp default that another user could have made first; the
     suite's earlier tests let inductor look at its folder before (it then writes its default into the
     environment), as a training run's start-up may."""
-    from nanogrpo.model.zoo import cache_dir as nanogrpo_cache
+    from nanogrpo.infra.model_cache import cache_dir as nanogrpo_cache
 
     model, _, prompts = lora_model
     sample(model, prompts, "compiled")

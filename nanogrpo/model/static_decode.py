@@ -170,7 +170,7 @@ def private_inductor_cache() -> None:
     then read out of bounds or crashed (double free)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from nanogrpo.model.zoo import cache_dir
+    from nanogrpo.infra.model_cache import cache_dir
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # inductor writes its default there once it looks
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):

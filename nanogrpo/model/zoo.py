@@ -10,9 +10,13 @@ measurements where the text does not matter. Overrides follow a colon, 'random:q
 'random:llama-3-8b:layers=1,vocab_size=1024'. It needs torch and safetensors only, plus `tokenizers` for
 its tokenizer (the tiny model's ChatML BPE, 1,024 tokens: prompts use the low ids of the real vocabulary);
 without `tokenizers` the folder has no tokenizer and callers must work with token ids.
-`random_transformer(spec)` builds the same model in memory, writing nothing (no safetensors needed). Built folders live in $NANOGRPO_CACHE (default
-~/.cache/nanogrpo), are built once, and appear atomically (written to a temporary folder, then renamed),
-so concurrent processes never see half a model. Nothing here touches the network.
+`random_transformer(spec)` builds the same model in memory, writing nothing (no safetensors needed).
+
+Built folders live in the model cache, $NANOGRPO_CACHE (default ~/.cache/nanogrpo; nanogrpo/infra/model_cache.py):
+built once, by one process at a time, checked, marked complete by a manifest, and renamed into place, so no
+process sees half a model and a damaged entry is rebuilt. Everything here writes the same files on every
+torchrun rank (transformers' save_pretrained writes no weights on a rank other than 0, so it is not used for
+weights). Nothing here touches the network.
 
 `python -m nanogrpo.model.zoo smollm2` prints the folder (building it the first time).
 """
@@ -22,11 +26,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
+
+from nanogrpo.infra.model_cache import build_once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -75,28 +78,51 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("NANOGRPO_CACHE") or Path.home() / ".cache" / "nanogrpo")
+def _check_model(folder: Path, tokenizer: bool = True) -> None:
+    """Raise unless `folder` holds what a load needs: a config.json nanogrpo reads, safetensors weights with
+    every tensor of that architecture at its shape, and (tokenizer=True) a tokenizer.json that loads."""
+    import torch
+    from safetensors import safe_open
+
+    from nanogrpo.model.transformer import ModelArgs, Transformer
+
+    cfg = json.loads((folder / "config.json").read_text())
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in Transformer(ModelArgs.from_hf(cfg)).state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        want.pop("lm_head.weight", None)
+    have = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            have.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})  # noqa: SIM118
+    bad = sorted(k for k in want if have.get(k) != want[k])
+    if bad:
+        raise ValueError(
+            f"the model built in {folder} lacks {len(bad)} tensors or has them at other shapes: {bad[:3]}"
+        )
+    if tokenizer:
+        from tokenizers import Tokenizer
+
+        Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
-def _build_once(name: str, build: Callable[[Path], None]) -> Path:
-    """Run build(tmp_folder) unless cache/name exists; rename the result into place atomically."""
-    final = cache_dir() / name
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    try:
-        build(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process finished first: use its copy
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+def _save_weights(model, out: Path) -> None:
+    """model.safetensors and config.json of an HF model, written by safetensors and json alone: transformers'
+    save_pretrained writes no weights on a torch.distributed rank other than 0 (a torchrun rank may build)."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_diff_dict()  # what save_pretrained writes
+    for k in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        cfg.pop(k, None)
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = str(next(iter(sd.values())).dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    gen = {k: v for k, v in model.generation_config.to_diff_dict().items() if k != "transformers_version"}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
 
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2: pad, -, EOS
@@ -152,7 +178,7 @@ def _build_tiny(out: Path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
-    model.save_pretrained(out)
+    _save_weights(model, out)
 
 
 def smollm2_gguf() -> Path:
@@ -171,7 +197,6 @@ def smollm2_gguf() -> Path:
 
 def _build_smollm2(out: Path) -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -179,18 +204,11 @@ def _build_smollm2(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # save_pretrained refuses a model loaded through the GGUF quantizer, although its weights are plain
-    # float32 by now: write the state dict and a config without quantization_config by hand
-    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    assert all(v.dtype == torch.float32 for v in sd.values()), "GGUF weights were not dequantised"
-    if model.config.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.config.to_dict()
-    for k in ("quantization_config", "_model_name_or_path", "transformers_version"):
-        cfg.pop(k, None)
-    cfg["architectures"] = [type(model).__name__]
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    model.generation_config.save_pretrained(out)
+    # float32 by now (and writes none on a rank other than 0): the state dict and config by hand
+    assert all(v.dtype == torch.float32 for v in model.state_dict().values()), (
+        "GGUF weights were not dequantised"
+    )
+    _save_weights(model, out)
     tok.save_pretrained(out)
 
 
@@ -281,13 +299,16 @@ def random_transformer(spec: str, device: str = "cpu", dtype=None):
     return model.eval()
 
 
+def _has_tokenizers() -> bool:
+    return importlib.util.find_spec("tokenizers") is not None
+
+
 def _write_tokenizer(out: Path) -> bool:
     """The tiny tokenizer in HF's file layout, written with `tokenizers` alone (no transformers);
     False when `tokenizers` is missing (then the folder has no tokenizer)."""
-    try:
-        tok = _train_tokenizer()
-    except ImportError:
+    if not _has_tokenizers():
         return False
+    tok = _train_tokenizer()
     added = {
         str(i): dict(content=t, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
         for i, t in enumerate(SPECIALS)
@@ -335,14 +356,19 @@ def resolve_model(name_or_path: str) -> Path:
     if name_or_path.startswith("random:"):
         spec = name_or_path.removeprefix("random:")
         random_config(spec)  # a bad name fails here, before anything is built
-        path = _build_once(_random_dir_name(spec), lambda out: _build_random(spec, out))
-        if not (path / "tokenizer.json").is_file():  # built where `tokenizers` was missing: add it now
-            _write_tokenizer(path)
-        return path
+        has_tok = _has_tokenizers()  # a folder built without `tokenizers` is built again once it is there
+        return build_once(
+            _random_dir_name(spec),
+            lambda out: _build_random(spec, out),
+            lambda out: _check_model(out, tokenizer=has_tok),
+            about="a random model: seconds per GB of weights, once",
+            require=["tokenizer.json"] if has_tok else [],
+        )
     if name_or_path == "tiny":
-        return _build_once(TINY_VERSION, _build_tiny)
+        return build_once(TINY_VERSION, _build_tiny, _check_model, about="the tiny test model: ~5 s, once")
     if name_or_path == "smollm2":
-        return _build_once(SMOLLM2_VERSION, _build_smollm2)
+        about = "SmolLM2-135M-Instruct from its GGUF: ~1 min, once"
+        return build_once(SMOLLM2_VERSION, _build_smollm2, _check_model, about=about)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ValueError(

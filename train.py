@@ -428,7 +428,7 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
             print(f"note: --resume continues {cfg.out_dir}/config.json; the '{name}' preset is not applied")
         saved = load_config(cfg.out_dir)
         cfg = tyro.cli(TrainConfig, default=saved, args=argv, description=description)
-    if os.environ.get("NANOGRPO_ALLOW_USER_CODE") == "1":  # as --reward.allow-user-code (README: Security)
+    if os.environ.get("NANOGRPO_ALLOW_USER_CODE") == "1":  # as --reward.allow-user-code (docs/RUNS.md)
         cfg = replace(cfg, reward=replace(cfg.reward, allow_user_code=True))
     beta_given = any(a == "--grpo.beta" or a.startswith("--grpo.beta=") for a in argv)
     if beta_given and cfg.grpo.kl_placement == "none":

@@ -249,13 +249,41 @@ class PPOConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn episodes (docs/ENVS.md): an environment answers each assistant turn until it is done."""
+
+    name: str = ""
+    """A built-in environment or adapter: guess, calc, search, textarena:GAME, openenv:URL or
+    openenv:module:Class, reasoning_gym is a data source instead (--data.train reasoning_gym:TASK). '' = none:
+    one completion per prompt, as always."""
+    spec: str = ""
+    """Your own environment class, 'path/to/file.py:ClassName' (runs your code: needs --reward.allow-user-code)."""
+    max_turns: int = 0
+    """Assistant turns an episode may take at most (0: the environment's own max_turns)."""
+    max_tokens: int = 0
+    """An episode's token budget, sampled plus observation tokens, after the prompt (0: the environment's
+    max_turns x (--sampling.max-new-tokens + 64)). The prompt-length check, the memory plan, Dr. GRPO's
+    length constant and --grpo.mask-truncated read it in place of --sampling.max-new-tokens."""
+    step_timeout_s: float = 10.0
+    """Seconds one reset or step may take; an environment over it (or one that raises, or returns a reward
+    that is not finite) ends that episode only, with no reward (0 = no limit)."""
+    format: Literal["auto", "chat", "plain"] = "auto"
+    """How observations join the conversation: the chat template (checked to keep earlier turns unchanged),
+    plain 'role: text' lines, or auto (the template when the tokenizer has one)."""
+
+    @property
+    def on(self) -> bool:
+        return bool(self.name or self.spec)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """nanogrpo: GRPO (or SFT, CPT, DPO, PPO) on one machine, or many with torchrun."""
 
     algo: Literal["grpo", "sft", "cpt", "dpo", "ppo"] = "grpo"
     """The training stage (same model, LoRA, logging, checkpoints and resume for each): 'grpo'; 'sft' on the
     references; 'cpt', continued pre-training on raw text; 'dpo' on preference pairs; 'ppo' with a value head
-    (the baseline GRPO replaces). README "Pipelines" chains them."""
+    (the baseline GRPO replaces). docs/STAGES.md chains them."""
     steps: int = 20
     """Optimizer steps (GRPO: one batch of prompts per step)."""
     epochs: float = 0.0
@@ -311,6 +339,12 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    @property
+    def completion_tokens(self) -> int:
+        """The most tokens after the prompt: --sampling.max-new-tokens, or an episode's budget with --env."""
+        return self.env.max_tokens if self.env.on else self.sampling.max_new_tokens
 
 
 def with_epochs(cfg: TrainConfig, n_rows: int) -> TrainConfig:
@@ -359,6 +393,7 @@ def check_config(cfg: TrainConfig) -> None:
         return
     g, s = cfg.grpo, cfg.sampling
     check_group_size(g.group_size)
+    _check_env(cfg)
     _check_ratio_sampling(s, "GRPO")
     if g.kl_placement != "none" and g.beta == 0:
         raise ValueError(
@@ -373,6 +408,23 @@ def check_config(cfg: TrainConfig) -> None:
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
     _check_loss_variants(g)
+
+
+def _check_env(cfg: TrainConfig) -> None:
+    """--env.*: ranges, and what episodes cannot do yet."""
+    e = cfg.env
+    if not e.on:
+        return
+    if e.max_turns < 0 or e.max_tokens < 0 or not e.step_timeout_s >= 0:
+        raise ValueError(
+            f"--env.max-turns {e.max_turns} / --env.max-tokens {e.max_tokens} / --env.step-timeout-s "
+            f"{e.step_timeout_s}: each must be >= 0 (0: the environment's own, or no limit)"
+        )
+    if e.max_tokens and e.max_tokens < cfg.sampling.max_new_tokens:
+        raise ValueError(
+            f"--env.max-tokens {e.max_tokens} is below --sampling.max-new-tokens {cfg.sampling.max_new_tokens}: "
+            "one turn could not fit the episode; raise --env.max-tokens or lower --sampling.max-new-tokens"
+        )
 
 
 def _check_ratio_sampling(s: SamplingConfig, algo: str) -> None:

@@ -53,7 +53,7 @@ def test_code_runs_when_this_command_line_allows_it(tmp_path, monkeypatch):
     assert (tmp_path / "ran").read_text() == "imported"
     saved = json.loads((tmp_path / "typed" / "config.json").read_text())
     assert saved["reward"]["allow_user_code"] is True  # the run records that it ran code
-    monkeypatch.setenv("NANOGRPO_ALLOW_USER_CODE", "1")  # the environment variable README names
+    monkeypatch.setenv("NANOGRPO_ALLOW_USER_CODE", "1")  # the environment variable docs/RUNS.md names
     assert cli(
         ["--config", str(run / "config.json"), "--out-dir", str(tmp_path / "env")]
     ).reward.allow_user_code

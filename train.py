@@ -24,7 +24,7 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from nanogrpo import grpo, kl
+from nanogrpo import envs, grpo, kl
 from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
@@ -65,6 +65,7 @@ def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- checks that need no model
     check_config(cfg)  # the flags among themselves
     check_eval_every(cfg)  # --eval-every: the held-out rows exist
+    cfg, env = envs.resolve(cfg)  # --env: the environment, one instance built and checked; its budgets
     if cfg.model.attn == "flash":  # flash-attn imports, and the run is on a GPU in 16 bits
         check_flash(cfg.model.device, cfg.model.dtype)
     Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
@@ -99,8 +100,10 @@ def main(cfg: TrainConfig) -> dict:
     )
     step0 = resume(cfg, policy, opt, sched, order, logger) if cfg.resume else 0  # --resume: its step
 
-    run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows)
-    evaluator = HeldOutEval(cfg, policy, device, held_out)  # --eval-every: held-out scores (eval/during.py)
+    run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows, env)
+    evaluator = HeldOutEval(
+        cfg, policy, device, held_out, env
+    )  # --eval-every: held-out scores (eval/during.py)
     evaluator.start(logger, step0)  # step 0, before any update: a metrics.jsonl line of its own
     step_fn = STAGES[cfg.algo]  # a training stage is a step function (nanogrpo/stages/)
     P_local = cfg.prompts_per_step // world
@@ -136,7 +139,7 @@ def main(cfg: TrainConfig) -> dict:
             _save(policy, out, step + 1, opt, sched, order)
     bar.close()
 
-    return finish(cfg, policy, logger, held_out)  # the adapter or model, plots, final eval, run page
+    return finish(cfg, policy, logger, held_out, env)  # the adapter or model, plots, final eval, run page
 
 
 def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Logger) -> int:
@@ -173,14 +176,16 @@ def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Log
     return step0
 
 
-def finish(cfg: TrainConfig, policy, logger: Logger, held_out: tuple[list[dict], str] | None) -> dict:
+def finish(
+    cfg: TrainConfig, policy, logger: Logger, held_out: tuple[list[dict], str] | None, env=None
+) -> dict:
     """The end of a run: the final adapter (or model), the held-out eval, the plots and the run page, and
     summary.json; then the logs closed and the folder's lock released."""
     out = Path(cfg.out_dir)
     summary: dict = {"steps": cfg.steps, "out_dir": str(out)}
     policy.save_final(out / ("adapter" if cfg.lora.r > 0 else "model"))  # every rank: FSDP gathers
     if cfg.eval_prompts > 0 and dist.is_main():
-        summary["eval"] = final_eval(cfg, policy, out, held_out)
+        summary["eval"] = final_eval(cfg, policy, out, held_out, env)
     if dist.is_main():
         if cfg.plots:
             write_report(out)  # the PNGs (nanogrpo/infra/plots.py) and index.html, which embeds them
@@ -225,7 +230,7 @@ def training_data(
     if cfg.algo in ("grpo", "ppo"):
         # a judge keeps its cache in the run folder, so a resumed run does not pay twice
         # the overlong grader's limit defaults to --sampling.max-new-tokens
-        reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.sampling.max_new_tokens)
+        reward_cfg = with_max_tokens(with_run_dir(cfg.reward, cfg.out_dir), cfg.completion_tokens)
         reward_fn = build_reward(reward_cfg)
         reward_fn.validate(rows, source)
         if held_out is not None and cfg.eval_prompts > 0:  # the final eval scores it with these graders
@@ -308,7 +313,7 @@ def grpo_update(
             old_logp[sl] = logp.detach()
         loss, stats = grpo.grpo_loss(
             logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
-            num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.sampling.max_new_tokens,
+            num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.completion_tokens,
             sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
         )  # fmt: skip
         stats["entropy"] = (ent.detach() * mb.mask).sum()  # logged for the first pass
@@ -339,17 +344,22 @@ def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> S
     if r > 0:
         idx = run.order.take(run.cfg.prompts_per_step)[first : first + len(rows)]
         rows = [run.data[i] for i in idx]
-    roll = rollout(run.policy, rows, step, first, run.cfg, run.device, resample=r)  # 1. G completions each
+    roll = rollout(run.policy, rows, step, first, run.cfg, run.device, r, run.env)  # 1. G completions each
     t1 = time.perf_counter()
     rewards, parts = run.reward_fn(roll.samples)  # 2. score: a score per completion, or None
     reward = torch.tensor([float("nan") if x is None else x for x in rewards])  # (N,)
+    if roll.failed is not None:  # an episode its environment failed has no reward
+        reward[roll.failed] = float("nan")
     return Scored(roll, reward, parts, run.reward_fn.details(), time.perf_counter() - t1)
 
 
-def final_eval(cfg: TrainConfig, policy, out: Path, held_out: tuple[list[dict], str] | None) -> dict | None:
+def final_eval(
+    cfg: TrainConfig, policy, out: Path, held_out: tuple[list[dict], str] | None, env=None
+) -> dict | None:
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
     95% CI of the difference."""
+    from nanogrpo.envs.episode import EpisodeRunner
     from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
 
     if held_out is None or not policy.use_lora:
@@ -368,6 +378,7 @@ def final_eval(cfg: TrainConfig, policy, out: Path, held_out: tuple[list[dict], 
         stop=cfg.sampling.stop,  # the texts end as in training: right after a stop string
         system_prompt=cfg.data.system_prompt,
         progress=False,
+        env=EpisodeRunner.of(cfg, env),  # --env: greedy episodes, as training plays them
     )
     save_eval(out, rows, res)
     base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"

@@ -415,6 +415,8 @@ def _check_env(cfg: TrainConfig) -> None:
     e = cfg.env
     if not e.on:
         return
+    if cfg.algo != "grpo":
+        raise ValueError(f"--env.* trains episodes with GRPO; --algo {cfg.algo} samples single completions")
     if e.max_turns < 0 or e.max_tokens < 0 or not e.step_timeout_s >= 0:
         raise ValueError(
             f"--env.max-turns {e.max_turns} / --env.max-tokens {e.max_tokens} / --env.step-timeout-s "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,7 @@ class Group:
     reward: torch.Tensor  # (G,)
     parts: dict[str, list]  # each grader's (G,) scores
     details: dict[str, list]  # (G,) each
+    episodes: tuple | None = None  # --env: (G,) prompt ids, (G,) Samples (their transcripts), (G,) failed
 
 
 @dataclass
@@ -94,12 +95,20 @@ def split_groups(s: Scored) -> list[Group]:
     out = []
     for i, row in enumerate(roll.rows):
         sl = slice(i * G, (i + 1) * G)
-        L = int(roll.lengths[sl].max())  # the group's longest completion: the rest is padding
+        # the group's longest completion, to its last sampled token (an episode's observations lie between
+        # its turns, and it ends on a turn): the rest is padding
+        m = roll.batch.mask[sl]  # (G, T)
+        L = int(((m > 0) * torch.arange(1, m.shape[1] + 1, device=m.device)).max())
         pieces = (roll.batch.targets, roll.batch.mask, roll.sampler_logp)
         ids, mask, logp = (t[sl, :L].cpu() for t in pieces)  # (G, L)
         trunc, parts = roll.truncated[sl].cpu(), {k: v[sl] for k, v in s.parts.items()}
         details = {k: v[sl] for k, v in s.details.items()}
-        out.append(Group(row, roll.texts[sl], ids, mask, logp, trunc, s.reward[sl], parts, details))
+        eps = None
+        if roll.failed is not None:  # each trajectory's own prompt and transcript travel with it
+            Tp, p_ids, p_attn = roll.batch.prompt_len, roll.batch.ids[sl], roll.batch.attn[sl]
+            prompts = [r[:Tp][a[:Tp] > 0].tolist() for r, a in zip(p_ids, p_attn)]
+            eps = (prompts, roll.samples[sl], roll.failed[sl].cpu())
+        out.append(Group(row, roll.texts[sl], ids, mask, logp, trunc, s.reward[sl], parts, details, eps))
     return out
 
 
@@ -113,7 +122,14 @@ def join_groups(groups: list[Group], pad_id: int, device: torch.device) -> Score
     logp = torch.cat([pad(g.sampler_logp, 0.0) for g in groups])  # (N, L)
     texts = [t for g in groups for t in g.texts]
     truncated = torch.cat([g.truncated for g in groups])  # (N,)
-    roll = assemble([g.row for g in groups], texts, ids, mask, logp, truncated, pad_id, device)
+    eps = [g.episodes for g in groups] if groups[0].episodes is not None else None
+    prompts = [p for e in eps for p in e[0]] if eps else None
+    roll = assemble(
+        [g.row for g in groups], texts, ids, mask, logp, truncated, pad_id, device, prompt_ids=prompts
+    )
+    if eps:  # the transcripts back on the Samples, under their new group index
+        roll.samples = [replace(smp, group=i) for i, e in enumerate(eps) for smp in e[1]]
+        roll.failed = torch.cat([e[2] for e in eps])  # (N,)
     G = len(groups[0].texts)
     gather = lambda name, what: [x for g in groups for x in getattr(g, what).get(name, [None] * G)]
     parts = {k: gather(k, "parts") for k in groups[0].parts}

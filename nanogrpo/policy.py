@@ -232,14 +232,16 @@ class Policy:
 
 def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
     """The tokenizer and the longest prompt the run allows, read from the model folder without loading the
-    weights: --data.max-prompt-tokens, at most the model's positions less --sampling.max-new-tokens."""
+    weights: --data.max-prompt-tokens, at most the model's positions less --sampling.max-new-tokens (with
+    --env, less the episode's budget --env.max-tokens)."""
     model_dir = resolve_model(cfg.model.path)
     hf = json.loads((model_dir / "config.json").read_text())
     ModelArgs.from_hf(hf)  # unknown architecture: fail first
-    room = int(hf.get("max_position_embeddings") or 1 << 30) - cfg.sampling.max_new_tokens
+    room = int(hf.get("max_position_embeddings") or 1 << 30) - cfg.completion_tokens
     if room < 1:
+        flag = "--env.max-tokens" if cfg.env.on else "--sampling.max-new-tokens"
         raise ValueError(
-            f"--sampling.max-new-tokens {cfg.sampling.max_new_tokens} leaves no room for a prompt in the "
+            f"{flag} {cfg.completion_tokens} leaves no room for a prompt in the "
             f"model's {hf.get('max_position_embeddings')} positions; lower it"
         )
     limit = min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room

@@ -36,8 +36,9 @@ class Rollout:
     batch: Batch  # prompts + completions, on the device
     sampler_logp: torch.Tensor  # (N, Tc) the sampler's log-probs of its tokens (0 past the end)
     lengths: torch.Tensor  # (N,) completion tokens
-    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens
+    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens (an episode: ended on a budget, not done)
     seconds: float  # wall time of sampling and decoding
+    failed: torch.Tensor | None = None  # (N,) bool: an episode its environment failed (no reward); --env only
 
 
 def prompt_seed(seed: int, step: int, index: int, resample: int = 0) -> int:
@@ -50,11 +51,23 @@ def prompt_seed(seed: int, step: int, index: int, resample: int = 0) -> int:
 
 
 def rollout(
-    policy, rows: list[dict], step: int, first: int, cfg: TrainConfig, device: torch.device, resample: int = 0
+    policy,
+    rows: list[dict],
+    step: int,
+    first: int,
+    cfg: TrainConfig,
+    device: torch.device,
+    resample: int = 0,
+    env=None,
 ) -> Rollout:
     """Sample `cfg.grpo.group_size` completions of each row's prompt (`row['_prompt_ids']`); `first` is the
     index of rows[0] in the round's global batch (rank * prompts per rank); `resample`: the round of
-    --grpo.dynamic-sampling (0: the step's first draw)."""
+    --grpo.dynamic-sampling (0: the step's first draw). `env`: with --env, the environment factory, and the
+    completions are episodes (nanogrpo/envs/episode.py)."""
+    if env is not None:
+        from nanogrpo.envs.episode import episode_rollout
+
+        return episode_rollout(policy, rows, step, first, cfg, device, env, resample)
     t0 = time.perf_counter()
     G, s, tok = cfg.grpo.group_size, cfg.sampling, policy.tokenizer
     prompts = [r["_prompt_ids"] for r in rows]  # (P,) token lists, rendered at start-up
@@ -86,9 +99,11 @@ def assemble(
     truncated: torch.Tensor,
     pad_id: int,
     device: torch.device,
+    prompt_ids: list[list[int]] | None = None,
 ) -> Rollout:
     """A Rollout of G = len(texts) / len(rows) completions per row: completion ids, mask and sampler
-    log-probs (N, Tc), truncated (N,); the prompts come from each row's `_prompt_ids`."""
+    log-probs (N, Tc), truncated (N,); the prompts come from each row's `_prompt_ids`, or `prompt_ids`, one
+    per completion (episodes whose environment wrote the first message)."""
     G, lengths = len(texts) // len(rows), cmask.sum(1)  # (N,) tokens sampled
     n_tok = [int(n) for n in lengths.tolist()]  # what the overlong grader reads (Sample.tokens)
     samples = [
@@ -97,9 +112,12 @@ def assemble(
         for j in range(G)
     ]
     # the prompts are padded on the host; everything meets on `device` before it is combined
-    p_ids, p_mask = (
-        t.repeat_interleave(G, 0).to(device) for t in pad_left([r["_prompt_ids"] for r in rows], pad_id)
-    )
+    if prompt_ids is None:
+        p_ids, p_mask = (
+            t.repeat_interleave(G, 0).to(device) for t in pad_left([r["_prompt_ids"] for r in rows], pad_id)
+        )
+    else:
+        p_ids, p_mask = (t.to(device) for t in pad_left(prompt_ids, pad_id))
     batch = make_batch(p_ids, p_mask, completion_ids.to(device), cmask.to(device))  # (N, Tp+Tc)
     sampler_logp = logp.float().to(device) * batch.mask  # (N, Tc)
     return Rollout(rows, texts, samples, batch, sampler_logp, lengths, truncated, 0.0)

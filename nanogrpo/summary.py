@@ -105,12 +105,34 @@ def grpo_summary(
     r_rows = [None if x != x else x for x in reward.tolist()]  # NaN: no reward
     hack = hacking_totals(parts, r_rows, roll.lengths.tolist(), len(roll.texts) // len(roll.rows))
     m.update({f"hack/{k}": v for k, v in mean_metrics(Totals(hack).reduce().sums).items()})
+    m.update(episode_summary(roll))
     if not has_ref:
         m["kl"] = None  # no reference, no KL: null in metrics.jsonl, not a measured 0
     if kl_pen is not None:
         k = Totals({"k": float(kl_pen.sum()), "rows": float(len(roll.lengths))}).reduce().sums
         m["kl_reward"] = k["k"] / k["rows"]  # per completion, over all ranks
     return m
+
+
+def episode_summary(roll) -> dict:
+    """--env: the step's episodes over all ranks: turns and observation tokens per episode, the share
+    truncated by a budget, the share with an invalid action, and the episodes their environment failed
+    (raised, timed out, or a reward that is not finite: no reward); {} without an environment."""
+    if roll.failed is None:
+        return {}
+    infos = [s.env_info for s in roll.samples]
+    ext = [int(((m > 0) * torch.arange(1, len(m) + 1)).max()) for m in roll.batch.mask.cpu()]  # (N,) extents
+    obs = float(sum(ext) - roll.lengths.sum())  # observation tokens: inside each trajectory, mask 0
+    t = Totals({
+        "turns": float(sum(i.get("turns", 0) for i in infos)), "obs": obs,
+        "invalid": float(sum(bool(i.get("invalid")) for i in infos)), "failed": float(roll.failed.sum()),
+        "trunc": float(roll.truncated.sum()), "n": float(len(infos)),
+    }).reduce().sums  # fmt: skip
+    n = t["n"]
+    return {
+        "env/turns": t["turns"] / n, "env/obs_tokens": t["obs"] / n, "env/truncated": t["trunc"] / n,
+        "env/invalid": t["invalid"] / n, "env/failed": t["failed"], "env/failed_frac": t["failed"] / n,
+    }  # fmt: skip
 
 
 def draw_summary(draw, masked: int | None) -> dict:
@@ -146,6 +168,8 @@ def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, de
                 "advantage": float(adv[k]),
                 "length": int(roll.lengths[k]),
             }
+            if (smp := roll.samples[k]).turns is not None:  # an episode: its transcript, turn by turn
+                c.update(turns=smp.turns[1:], env_reward=smp.env_reward, env_error=smp.env_info.get("error"))
             for name, vals in details.items():
                 if vals[k] is not None:
                     c[name] = vals[k]

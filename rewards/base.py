@@ -26,6 +26,15 @@ class Sample:
     tokens: int | None = None
     """The completion's length in tokens as sampled (what --sampling.max-new-tokens caps), set by the
     trainer; None where the caller does not know it (graders that need it, like overlong, return None)."""
+    turns: list[dict] | None = None
+    """A multi-turn episode's transcript, {"role", "content"} messages from the first user message on
+    (`completion` is its last assistant turn); None for a single completion."""
+    env_reward: float | None = None
+    """The episode's reward from its environment (the sum of its steps'); None without one, or when the
+    environment failed the episode."""
+    env_info: dict[str, Any] = field(default_factory=dict)
+    """The episode's facts: reward_range, turns, invalid (steps the environment could not use), done,
+    error, and the last step's info."""
 
 
 class Grader:

@@ -102,10 +102,19 @@ class HeldOutEval:
     calls it at the same steps (FSDP gathers on all); only the main rank keeps rows, grades and logs."""
 
     def __init__(
-        self, cfg: TrainConfig, policy: Any, device: torch.device, held_out: tuple[list[dict], str] | None
+        self,
+        cfg: TrainConfig,
+        policy: Any,
+        device: torch.device,
+        held_out: tuple[list[dict], str] | None,
+        env: Any = None,
     ):
-        """held_out: train.py's held-out rows and their source, read and checked before the model loaded."""
+        """held_out: train.py's held-out rows and their source, read and checked before the model loaded;
+        env: --env's environment factory (the evaluation plays episodes, greedily, as training does)."""
+        from nanogrpo.envs.episode import EpisodeRunner
+
         self.cfg, self.policy, self.device = cfg, policy, device
+        self.env = EpisodeRunner.of(cfg, env)
         self.every = cfg.eval_every
         self.rows: list[dict] = []
         self.reward_fn = None
@@ -117,7 +126,7 @@ class HeldOutEval:
         assert held_out is not None, "check_eval_every refuses --eval-every without held-out rows"
         rows, source = held_out
         self.rows = rows[: cfg.eval_prompts]
-        reward_cfg = replace(with_max_tokens(cfg.reward, cfg.sampling.max_new_tokens), aggregate="sum")
+        reward_cfg = replace(with_max_tokens(cfg.reward, cfg.completion_tokens), aggregate="sum")
         self.reward_fn = build_reward(reward_cfg)
         self.reward_fn.validate(self.rows, source)  # a field a grader needs: refused before any step
 
@@ -167,6 +176,7 @@ class HeldOutEval:
             system_prompt=cfg.data.system_prompt,
             autocast=self.policy.autocast,  # a full fine-tune samples in its compute dtype, as in training
             progress=False,
+            env=self.env,
         )
         _, greedy = answer_and_score(model, tok, self.rows, reward_fn=self.reward_fn, seed=cfg.seed, **gen)
         out = {f"eval/{k}": v for k, v in means(greedy).items()}

@@ -319,11 +319,16 @@ def answer_and_score(
     With `reward_fn` (the run's reward, built once) they are scored as training scores its samples: the
     graders read each completion's token count, a row's k completions are one group, and a 'reward' score
     comes with the graders'. Without it, by `graders` (names) under `reward_cfg`, each row on its own."""
+    episodes: list[dict] = []  # with env=: each episode's transcript, reward and info, for the graders
     completions, lengths = generate_completions(
-        model, tokenizer, rows, seed=seed, num_samples=num_samples, return_lengths=True, **gen_kwargs
-    )
+        model, tokenizer, rows, seed=seed, num_samples=num_samples, return_lengths=True, episodes=episodes,
+        **gen_kwargs,
+    )  # fmt: skip
     texts = [t for c in completions for t in c]
     flat = [r for r in rows for _ in range(num_samples)]
+    if episodes:  # the env graders read these columns (rewards/episode.py)
+        keep = ("turns", "env_reward", "env_info")
+        flat = [{**r, **{k: e[k] for k in keep}} for r, e in zip(flat, episodes)]
     if reward_fn is None:
         return texts, score_rows(flat, texts, graders=graders, reward_cfg=reward_cfg)
     tokens = [n for ns in lengths for n in ns]

@@ -52,6 +52,8 @@ def generate_completions(
     autocast: Any = None,
     progress: bool = True,
     return_lengths: bool = False,
+    env: Any = None,
+    episodes: list | None = None,
 ) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
     """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
     hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
@@ -59,7 +61,16 @@ def generate_completions(
     `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
     rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a
     float32 model's compute dtype (sampling.generate). `return_lengths`: also each completion's token count,
-    as the trainer counts it (the token that ended it included)."""
+    as the trainer counts it (the token that ended it included).
+
+    `env` (an envs.episode.EpisodeRunner): each completion is an episode in that environment, played
+    greedily (or at `temperature`) with the same loop training runs; the texts are the last assistant
+    turns, and `episodes`, when a list, receives every episode's record (transcript, reward, info)."""
+    if env is not None:
+        return _episodes(model, tokenizer, rows, env, episodes, num_samples=num_samples,
+                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                         stop=stop, system_prompt=system_prompt, seed=seed, seeds=seeds, autocast=autocast,
+                         return_lengths=return_lengths)  # fmt: skip
     import torch
     from tqdm import tqdm
 
@@ -101,4 +112,22 @@ def generate_completions(
             lengths[idx[r // num_samples]].append(n)
         bar.update(len(idx))
     bar.close()
+    return (out, lengths) if return_lengths else out
+
+
+def _episodes(model, tok, rows, runner, episodes, *, num_samples, max_new_tokens, temperature, top_p, top_k, stop,
+              system_prompt, seed, seeds, autocast, return_lengths):  # fmt: skip
+    """generate_completions with an environment: episodes, a batch of every row at once."""
+    from nanogrpo.config import SamplingConfig
+    from nanogrpo.envs.episode import play_rows
+
+    s = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                       stop=tuple(stop))  # fmt: skip
+    recs = play_rows(model, tok, list(rows), runner, s, num_samples=num_samples, seed=seed, seeds=seeds,
+                     system_prompt=system_prompt, autocast=autocast)  # fmt: skip
+    if episodes is not None:
+        episodes.extend(recs)
+    k = num_samples
+    out = [[r["completion"] for r in recs[i * k : (i + 1) * k]] for i in range(len(rows))]
+    lengths = [[r["tokens"] for r in recs[i * k : (i + 1) * k]] for i in range(len(rows))]
     return (out, lengths) if return_lengths else out

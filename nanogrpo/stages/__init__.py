@@ -39,3 +39,4 @@ class Run:
     device: torch.device
     order: PromptOrder  # the data order: --grpo.dynamic-sampling draws its extra rounds from it
     data: list[dict]  # the training rows
+    env: object | None = None  # --env: the environment factory (nanogrpo/envs/); None: single completions

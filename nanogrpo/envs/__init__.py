@@ -1,0 +1,178 @@
+"""Multi-turn environments: the protocol, the registry, and how a run picks one (--env.name / --env.spec).
+
+An environment turns one completion into an episode. One instance plays one trajectory:
+
+    class Guess(Environment):
+        max_turns, stop, role, reward_range = 6, (), "user", (0.0, 1.0)
+        def reset(self, row: dict, seed: int) -> str | None: ...   # the first user message; None: row's prompt
+        def step(self, text: str) -> Step: ...                      # the turn's decoded completion
+
+`step` answers each assistant turn with `Step(observation, reward, done, info)`; the episode's reward is the
+sum of its steps' rewards (the `env` grader maps it from `reward_range` into [0, 1]). The G members of a
+group reset with the same seed, so their advantages compare G answers to one situation. `info` may carry
+`invalid: True` (an action the environment could not use: the `invalid` grader counts them).
+
+Where this departs from peers: TRL's environment classes expose tools as methods and OpenEnv's and
+TextArena's `step` take an action object; those are adapters (envs/adapters.py) onto this one protocol,
+so the episode loop (envs/episode.py) is the same for all of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Step:
+    """What an environment answers to one assistant turn."""
+
+    observation: str | None
+    """The next message the model reads (None: an empty one); ignored when done."""
+    reward: float = 0.0
+    """This step's reward; the episode's reward is the sum over its steps."""
+    done: bool = False
+    """The episode is over (solved, failed, or the environment's own limit)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Anything to log; `invalid: True` marks an action the environment could not use."""
+
+
+class Environment:
+    """Base class of an environment (subclassing it is optional: the attributes and two methods are the
+    protocol). One instance per trajectory; reset is called once, then step once per assistant turn."""
+
+    max_turns: int = 4
+    """Assistant turns at most (--env.max-turns may lower it)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a turn (besides EOS), e.g. '</calc>' for a tool call; kept in the text."""
+    role: str = "user"
+    """The role observations are rendered with: 'user' or 'tool'."""
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """The episode reward's range, which the `env` grader maps onto [0, 1]."""
+
+    def reset(self, row: dict, seed: int) -> str | None:
+        return None
+
+    def step(self, text: str) -> Step:
+        raise NotImplementedError
+
+
+Factory = Callable[[], Any]  # makes one environment instance
+_REGISTRY: dict[str, Callable[[str], Factory]] = {}  # name -> make(argument after 'name:') -> factory
+
+
+def register(name: str) -> Callable:
+    """`@register("guess")` on a class (no argument) or on `def make(arg: str) -> factory` for names that
+    take one after a colon ('textarena:GuessTheNumber-v0')."""
+
+    def deco(obj):
+        _REGISTRY[name] = (lambda arg: obj) if isinstance(obj, type) else obj
+        return obj
+
+    return deco
+
+
+def known() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def _load_builtins() -> None:
+    from nanogrpo.envs import adapters, builtin  # noqa: F401  (their @register lines fill the registry)
+
+
+def load_user_class(spec: str, flag: str = "--env.spec") -> type:
+    """The class of 'path.py:Class' (imported fresh), with a ValueError that says how to fix a bad spec."""
+    path, sep, name = spec.rpartition(":")
+    file = Path(path).expanduser()
+    if not sep or not path.endswith(".py") or not name.isidentifier():
+        raise ValueError(f"{flag} {spec!r}: write path/to/file.py:ClassName")
+    if not file.is_file():
+        raise ValueError(
+            f"{flag} {spec!r}: no file {str(file)!r} (a relative path is read from the working directory)"
+        )
+    mod_name = f"_nanogrpo_env_{abs(hash(str(file.resolve())))}"
+    mod_spec = importlib.util.spec_from_file_location(mod_name, file)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:
+        raise ValueError(f"{flag} {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ValueError(f"{flag} {spec!r}: {path} defines no class {name!r}")
+    return cls
+
+
+def make_factory(name: str = "", spec: str = "", allow_user_code: bool = False) -> Factory:
+    """The factory of --env.name NAME[:ARG] or --env.spec path.py:Class (behind --reward.allow-user-code,
+    as user graders are); checked now, before any model loads, by building one instance."""
+    if bool(name) == bool(spec):
+        raise ValueError("give one of --env.name (a built-in or adapter) and --env.spec (path.py:Class)")
+    if spec:
+        if not allow_user_code:
+            raise ValueError(
+                f"--env.spec {spec!r} runs your Python code; add --reward.allow-user-code to allow it"
+            )
+        factory = load_user_class(spec)
+        if not callable(getattr(factory, "step", None)):  # a TRL-style class: tools as methods
+            from nanogrpo.envs.adapters import tool_class_factory
+
+            factory = tool_class_factory(factory)
+    else:
+        _load_builtins()
+        key, _, arg = name.partition(":")
+        if key not in _REGISTRY:
+            raise ValueError(f"--env.name {name!r}: unknown environment; use one of {', '.join(known())}")
+        factory = _REGISTRY[key](arg)
+    check_env(factory(), name or spec)
+    return factory
+
+
+def check_env(env: Any, label: str) -> None:
+    """The protocol's attributes, checked on one instance: a clear error instead of a failure at step 1."""
+    for attr in ("reset", "step"):
+        if not callable(getattr(env, attr, None)):
+            raise ValueError(f"environment {label!r} has no {attr}() method (see docs/ENVS.md)")
+    lo, hi = attrs(env)["reward_range"]
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(
+            f"environment {label!r}: reward_range {(lo, hi)} must be two finite numbers, low < high"
+        )
+    if attrs(env)["role"] not in ("user", "tool"):
+        raise ValueError(f"environment {label!r}: role {attrs(env)['role']!r} must be 'user' or 'tool'")
+
+
+def attrs(env: Any) -> dict[str, Any]:
+    """The protocol's class attributes of `env`, with the base class's defaults where it sets none."""
+    d = Environment
+    return {
+        "max_turns": int(getattr(env, "max_turns", d.max_turns)),
+        "stop": tuple(getattr(env, "stop", d.stop)),
+        "role": getattr(env, "role", d.role),
+        "reward_range": tuple(float(x) for x in getattr(env, "reward_range", d.reward_range)),
+    }
+
+
+def resolve(cfg):
+    """(cfg with --env.max-turns and --env.max-tokens resolved, the environment factory), or (cfg, None)
+    without --env; every check is made here, before any model loads."""
+    from dataclasses import replace
+
+    e = cfg.env
+    if not e.on:
+        return cfg, None
+    factory = make_factory(e.name, e.spec, cfg.reward.allow_user_code)
+    own = attrs(factory())["max_turns"]
+    if own < 1:
+        raise ValueError(f"environment {e.name or e.spec!r}: max_turns {own} must be >= 1")
+    turns = min(e.max_turns, own) if e.max_turns else own
+    tokens = e.max_tokens or turns * (cfg.sampling.max_new_tokens + 64)
+    return replace(cfg, env=replace(e, max_turns=turns, max_tokens=tokens)), factory

@@ -1,0 +1,59 @@
+"""Small environments for the tests of nanogrpo/envs/ (loaded with --env.spec tests/env_examples.py:NAME)."""
+
+from __future__ import annotations
+
+import time
+
+from nanogrpo.envs import Environment, Step
+
+
+class Vowels(Environment):
+    """Two turns, answered 'go on' after the first; reward: the share of vowels in the last turn, so the
+    rewards of a group spread and the tiny model gets a gradient. Its first message names the seed."""
+
+    max_turns, stop, role, reward_range = 2, (), "user", (0.0, 1.0)
+
+    def reset(self, row: dict, seed: int) -> str:
+        self.turn = 0
+        return f"Situation {seed % 1000}: say something."
+
+    def step(self, text: str) -> Step:
+        self.turn += 1
+        if self.turn < 2:
+            return Step("go on", 0.0, False, {})
+        share = sum(c in "aeiou" for c in text.lower()) / max(1, len(text))
+        return Step(None, share, True, {})
+
+
+class Endless(Environment):
+    """Never done: only the budgets end it."""
+
+    max_turns, stop, role, reward_range = 5, (), "tool", (0.0, 1.0)
+
+    def reset(self, row: dict, seed: int) -> None:
+        return None
+
+    def step(self, text: str) -> Step:
+        return Step("again", 0.1, False, {"invalid": len(text) % 2 == 0})
+
+
+class Faulty(Environment):
+    """Fails in the second of every four trajectories built: raises, hangs or returns NaN (`mode`)."""
+
+    max_turns, stop, role, reward_range = 2, (), "user", (0.0, 1.0)
+    mode = "raise"
+    made = 0
+
+    def __init__(self):
+        Faulty.made += 1
+        self.bad = Faulty.made % 4 == 2
+
+    def reset(self, row: dict, seed: int) -> None:
+        return None
+
+    def step(self, text: str) -> Step:
+        if self.bad and self.mode == "raise":
+            raise RuntimeError("the environment broke")
+        if self.bad and self.mode == "hang":
+            time.sleep(30)
+        return Step("ok", float("nan") if self.bad else 0.5, False, {})

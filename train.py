@@ -25,15 +25,17 @@ import tyro
 from tqdm import tqdm
 
 from nanogrpo import envs, grpo, kl
-from nanogrpo.config import TrainConfig, check_config, updates_per_step, with_epochs
+from nanogrpo.config import TrainConfig, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
-from nanogrpo.eval.during import HeldOutEval, check_eval_every, held_out_source
+from nanogrpo.envs.episode import episode_rollout
+from nanogrpo.eval.during import HeldOutEval, check_eval_every, final_eval, held_out_source
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
 from nanogrpo.infra.config_file import check_rerun_dir, load_config, pop_config_flag, read_config
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
+from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.infra.heap import keep_freed_memory
 from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
 from nanogrpo.infra.provenance import write_environment
@@ -58,7 +60,6 @@ from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 from rewards.options import with_max_tokens
-from rewards.spec import parse_spec
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -344,47 +345,16 @@ def sample_round(run: Run, step: int, r: int, rows: list[dict], first: int) -> S
     if r > 0:
         idx = run.order.take(run.cfg.prompts_per_step)[first : first + len(rows)]
         rows = [run.data[i] for i in idx]
-    roll = rollout(run.policy, rows, step, first, run.cfg, run.device, r, run.env)  # 1. G completions each
+    if run.env is None:  # 1. G completions of each prompt, or (--env) G episodes
+        roll = rollout(run.policy, rows, step, first, run.cfg, run.device, resample=r)
+    else:
+        roll = episode_rollout(run.policy, rows, step, first, run.cfg, run.device, run.env, resample=r)
     t1 = time.perf_counter()
     rewards, parts = run.reward_fn(roll.samples)  # 2. score: a score per completion, or None
     reward = torch.tensor([float("nan") if x is None else x for x in rewards])  # (N,)
     if roll.failed is not None:  # an episode its environment failed has no reward
         reward[roll.failed] = float("nan")
     return Scored(roll, reward, parts, run.reward_fn.details(), time.perf_counter() - t1)
-
-
-def final_eval(
-    cfg: TrainConfig, policy, out: Path, held_out: tuple[list[dict], str] | None, env=None
-) -> dict | None:
-    """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
-    one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
-    95% CI of the difference."""
-    from nanogrpo.envs.episode import EpisodeRunner
-    from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
-
-    if held_out is None or not policy.use_lora:
-        print("final eval skipped: it needs --data.eval (or the demo task) and LoRA (the base is LoRA off)")
-        return None
-    rows = held_out[0][: cfg.eval_prompts]  # training_data's rows: the ones checked at the start
-    policy.core.eval()
-    res = base_vs_trained(
-        policy.core,
-        policy.tokenizer,
-        rows,
-        graders=",".join(name for name, _ in parse_spec(cfg.reward.spec)),
-        reward_cfg=cfg.reward,
-        seed=cfg.seed,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        stop=cfg.sampling.stop,  # the texts end as in training: right after a stop string
-        system_prompt=cfg.data.system_prompt,
-        progress=False,
-        env=EpisodeRunner.of(cfg, env),  # --env: greedy episodes, as training plays them
-    )
-    save_eval(out, rows, res)
-    base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"
-    print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
-    print(format_paired_table(res["summary"]))
-    return res["summary"]
 
 
 STAGES = {"grpo": grpo_step, "sft": sft.step, "cpt": cpt.step, "dpo": dpo.step, "ppo": ppo.step}

@@ -58,16 +58,11 @@ def rollout(
     cfg: TrainConfig,
     device: torch.device,
     resample: int = 0,
-    env=None,
 ) -> Rollout:
     """Sample `cfg.grpo.group_size` completions of each row's prompt (`row['_prompt_ids']`); `first` is the
     index of rows[0] in the round's global batch (rank * prompts per rank); `resample`: the round of
-    --grpo.dynamic-sampling (0: the step's first draw). `env`: with --env, the environment factory, and the
-    completions are episodes (nanogrpo/envs/episode.py)."""
-    if env is not None:
-        from nanogrpo.envs.episode import episode_rollout
-
-        return episode_rollout(policy, rows, step, first, cfg, device, env, resample)
+    --grpo.dynamic-sampling (0: the step's first draw). With --env, nanogrpo/envs/episode.py's
+    episode_rollout samples episodes instead and lays them out the same way."""
     t0 = time.perf_counter()
     G, s, tok = cfg.grpo.group_size, cfg.sampling, policy.tokenizer
     prompts = [r["_prompt_ids"] for r in rows]  # (P,) token lists, rendered at start-up

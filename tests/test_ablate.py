@@ -105,7 +105,7 @@ def test_lm_hook_builds_train_commands_and_reads_metrics(tmp_path, monkeypatch):
         assert part in s, part
     assert s.index("--lora.r 0") < s.index("--lora.r 4")  # flags after `--` come last: they win
     # no KL is KL off, a command train.py's start-up checks accept (a KL with beta 0 is refused there)
-    from nanogrpo.config import check_config
+    from nanogrpo.infra.flag_checks import check_config
     from train import cli
 
     none_cmd = ablate_lm.lm_command(ablate.Run("none", 0.2, 0, False, True), tmp_path, ablate_lm.LMSettings())

@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.config import ModelConfig, TrainConfig, check_config
+from nanogrpo.config import ModelConfig, TrainConfig
+from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.model.attention import (
     Varlen,
     attention,

@@ -166,7 +166,7 @@ def test_builtins_play_by_their_rules() -> None:
     g = Guess()
     g.reset({"lo": 1, "hi": 8}, seed=3)
     target = g.target
-    assert g.step(str(target - 1)).observation == "Higher." if target > 1 else True
+    assert g.step(str(target - 1)).observation == "Higher. Guess again: one number." if target > 1 else True
     assert g.step("no number").info["invalid"]
     win = g.step(f"I guess {target}.")
     assert win.done and math.isclose(win.reward, 0.8)  # found on the third turn

@@ -12,7 +12,7 @@ from helpers import run_train_here
 from test_grpo import batch
 from test_train import metrics, tiny
 
-from nanogrpo.config import GRPOConfig, check_config
+from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import (
     accumulate_stats,
     batch_std,
@@ -24,6 +24,7 @@ from nanogrpo.grpo import (
     reward_moments,
 )
 from nanogrpo.infra.config_file import load_config
+from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.recipes.presets import PRESETS
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -48,7 +48,7 @@ def test_every_arm_over_two_seeds_gives_one_table(tmp_path, capsys):
 def test_arm_commands_are_valid_train_configs(tmp_path, model):
     """Both model names give each arm a train.py command that the trainer's start-up checks accept: LoRA (so
     the held-out base-vs-trained eval runs), the arm's reward, the shared held-out rows."""
-    from nanogrpo.config import check_config
+    from nanogrpo.infra.flag_checks import check_config
     from train import cli
 
     a = rlvrr.TableArgs(out=str(tmp_path), model=model, arms=tuple(rlvrr.ARMS))

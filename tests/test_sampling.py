@@ -345,7 +345,7 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
         reward=replace(cfg.reward, spec="rouge_l:1"),
     )
     from nanogrpo.data import load_task
-    from train import final_eval
+    from nanogrpo.eval.during import final_eval
 
     held_out = load_task(cfg.data.eval, "eval")
     final_eval(cfg, SimpleNamespace(core=model, tokenizer=tok, use_lora=True), tmp_path, held_out)

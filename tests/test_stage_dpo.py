@@ -162,7 +162,7 @@ def test_train_refuses_a_bad_row_before_the_model_loads(tmp_path):
 
 
 def test_a_beta_of_zero_is_refused_before_anything_loads(tmp_path):
-    from nanogrpo.config import check_config
+    from nanogrpo.infra.flag_checks import check_config
     from train import cli
 
     with pytest.raises(ValueError, match="--dpo.beta 0.0: the DPO loss needs beta > 0"):

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 from test_train import metrics
 
-from nanogrpo.config import check_config, updates_per_step
+from nanogrpo.config import updates_per_step
+from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.model.logprobs import LogprobHead, ValueHead, completion_logprobs, make_batch, pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogrpo.config import GRPOConfig, check_config
+from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import grpo_loss, importance_weights
 from nanogrpo.infra import dist
+from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.lab.toy import TabularPolicy
 from nanogrpo.recipes.presets import PRESETS
 

@@ -45,8 +45,8 @@ class Guess(Environment):
         self.target = random.Random(seed).randint(self.lo, self.hi)
         self.turn = 0
         return (
-            f"I am thinking of a whole number from {self.lo} to {self.hi}. Guess it: reply with one number. "
-            "I will say higher or lower."
+            f"I am thinking of a whole number from {self.lo} to {self.hi}. Guess it: reply with one number "
+            "only. I will say higher or lower."
         )
 
     def step(self, text: str) -> Step:
@@ -57,7 +57,8 @@ class Guess(Environment):
         g = int(m.group())
         if g == self.target:
             return Step(None, max(0.0, 1.0 - 0.1 * (self.turn - 1)), True, {"solved": True})
-        return Step("Higher." if g < self.target else "Lower.", 0.0, False, {"solved": False})
+        hint = "Higher" if g < self.target else "Lower"
+        return Step(f"{hint}. Guess again: one number.", 0.0, False, {"solved": False})
 
 
 # -- a safe arithmetic evaluator ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import functools
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -258,11 +258,6 @@ def episode_info(t: Trajectory, reward_range, max_turns: int) -> dict:
     turns = sum(x["role"] == "assistant" for x in t.turns)
     return {**t.info, "reward_range": tuple(reward_range), "turns": turns, "max_turns": max_turns,
             "invalid": t.invalid, "done": t.done, "error": t.failed}  # fmt: skip
-
-
-def greedy(sampling: SamplingConfig) -> SamplingConfig:
-    """The evaluation's sampling: greedy turns, the run's budgets and stop strings."""
-    return replace(sampling, temperature=0.0, top_p=1.0, top_k=0)
 
 
 @dataclass(frozen=True)

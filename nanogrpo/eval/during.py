@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,3 +205,38 @@ def eval_line(step: int, n: int, m: dict[str, Any]) -> str:
     if sampled := [k for k in names if "@" in k]:
         line.append(" ".join(f"{k} {fmt(m['eval/' + k])}" for k in sampled))
     return " | ".join(line + [f"{m['t_eval']:.1f}s"])
+
+
+def final_eval(
+    cfg: TrainConfig, policy: Any, out: Path, held_out: tuple[list[dict], str] | None, env: Any = None
+) -> dict | None:
+    """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
+    one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
+    95% CI of the difference."""
+    from nanogrpo.envs.episode import EpisodeRunner
+    from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
+    from rewards.spec import parse_spec
+
+    if held_out is None or not policy.use_lora:
+        print("final eval skipped: it needs --data.eval (or the demo task) and LoRA (the base is LoRA off)")
+        return None
+    rows = held_out[0][: cfg.eval_prompts]  # training_data's rows: the ones checked at the start
+    policy.core.eval()
+    res = base_vs_trained(
+        policy.core,
+        policy.tokenizer,
+        rows,
+        graders=",".join(name for name, _ in parse_spec(cfg.reward.spec)),
+        reward_cfg=cfg.reward,
+        seed=cfg.seed,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        stop=cfg.sampling.stop,  # the texts end as in training: right after a stop string
+        system_prompt=cfg.data.system_prompt,
+        progress=False,
+        env=EpisodeRunner.of(cfg, env),  # --env: greedy episodes, as training plays them
+    )
+    save_eval(out, rows, res)
+    base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"
+    print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
+    print(format_paired_table(res["summary"]))
+    return res["summary"]

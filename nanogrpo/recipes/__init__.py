@@ -14,7 +14,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RECIPES = ("semantic", "judge-numbers", "clinical", "rlvrr", "rubric", "calc", "guess", "search")  # the last three: --env tasks
+RECIPES = (
+    "semantic",
+    "judge-numbers",
+    "clinical",
+    "rlvrr",
+    "rubric",
+    "calc",
+    "guess",
+    "search",
+)  # the last three: --env tasks
 
 
 def recipe_path(name: str, split: str = "train") -> Path:

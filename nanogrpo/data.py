@@ -203,8 +203,9 @@ def load_task(
     name_or_path: str, split: str = "train", columns: dict[str, str] | None = None
 ) -> tuple[list[dict], str]:
     """Rows of a built-in task ('demo', or 'recipe:NAME': a seed paper's embedded data, nanogrpo/recipes/),
-    of a data file or folder, or of NAME:SPLIT in the local HF cache (load_rows), and the source name used
-    in error messages. `columns` (column_map of the DataConfig) renames fields before the rows are checked."""
+    of reasoning-gym's generators ('reasoning_gym:TASK[,TASK]', rewards/reasoninggym.py), of a data file or
+    folder, or of NAME:SPLIT in the local HF cache (load_rows), and the source name used in error messages.
+    `columns` (column_map of the DataConfig) renames fields before the rows are checked."""
     if name_or_path == "demo":
         from nanogrpo.recipes.demo import demo_rows
 
@@ -214,6 +215,10 @@ def load_task(
 
         path = recipe_path(name_or_path.removeprefix("recipe:"), split)  # the eval split: NAME.eval.jsonl
         return load_rows(path, columns), str(path)
+    if name_or_path.startswith("reasoning_gym:"):
+        from rewards.reasoninggym import gym_rows  # reasoning-gym's procedural tasks
+
+        return gym_rows(name_or_path, split), f"{name_or_path}:{split}"
     return load_rows(name_or_path, columns), str(name_or_path)
 
 

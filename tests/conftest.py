@@ -36,6 +36,8 @@ FIRST = [
     "test_resume.py",
     "test_probe.py",
     "test_model_cache.py",  # torchrun and four first runs in subprocesses
+    "test_env_adapters.py",  # five two-step runs (one against a local OpenEnv server)
+    "test_envs.py",  # a torchrun run and three in-process runs
     "test_golden.py",
     "test_fastpaths.py",
     "test_eval_cli.py",

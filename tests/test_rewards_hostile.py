@@ -27,6 +27,7 @@ from rewards.text import MAX_DIGITS, canonical, figures, normalize
 LOCAL = ["exact", "contains", "label", "json", "format", "think", "rouge_l", "numbers", "consistency"]
 LOCAL += ["random"]
 LOCAL += ["concepts", "keywords", "style"]
+LOCAL += ["env", "turns", "valid", "reasoning_gym"]  # an episode's columns in ROW; reasoning-gym's verifier
 SERVICE = {"judge", "judge+similarity", "judge+numbers", "judge_entropy", "judge_entropy_expected"}
 SERVICE |= {"rubric", "semantic"}  # an LLM judge, a rubric judge or probe, an embedding model
 TOKENS_ONLY = {"overlong"}  # reads Sample.tokens, never the text (tests/test_rewards_stability.py)
@@ -88,6 +89,11 @@ ROW = {
     "answer": "1705",
     "labels": ["1705", "no"],
     "key_points": [["heparin", "12"], ["plan", "list", "bold"]],
+    # an episode as eval.py writes it (rewards/episode.py), and a reasoning-gym task (rewards/reasoninggym.py)
+    "turns": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "a"}],
+    "env_reward": 0.5,
+    "env_info": {"reward_range": [0.0, 1.0], "turns": 1, "max_turns": 3, "invalid": 0},
+    "metadata": {"source_dataset": "chain_sum"},
 }
 
 

@@ -253,9 +253,9 @@ class EnvConfig:
     """Multi-turn episodes (docs/ENVS.md): an environment answers each assistant turn until it is done."""
 
     name: str = ""
-    """A built-in environment or adapter: guess, calc, search, textarena:GAME, openenv:URL or
-    openenv:module:Class, reasoning_gym is a data source instead (--data.train reasoning_gym:TASK). '' = none:
-    one completion per prompt, as always."""
+    """A built-in environment or adapter: guess, calc, search, textarena:GAME, openenv:URL,
+    openenv:module:Class or trl:module:Class (docs/ENVS.md); reasoning-gym is data instead (--data.train
+    reasoning_gym:TASK). '' = none: one completion per prompt, as always."""
     spec: str = ""
     """Your own environment class, 'path/to/file.py:ClassName' (runs your code: needs --reward.allow-user-code)."""
     max_turns: int = 0

@@ -24,6 +24,8 @@ from typing import Literal
 
 import tyro
 
+from nanogrpo.config import EnvConfig
+from nanogrpo.envs.episode import EpisodeRunner
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import write_jsonl
 from rewards import grade as rewards_grade
@@ -70,6 +72,10 @@ class Generate:
     """'auto': bfloat16 on a GPU or a CPU with bf16 units where oneDNN's bf16 path runs, float32 otherwise."""
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Episodes instead of single completions, as train.py's --env.* (docs/ENVS.md): rows get `turns`, `env_reward`, `env_info`."""
+    allow_user_code: bool = False
+    """Let --env.spec import your environment's file."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,9 @@ def run_generate(args: Generate) -> None:
 
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
+    runner = EpisodeRunner.from_flags(args.env, args.max_new_tokens, args.allow_user_code)  # before the model
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
+    episodes: list[dict] = []  # with --env: each episode's transcript, reward and info
     outs = generation.generate_completions(
         model,
         tokenizer,
@@ -200,12 +208,16 @@ def run_generate(args: Generate) -> None:
         stop=args.stop,
         system_prompt=args.system_prompt,
         seed=args.seed,
+        env=runner,
+        episodes=episodes,
     )
     recs = [
         {**r, "completion": c, **({"sample": k} if args.num_samples > 1 else {})}
         for r, cs in zip(rows, outs)
         for k, c in enumerate(cs)
     ]
+    for rec, e in zip(recs, episodes):  # the env graders of `eval.py score` read these columns
+        rec.update({k: e[k] for k in ("turns", "env_reward", "env_info")})
     write_jsonl(args.out, recs)
     # how the file was made, and the training run it comes from (for the same-judge warning)
     meta = provenance.write_meta(

@@ -264,3 +264,19 @@ def test_two_ranks_equal_one_process(straight, tmp_path) -> None:
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
     sa, sb = _adapter(straight), _adapter(run)
     assert all(torch.allclose(sa[k], sb[k], rtol=1e-4, atol=1e-6) for k in sa)
+
+
+def test_eval_generate_plays_episodes_and_score_reads_them(tmp_path) -> None:
+    from helpers import run_eval
+
+    out = tmp_path / "gen.jsonl"
+    r = run_eval("generate", "--data", "recipe:guess", "--model", "tiny", "--env.name", "guess",
+                 "--max-new-tokens", "6", "--limit", "3", "--out", out, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(row["turns"][0]["content"].startswith("I am thinking") for row in rows)
+    assert all(row["completion"] == row["turns"][-1]["content"] for row in rows)
+    assert all(row["env_info"]["turns"] == (len(row["turns"]) // 2) for row in rows)
+    r = run_eval("score", out, "--graders", "env,valid", "--json", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["metrics"]["valid"]["n"] == 3

@@ -166,13 +166,21 @@ def resolve(cfg):
     without --env; every check is made here, before any model loads."""
     from dataclasses import replace
 
-    e = cfg.env
-    if not e.on:
+    if not cfg.env.on:
         return cfg, None
-    factory = make_factory(e.name, e.spec, cfg.reward.allow_user_code)
+    env, factory = resolve_env(cfg.env, cfg.sampling.max_new_tokens, cfg.reward.allow_user_code)
+    return replace(cfg, env=env), factory
+
+
+def resolve_env(e, max_new_tokens: int, allow_user_code: bool = False):
+    """(the EnvConfig `e` with its budgets resolved, the factory): max_turns the flag's or the environment's,
+    max_tokens the flag's or max_turns x (max_new_tokens + 64)."""
+    from dataclasses import replace
+
+    factory = make_factory(e.name, e.spec, allow_user_code)
     own = attrs(factory())["max_turns"]
     if own < 1:
         raise ValueError(f"environment {e.name or e.spec!r}: max_turns {own} must be >= 1")
     turns = min(e.max_turns, own) if e.max_turns else own
-    tokens = e.max_tokens or turns * (cfg.sampling.max_new_tokens + 64)
-    return replace(cfg, env=replace(e, max_turns=turns, max_tokens=tokens)), factory
+    tokens = e.max_tokens or turns * (max_new_tokens + 64)
+    return replace(e, max_turns=turns, max_tokens=tokens), factory

@@ -277,6 +277,16 @@ class EpisodeRunner:
             None if factory is None else cls(factory, e.max_turns, e.max_tokens, e.step_timeout_s, e.format)
         )
 
+    @classmethod
+    def from_flags(cls, e, max_new_tokens: int, allow_user_code: bool) -> EpisodeRunner | None:
+        """eval.py generate's --env.*: the environment checked and its budgets resolved, or None without one."""
+        from nanogrpo.envs import resolve_env
+
+        if not e.on:
+            return None
+        e, factory = resolve_env(e, max_new_tokens, allow_user_code)
+        return cls(factory, e.max_turns, e.max_tokens, e.step_timeout_s, e.format)
+
 
 def play_rows(
     model, tok, rows, runner: EpisodeRunner, sampling: SamplingConfig, *, num_samples: int = 1, seed: int = 0,

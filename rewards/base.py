@@ -37,6 +37,24 @@ class Sample:
     error, and the last step's info."""
 
 
+def episode(s: Sample) -> tuple[float | None, dict, list | None]:
+    """(the environment's reward, its info, the transcript) of a sample, from the Sample or its row."""
+    if s.turns is not None:
+        return s.env_reward, s.env_info, s.turns
+    row = s.row if isinstance(s.row, dict) else {}
+    info = row.get("env_info") if isinstance(row.get("env_info"), dict) else {}
+    return row.get("env_reward"), info, row.get("turns")
+
+
+def transcript(s: Sample) -> str:
+    """The whole episode as 'role: text' lines after the first message (what the judges read), or the
+    completion alone for a single-turn sample."""
+    turns = episode(s)[2]
+    if not turns:
+        return s.completion
+    return "\n\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns[1:])
+
+
 class Grader:
     """Base class: subclasses set `name`, `requires` and implement `score`."""
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rewards.base import Grader, Sample
+from rewards.base import Grader, Sample, transcript
 from rewards.llm_client import ChatRequest, Reply, Slot, api_key, check_endpoint, make_client, redact
 from rewards.options import JudgeConfig, RewardConfig
 from rewards.registry import Mix, make, register
@@ -303,7 +303,7 @@ class GroupJudge(Grader):
             fingerprint or self.fingerprint(),
             s.prompt,
             str(s.row.get("reference") or ""),
-            s.completion,
+            transcript(s),
         ]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
@@ -341,7 +341,7 @@ class GroupJudge(Grader):
                 continue
             s0 = batch[idxs[0]]  # the group shares its prompt and reference: judge it as a whole again
             perm = self._permutation(s0.prompt, len(idxs))
-            answers = [batch[idxs[p]].completion for p in perm]
+            answers = [transcript(batch[idxs[p]]) for p in perm]  # an episode: its whole transcript
             jobs.append(
                 _Job(idxs, perm, self.messages(s0.prompt, str(s0.row.get("reference") or ""), answers))
             )

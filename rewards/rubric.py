@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from rewards.base import Grader, Sample
+from rewards.base import Grader, Sample, transcript
 from rewards.judge import JudgeCache
 from rewards.llm_client import ChatRequest, JudgeServerError, check_endpoint, make_client
 from rewards.options import RewardConfig
@@ -160,7 +160,7 @@ class Rubric(Grader):
             SYSTEM,
             CRITERION,
         ]
-        payload = [str(x) for x in setting] + [s.prompt, s.completion, criterion]
+        payload = [str(x) for x in setting] + [s.prompt, transcript(s), criterion]
         return hashlib.sha256(json.dumps(["rubric", *payload]).encode()).hexdigest()
 
     def _ask(self, items: list[tuple[Sample, str]]) -> list[float | None]:
@@ -173,7 +173,7 @@ class Rubric(Grader):
         gen = self.readout == "generative"
         k = 0 if gen else max(1, self.cfg.judge.top_logprobs)
         reqs = [
-            ChatRequest(criterion_messages(s.prompt, s.completion, c), 8 if gen else 1, top_logprobs=k)
+            ChatRequest(criterion_messages(s.prompt, transcript(s), c), 8 if gen else 1, top_logprobs=k)
             for s, c in items
         ]
         out: list[float | None] = []

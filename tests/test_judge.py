@@ -759,3 +759,22 @@ def test_train_stops_when_the_judge_server_stops_answering(server, tmp_path):
     step1 = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert step1["reward"] is None and step1["reward_std"] is None  # nothing scored: null, not 0.0
     assert step1["reward_none"] == 8 and "step 1 | reward none" in res.stdout
+
+
+def test_the_judge_reads_an_episodes_whole_transcript(server):
+    """An episode's answer is its transcript after the first message (rewards.base.transcript), so the
+    judge sees the tool calls and what came back, not only the last turn."""
+    srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
+    turns = [
+        {"role": "user", "content": "user: question 0"},
+        {"role": "assistant", "content": "<search>nile length</search>"},
+        {"role": "tool", "content": "[nile] The Nile is about 6650 km long."},
+        {"role": "assistant", "content": "<answer>6650 [nile]</answer>"},
+    ]
+    batch = batch_of([["<answer>6650 [nile]</answer>", "meh"]])
+    batch[0].turns = turns
+    Judge(cfg_for(srv))(batch)
+    shown = shown_answers(srv.requests[0]["payload"])
+    full = [a for a in shown if "[nile] The Nile" in a]
+    assert len(full) == 1 and "tool: [nile]" in full[0] and "\n\nassistant: <answer>6650 [nile]" in full[0]
+    assert "meh" in shown  # a single-turn answer is shown as it was

@@ -79,6 +79,7 @@ def main(cfg: TrainConfig) -> dict:
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, tok, reward_fn, held_out = training_data(cfg)  # read, checked and tokenized before the model loads
+    envs.check_format(cfg, env, tok)  # --env: the chat template keeps earlier turns as they were
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
     out = Path(cfg.out_dir)

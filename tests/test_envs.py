@@ -280,3 +280,20 @@ def test_eval_generate_plays_episodes_and_score_reads_them(tmp_path) -> None:
     r = run_eval("score", out, "--graders", "env,valid", "--json", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["metrics"]["valid"]["n"] == 3
+
+
+def test_the_episode_budget_replaces_max_new_tokens_where_the_run_sizes_itself(tmp_path) -> None:
+    """The memory plan and the prompt limit read --env.max-tokens in place of --sampling.max-new-tokens."""
+    from nanogrpo.model.memory_fit import run_step
+
+    cfg, _ = resolve(replace(TINY, env=EnvConfig(name="calc", max_tokens=300)))
+    assert run_step(cfg, CPU, torch.float32, prompt_len=20).new_tokens == 300
+    assert run_step(replace(cfg, env=EnvConfig()), CPU, torch.float32, prompt_len=20).new_tokens == TINY.sampling.max_new_tokens
+    positions = json.loads((Path(resolve_model_dir()) / "config.json").read_text())["max_position_embeddings"]
+    assert prompt_budget(cfg)[1] == positions - 300
+
+
+def resolve_model_dir():
+    from nanogrpo.model.zoo import resolve_model
+
+    return resolve_model("tiny")

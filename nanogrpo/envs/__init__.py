@@ -184,3 +184,13 @@ def resolve_env(e, max_new_tokens: int, allow_user_code: bool = False):
     turns = min(e.max_turns, own) if e.max_turns else own
     tokens = e.max_tokens or turns * (max_new_tokens + 64)
     return replace(e, max_turns=turns, max_tokens=tokens), factory
+
+
+def check_format(cfg, factory, tokenizer) -> None:
+    """--env: how observations will join a trajectory, checked at start-up (envs/render.py refuses a chat
+    template that rewrites earlier turns, naming --env.format plain); nothing without an environment."""
+    if factory is None:
+        return
+    from nanogrpo.envs.render import TurnFormat
+
+    TurnFormat.of(tokenizer, attrs(factory())["role"], cfg.env.format, cfg.data.system_prompt)

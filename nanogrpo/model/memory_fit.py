@@ -142,7 +142,7 @@ def run_step(
         prompts=max(1, cfg.prompts_per_step // world),
         group=group,
         prompt_len=prompt_len,
-        new_tokens=new_tokens if new_tokens is not None else cfg.sampling.max_new_tokens,
+        new_tokens=new_tokens if new_tokens is not None else cfg.completion_tokens,  # --env: its budget
         micro_batch=cfg.micro_batch,
         checkpointing=cfg.model.activation_checkpointing,
         lora_r=cfg.lora.r,

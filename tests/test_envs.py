@@ -288,7 +288,10 @@ def test_the_episode_budget_replaces_max_new_tokens_where_the_run_sizes_itself(t
 
     cfg, _ = resolve(replace(TINY, env=EnvConfig(name="calc", max_tokens=300)))
     assert run_step(cfg, CPU, torch.float32, prompt_len=20).new_tokens == 300
-    assert run_step(replace(cfg, env=EnvConfig()), CPU, torch.float32, prompt_len=20).new_tokens == TINY.sampling.max_new_tokens
+    assert (
+        run_step(replace(cfg, env=EnvConfig()), CPU, torch.float32, prompt_len=20).new_tokens
+        == TINY.sampling.max_new_tokens
+    )
     positions = json.loads((Path(resolve_model_dir()) / "config.json").read_text())["max_position_embeddings"]
     assert prompt_budget(cfg)[1] == positions - 300
 

@@ -29,6 +29,7 @@ from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.infra.dist import parallel_mode
+from nanogrpo.infra.outputs import save_tensors
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
@@ -144,12 +145,10 @@ class Policy:
 
     def _save_value_head(self, folder: Path) -> None:
         if self.value_head is not None:
-            from safetensors.torch import save_file
-
             tensors = {
                 n: p.detach().float().contiguous().cpu() for n, p in self.value_head.named_parameters()
             }
-            save_file(tensors, str(folder / VALUE_HEAD), metadata={"format": "pt"})
+            save_tensors(tensors, folder / VALUE_HEAD, metadata={"format": "pt"})
 
     def _load_value_head(self, folder: Path) -> None:
         if self.value_head is None:

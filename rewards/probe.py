@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,13 @@ POOLS = ("last", "mean")
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """labels.jsonl -> rows, with ValueError naming the line and field for a bad row."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the labels file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -70,6 +77,30 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
+
+
+def _umask() -> int:
+    """This process's umask, read from /proc where it can be (os.umask changes it to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _finite(x: Any) -> Any:
+    """x with every non-finite float as None: json.dumps would write NaN, which is not JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def group_key(row: dict[str, Any]) -> str:
@@ -250,14 +281,26 @@ class Probe:
         return self.proba_features(self.lm(device).features(rows, self.layer, batch_size, pool))
 
     def save(self, out: str | Path) -> None:
+        """probe.safetensors and probe.json in `out`, each written whole (a new name, renamed), with the
+        umask's mode (safetensors alone writes 0600). probe.json is strict JSON: a non-finite number in the
+        metadata is written as null; non-finite weights are refused (train_probe refuses them first)."""
         import torch
         from safetensors.torch import save_file
 
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         t = {"weight": self.w, "bias": torch.tensor([self.b]), "mean": self.mean, "std": self.std}
-        save_file({k: v.float().contiguous() for k, v in t.items()}, str(out / "probe.safetensors"))
-        (out / "probe.json").write_text(json.dumps(self.meta, indent=2) + "\n")
+        t = {k: v.float().contiguous() for k, v in t.items()}
+        if not all(bool(torch.isfinite(v).all()) for v in t.values()):
+            raise ValueError(f"the probe's weights are not finite; nothing written to {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        mode = 0o666 & ~_umask()
+        weights, tmp = out / "probe.safetensors", out / f".probe.safetensors.tmp-{os.getpid()}"
+        save_file(t, str(tmp))
+        os.chmod(tmp, mode)
+        os.replace(tmp, weights)
+        meta = out / f".probe.json.tmp-{os.getpid()}"
+        meta.write_text(json.dumps(_finite(self.meta), indent=2, allow_nan=False) + "\n")
+        os.replace(meta, out / "probe.json")  # last: a folder with probe.json holds a whole probe
 
     @classmethod
     def load(cls, path: str | Path) -> Probe:
@@ -266,13 +309,26 @@ class Probe:
             raise ValueError(
                 f"{path} holds no probe (probe.json); train one with `python -m rewards.probe train`"
             )
-        meta = json.loads((path / "probe.json").read_text())
+        retrain = "retrain it with `python -m rewards.probe train`"
+        try:
+            meta = json.loads((path / "probe.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # a torn write, bytes that are not UTF-8
+            raise ValueError(
+                f"{path / 'probe.json'} is damaged ({getattr(e, 'strerror', None) or e}); {retrain}"
+            ) from None
+        if not isinstance(meta, dict):
+            raise ValueError(
+                f"{path / 'probe.json'} is damaged (a JSON {type(meta).__name__}, not an object); {retrain}"
+            )
         if meta.get("text_format") != TEXT_FORMAT:
             raise ValueError(f"{path}: probe trained on text format {meta.get('text_format')!r}, this nanogrpo reads "
                              f"{TEXT_FORMAT!r}; retrain it")  # fmt: skip
         from safetensors.torch import load_file
 
-        return cls(load_file(str(path / "probe.safetensors")), meta)
+        try:
+            return cls(load_file(str(path / "probe.safetensors")), meta)
+        except Exception as e:  # noqa: BLE001 a missing or torn file, a tensor or field missing: name the file
+            raise ValueError(f"{path} is not a whole probe ({type(e).__name__}: {e}); {retrain}") from None
 
 
 def fit_probe(
@@ -314,10 +370,18 @@ def train_probe(
 ) -> Probe:  # fmt: skip
     """Fit one probe per layer on the train split; keep the layer and threshold best on the dev split."""
     train, dev = split_rows(rows, dev_frac, seed)
+    unsplit = sum(r.get("split") is None for r in rows)
     for name, part in (("train", train), ("dev", dev)):
         if len({int(r["label"]) for r in part}) < 2:
+            had = f"{len(part)} rows" + (
+                f", labels {sorted({int(r['label']) for r in part})}" if part else ""
+            )
+            to_dev = sum(r.get("split") is None for r in dev)
+            why = (f"; --dev-frac {dev_frac:g} sent {to_dev} of the {unsplit} rows without a 'split' field to dev"
+                   if unsplit else "")  # fmt: skip
             raise ValueError(
-                f"the {name} split needs both labels (0 and 1); give more rows or a 'split' field"
+                f"the {name} split needs both labels (0 and 1), and it has {had}{why}: give more rows of "
+                f"each label, a 'split' field, or another --dev-frac"
             )
     lm = lm or FrozenLM(model, device=device, max_len=max_len)
     xs_tr, xs_dev = (
@@ -326,6 +390,8 @@ def train_probe(
     )  # (L+1, N, H)
     y_dev = [int(r["label"]) for r in dev]
     probe, per_layer, p_dev = fit_probe(xs_tr, [int(r["label"]) for r in train], xs_dev, y_dev, l2=l2)
+    if not all(math.isfinite(float(v)) for v in (*probe.w.tolist(), probe.b, probe.threshold)):
+        raise ValueError(f"the probe's fit gave non-finite weights (--l2 {l2:g}); nothing was saved")
     pred = [int(q >= probe.threshold) for q in p_dev]
     probe.meta = {
         "model": model, "layer": probe.layer, "threshold": probe.threshold, "text_format": TEXT_FORMAT,

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from nanogrpo.infra.metrics import fsync_path, open_run_file, replace_atomically, sha256_file
+from nanogrpo.infra.outputs import save_tensors
 
 FORMAT = "nanogrpo.trainer_state/2"  # 1 (unversioned) was a pickle of Python and numpy objects
 STATE = "trainer_state.pt"
@@ -257,7 +258,7 @@ def save_full_weights(model: torch.nn.Module, folder: Path) -> None:
 def write_full_weights(tensors: dict[str, torch.Tensor], folder: Path) -> None:
     """model.safetensors under HF names (a tied LM head appears once, as the embedding)."""
     tensors = {n: t.detach().contiguous().cpu() for n, t in tensors.items()}
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(tensors, folder / "model.safetensors", metadata={"format": "pt"})  # the umask's mode
 
 
 def load_full_weights(model: torch.nn.Module, folder: Path) -> None:

@@ -163,10 +163,11 @@ def link_refused(path: Path) -> ValueError:
     )
 
 
-def open_run_fd(path: Path, flags: int, mode: int = 0o644) -> int:
+def open_run_fd(path: Path, flags: int, mode: int = 0o666) -> int:
     """os.open of a run-folder file that never follows a link in its last component: ValueError (saying
     which file and how to fix it) for a link, dangling or not, and for anything but a regular file (a FIFO
-    would block the run). Every write into a run folder opens its file through here."""
+    would block the run). Every write into a run folder opens its file through here; a new file's mode is
+    the umask's, as open() gives (0o644 under umask 022, 0o664 under a group's 002)."""
     try:
         # O_NONBLOCK: a FIFO fails at once instead of waiting for a reader; a regular file ignores it
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from nanogrpo.infra.outputs import umask
+
 MANIFEST = "manifest.json"  # {"files": {name: {"size", "sha256", "mtime_ns"}}}
 # storage faults that the user fixes by freeing space or choosing another folder, not bugs
 _STORAGE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
@@ -75,11 +77,10 @@ def why_incomplete(folder: Path, require: Iterable[str] = ()) -> str | None:
 def write_manifest(folder: Path) -> None:
     """manifest.json for every file in `folder`, written through a rename: its presence marks it complete."""
     files = {}
-    umask = os.umask(0)
-    os.umask(umask)
+    mode = 0o666 & ~umask()
     for p in sorted(folder.iterdir()):
         if p.is_file() and p.name != MANIFEST:
-            p.chmod(0o666 & ~umask)  # safetensors writes 0600: a cache shared by a group must be readable
+            p.chmod(mode)  # safetensors writes 0600: a cache shared by a group must be readable
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())
             st = p.stat()
@@ -90,10 +91,15 @@ def write_manifest(folder: Path) -> None:
 
 
 def storage_error(root: Path, e: OSError) -> ValueError:
-    """The one-line error for a cache nanogrpo cannot write: the folder and the fix."""
+    """The one-line error for a cache nanogrpo cannot write: the folder, the cause and the fix."""
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):
+        fix = f"{root} (or a folder above it) is a file, not a folder: point NANOGRPO_CACHE at a folder"
+    elif e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "Free space there, or point NANOGRPO_CACHE at a folder on a disk with room"
+    else:
+        fix = "Point NANOGRPO_CACHE at a folder you can write (or make this one writable)"
     return ValueError(
-        f"cannot write the model cache {root}: {e.strerror or e}. Free space there, or point NANOGRPO_CACHE "
-        "at a writable folder (NANOGRPO_CACHE=/path/to/folder python ...)"
+        f"cannot write the model cache {root}: {e.strerror or e}. {fix} (NANOGRPO_CACHE=/path/to/folder python ...)"
     )
 
 
@@ -158,7 +164,7 @@ def build_once(
             build(tmp)
             check(tmp)  # before the manifest: a folder that would not load is never marked complete
             write_manifest(tmp)
-            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by a group
+            tmp.chmod(0o777 & ~umask())  # mkdtemp makes it private; the cache may be shared by a group
             os.rename(tmp, final)
             fd = os.open(root, os.O_RDONLY)
             try:

@@ -52,15 +52,19 @@ def version(package: str) -> str | None:
         return None
 
 
-def git_state(root: Path = ROOT, probe: str = "nanogrpo/__init__.py") -> dict | None:
+def git_state(root: Path | None = None, probe: str = "nanogrpo/__init__.py") -> dict | None:
     """{'commit': HEAD's sha, 'dirty': whether tracked or untracked files differ from it} of the git work
-    tree at root; None when root is not in one, or git does not track `probe` there (an installed copy in a
-    virtual environment inside some other repository), or git is not installed."""
+    tree at root (default ROOT); None when root is not in one, or git does not track `probe` there (an
+    installed copy in a virtual environment inside some other repository), or git is not installed.
+
+    Read only: `git status` would otherwise refresh the index, taking .git/index.lock while it writes it,
+    and a git command of the user's at that moment fails ("index.lock: File exists"). --no-optional-locks
+    (and GIT_OPTIONAL_LOCKS=0 for a git that predates the flag) skips that write."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
 
     def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
+        cmd = ["git", "--no-optional-locks", "-C", str(root or ROOT), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True, env=env).stdout
 
     try:
         git("ls-files", "--error-unmatch", "--", probe)  # raises outside a checkout that holds it

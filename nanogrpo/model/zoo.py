@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from nanogrpo.infra.model_cache import build_once
+from nanogrpo.infra.outputs import save_tensors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -109,12 +110,10 @@ def _check_model(folder: Path, tokenizer: bool = True) -> None:
 def _save_weights(model, out: Path) -> None:
     """model.safetensors and config.json of an HF model, written by safetensors and json alone: transformers'
     save_pretrained writes no weights on a torch.distributed rank other than 0 (a torchrun rank may build)."""
-    from safetensors.torch import save_file
-
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(sd, out / "model.safetensors", metadata={"format": "pt"})  # a full disk: an OSError
     cfg = model.config.to_diff_dict()  # what save_pretrained writes
     for k in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
         cfg.pop(k, None)
@@ -334,12 +333,11 @@ def _write_tokenizer(out: Path) -> bool:
 
 def _build_random(spec: str, out: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     cfg = random_config(spec)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sd = {k: v.cpu().contiguous() for k, v in _random_state_dict(cfg, device, torch.bfloat16).items()}
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(sd, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16"}, indent=2) + "\n")
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

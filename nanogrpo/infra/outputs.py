@@ -1,0 +1,130 @@
+"""Where the side commands write: their output flags checked before any work, and files written whole, with the
+user's umask.
+
+`output_folder` and `output_file` check an output flag before a model loads or a run starts, so a mistyped flag
+costs nothing: '' is refused (it would write into the current folder), so is a file where a folder goes and a
+folder where a file goes, and, for a command that writes a run set (`known`: the names it writes there), a folder
+that already holds anything else (a checkout, a home folder: its results would be mixed into someone else's
+files). A folder of the command's own names is its earlier run, which the command continues as it always has.
+train.py's --out-dir has its own checks (nanogrpo/infra/resume.py).
+
+`save_tensors` is every weights file's write: safetensors writes through a temporary file it creates mode 0600,
+which a copied run folder or a cache shared by a group could not read; the file gets 0o666 & ~umask, the mode of
+any other file, and safetensors' I/O errors come back as the OSError they are (a full disk is then a storage
+error, not a SafetensorError traceback). `write_or_keep` replaces a results file whole and, when that fails
+late, keeps what was computed under a new name beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where /proc says it (os.umask sets it to read it: a file
+    another thread creates meanwhile would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from open(): 0o666 less the umask (0o644 under umask 022)."""
+    return 0o666 & ~umask()
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_tensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' save_file, then the file's mode set by the umask; an I/O error (a full disk, a read-only
+    folder) raised as OSError with its errno."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        m = _OS_ERROR.search(str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from e
+    os.chmod(path, file_mode())
+
+
+def output_file(path: str, flag: str) -> Path:
+    """The file an output flag names, checked before any work: not '', not a folder, in a folder (or a place
+    for one) that is not a file. Creates nothing."""
+    if not path.strip():
+        raise ValueError(f"{flag} '': name the file to write (e.g. {flag} out.jsonl)")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path} is a folder: name a file (e.g. {flag} {p / 'completions.jsonl'})")
+    _parents_are_folders(p.parent, flag, path)
+    return p
+
+
+def output_folder(path: str, flag: str, known: Callable[[str], bool] | Iterable[str] | None = None) -> Path:
+    """The folder an output flag names, checked before any work: not '', not a file (nor under one), and, with
+    `known` (the names the command writes there, or a test of a name), empty or holding only those. Creates
+    nothing."""
+    if not path.strip():
+        raise ValueError(f"{flag} '': name the output folder (e.g. {flag} runs/NAME); '' would write here")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a folder: name a folder (a new one is created)")
+    _parents_are_folders(p, flag, path)
+    if known is not None and p.is_dir():
+        ok = known if callable(known) else set(known).__contains__
+        others = sorted(e.name for e in p.iterdir() if not ok(e.name))
+        if others:
+            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+            raise ValueError(
+                f"{flag} {path} holds files this command did not write ({shown}): give a new or empty folder "
+                "(or the folder of an earlier run of this command, to continue it)"
+            )
+    return p
+
+
+def _parents_are_folders(p: Path, flag: str, given: str) -> None:
+    for up in [p, *p.parents]:
+        if up.exists() or up.is_symlink():
+            if not up.is_dir():
+                raise ValueError(f"{flag} {given}: {up} is a file, not a folder; name another place")
+            return
+
+
+def write_or_keep(path: str | Path, text: str, what: str = "the results") -> None:
+    """path's content becomes text, written whole (a temporary name, renamed). If that fails, `text` is kept
+    under a new name beside `path` and the ValueError says where, so a late error (the name taken by a folder
+    meanwhile, permissions) loses nothing computed; a disk too full for both says so."""
+    from nanogrpo.infra.metrics import replace_atomically
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(path, text)
+        return
+    except OSError as e:
+        why = e.strerror or str(e)
+    kept = path.with_name(f"{path.name}.kept-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    try:
+        replace_atomically(kept, text)
+    except OSError as e2:
+        raise ValueError(
+            f"cannot write {path} ({why}), nor keep {what} beside it ({e2.strerror or e2})"
+        ) from None
+    raise ValueError(
+        f"cannot write {path} ({why}): {what} are kept in {kept}: rename it once the cause is fixed"
+    ) from None

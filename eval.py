@@ -28,9 +28,11 @@ from nanogrpo.config import EnvConfig
 from nanogrpo.envs.episode import EpisodeRunner
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import write_jsonl
+from nanogrpo.infra import flag_checks
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
+from rewards.ranges import FlagRangeError, check_ranges
 
 Positional = tyro.conf.Positional
 
@@ -292,18 +294,8 @@ def run_compare(args: Compare) -> None:
         + f"; diff = {names[1]} - {names[0]}; paired bootstrap, {args.resamples} resamples, seed {args.seed};"
         " * = CI excludes 0)"
     )
-    _emit(
-        {
-            "a": args.a,
-            "b": args.b,
-            "n": len(ids),
-            "resamples": args.resamples,
-            "seed": args.seed,
-            "metrics": summary,
-        },
-        args.json,
-        table,
-    )
+    result = {"a": args.a, "b": args.b, "n": len(ids), "resamples": args.resamples, "seed": args.seed}
+    _emit({**result, "metrics": summary}, args.json, table)
     graders = [m for m in summary if m not in evaluate.ANSWER_METRICS]  # the graders behind the scores
     provenance.warn_same_judge([args.a, args.b], graders, provenance.eval_judges(graders, args.reward))
 
@@ -444,13 +436,14 @@ RUNNERS = {
 
 def run(argv: list[str] | None = None) -> int:
     """`python eval.py COMMAND ARGS`: 0 when it ends; bad data or flags: one clear line on stderr (no
-    traceback) and 1."""
+    traceback) and 1; a number outside its range (nanogrpo/infra/flag_checks.py's EVAL): 2, as tyro's."""
     args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0], args=argv)
     try:
+        check_ranges(args, flag_checks.EVAL[type(args).__name__])
         RUNNERS[type(args)](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, FlagRangeError) else 1
     return 0
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from rewards import RewardConfig, Sample, build_reward
 from rewards.agreement import kendall_tau_b, pairwise_accuracy
+from rewards.ranges import GRADE, check_ranges
 from rewards.registry import mean_metrics
 from rewards.rows import DataError, check_prompt, prompt_text
 from rewards.rows import read_rows as read_rows_checked
@@ -172,6 +173,7 @@ def run(args: GradeArgs) -> int:
     """Grade `args.data`; print rows to stdout and the report to stderr. Returns the exit status."""
     cfg = dataclasses.replace(args.reward, spec=args.grader) if args.grader else args.reward
     try:
+        check_ranges(args, GRADE)  # each number in its range (rewards/ranges.py)
         reward = build_reward(cfg)
         rows = read_rows(Path(args.data))
         reward.validate(rows, str(args.data))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import tyro
 
 from rewards.probe import Probe, evaluate_probe, read_rows, train_probe
+from rewards.ranges import PROBE_EVAL, PROBE_TRAIN, check_ranges
 
 NAMES = "python -m nanogrpo.probe takes the same flags and the model names train.py takes ('tiny', 'smollm2')"
 
@@ -47,6 +48,7 @@ def train(
         device: 'cpu' or 'cuda'.
         max_len: Longest input in tokens (longer ones keep their end).
     """
+    check_ranges(locals(), PROBE_TRAIN)  # the flags' numbers, first (rewards/ranges.py)
     rows = read_rows(data)
     check_model(model, "--model")  # before the model loads
     probe = train_probe(rows, model, dev_frac=dev_frac, seed=seed, l2=l2, batch_size=batch_size,
@@ -65,6 +67,7 @@ def eval(data: str, probe: str, batch_size: int = 8, device: str = "cpu") -> Non
         batch_size: Texts per forward pass.
         device: 'cpu' or 'cuda'.
     """
+    check_ranges(locals(), PROBE_EVAL)
     p = Probe.load(probe)
     rows = read_rows(data)
     check_model(p.meta["model"], f"the probe {probe}'s model")

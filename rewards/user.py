@@ -15,11 +15,14 @@ Two signatures are accepted, told apart by the first parameter:
   starting with '_', the loader's own, are left out). A function without `**columns` gets only the
   fields it names, and a named field without a default is required of every row at start-up.
 
-None means "does not apply to this row", as for every grader. The numbers are used as returned (not
-clipped to [0, 1]: a TRL penalty of -1 stays -1) and NaN counts as None. An exception in your code, a
-list of the wrong length or a value that is not a number stops the run with one line naming the file,
-the function and the row (its `_line` and `id`) where it can be told: `UserGraderError`, a ValueError,
-which train.py prints without a traceback (NANOGRPO_DEBUG=1 shows it), exiting 2.
+The return value is a list (or a tuple, or a 1-D NumPy array or tensor) with one entry per completion:
+a number, or None, which means "does not apply to this row", as for every grader. The numbers are used as
+returned (not clipped to [0, 1]: a TRL penalty of -1 stays -1) and NaN counts as None, as a built-in
+grader's NaN does. An exception in your code, anything else returned (a dict, whose keys would be taken
+for scores; a string; a generator), a list of the wrong length or a value that is not a finite number
+stops the run with one line naming the file, the function and the row (its `_line` and `id`) where it
+can be told: `UserGraderError`, a ValueError, which train.py prints without a traceback
+(NANOGRPO_DEBUG=1 shows it), exiting 2.
 
 Your code cannot end or stall the run without a word:
 - `sys.exit()` (SystemExit, and any BaseException but KeyboardInterrupt) at import or in a call is that
@@ -272,10 +275,12 @@ class UserGrader(Grader):
             raise
         except BaseException as e:  # SystemExit too: the run stops with this line, never quietly
             raise self._fail(f"raised {_raised(e)} ({self._culprit(batch)})", e) from e
-        try:
-            out = list(out)
-        except TypeError:
-            raise self._fail(f"returned {type(out).__name__}, not a list of numbers or None") from None
+        if getattr(out, "ndim", None) == 1 and hasattr(out, "tolist"):  # a 1-D NumPy array or tensor
+            out = out.tolist()
+        if not isinstance(out, (list, tuple)):  # a dict would give its keys, a string its characters
+            raise self._fail(
+                f"returned {type(out).__name__}, not a list of numbers or None (one per completion)"
+            )
         if len(out) != len(batch):
             raise self._fail(
                 f"returned {len(out)} scores for {len(batch)} completions; return one per completion"

@@ -90,7 +90,7 @@ def test_resume_logs_each_evaluation_once(tmp_path, kept):
         (["--eval-every", "2", "--eval-prompts", "3", "--data.train", "{rows}"], "add --data.eval FILE"),
         (["--eval-every", "2", "--eval-prompts", "0"], "add --eval-prompts N"),
         (["--eval-samples", "2"], "add --eval-every K"),
-        (["--eval-every", "-1"], "both must be >= 0"),
+        (["--eval-every", "-1"], "--eval-every -1: must be >= 0 (0 = off)"),
     ],
 )
 def test_refused_at_start_up_saying_how_to_fix(tmp_path, args, needle):

@@ -303,7 +303,7 @@ def test_microbatch_split_sums_to_full_batch(agg, extra):
 @pytest.mark.parametrize(
     "kw,needle",
     [
-        ({"dual_clip": 0.5}, "C > 1"),
+        ({"dual_clip": 0.5}, "--grpo.dual-clip 0.5: must be > 1, or 0"),
         ({"dual_clip": 3.0, "policy_loss": "cispo"}, "drop --grpo.dual-clip"),
         ({"entropy_coef": -0.01}, ">= 0"),
         ({"top_entropy_quantile": 0.0}, "in (0, 1]"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import run_train_here
 
 import train
 from rewards import RewardConfig, Sample, build_reward
@@ -168,6 +170,47 @@ def test_user_code_failures_are_one_clean_error(tmp_path):
         reward(path, "word")(batch(*rows))
 
 
+RETURNS = """
+import numpy as np
+
+def keyed(prompts, completions, **kw):
+    return {i: 1.0 for i in range(len(completions))}  # a dict: list() would take its keys for scores
+
+def text(prompts, completions, **kw):
+    return "1" * len(completions)
+
+def lazy(prompts, completions, **kw):
+    return (1.0 for _ in completions)
+
+def one(prompts, completions, **kw):
+    return 0.5
+
+def pair(prompts, completions, **kw):
+    return tuple(0.5 for _ in completions)
+
+def array(prompts, completions, **kw):
+    return np.array([0.25, float("nan")])
+"""
+
+
+@pytest.mark.parametrize(
+    "func, kind", [("keyed", "dict"), ("text", "str"), ("lazy", "generator"), ("one", "float")]
+)
+def test_a_grader_must_return_a_list_one_per_completion(tmp_path, func, kind):
+    path = user_file(tmp_path, RETURNS)
+    with pytest.raises(UserGraderError) as e:
+        reward(path, func)(batch({}, {}))
+    assert str(e.value) == (
+        f"user grader {path}:{func}: returned {kind}, not a list of numbers or None (one per completion)"
+    )
+
+
+def test_a_tuple_or_a_1d_array_is_a_list_and_nan_in_it_is_none(tmp_path):
+    path = user_file(tmp_path, RETURNS)
+    assert reward(path, "pair")(batch({}, {}))[1]["pair"] == [0.5, 0.5]
+    assert reward(path, "array")(batch({}, {}))[1]["array"] == [0.25, None]
+
+
 # ------------------------------------------------------------------------------------- exits and hangs
 
 ENDS = """
@@ -302,6 +345,41 @@ def test_train_refuses_user_code_without_the_flag(tmp_path, monkeypatch):
         train.main(
             train.cli(["tiny", "--out-dir", str(tmp_path / "a"), "--reward.spec", f"{path}:brevity:1"])
         )
+
+
+def test_a_grader_returning_a_dict_stops_train_py_with_one_line_naming_it(tmp_path):
+    path = user_file(tmp_path, RETURNS)
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "run"), "--steps", "2", "--reward.spec",
+                       f"{path}:keyed:1", "--reward.allow-user-code", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: user grader {path}:keyed: returned dict, not a list of numbers or None (one per completion)"
+    )
+    assert not (tmp_path / "run" / "adapter").exists()  # nothing trained on the dict's keys
+
+
+def test_nan_from_a_user_grader_is_no_reward_as_a_built_in_graders_is(tmp_path):
+    """NaN is None: left out of the group's baseline and the means (the step stays finite); a grader that
+    scores nothing at all stops the run after --reward.max-empty-steps, as a judge that stopped answering."""
+    path = user_file(tmp_path, """
+        def half(prompts, completions, **kw):
+            return [float("nan") if i % 2 else 1.0 / (1 + len(c)) for i, c in enumerate(completions)]
+        def none(prompts, completions, **kw):
+            return [float("nan")] * len(completions)
+    """)  # fmt: skip
+    run = ["tiny", "--steps", "2", "--no-plots", "--reward.allow-user-code", "--log-samples-every", "1"]
+    r = run_train_here(
+        *run, "--out-dir", str(tmp_path / "a"), "--reward.spec", f"{path}:half:1", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    ms = metrics(tmp_path / "a")
+    assert all(0 < m["reward"] <= 1 and math.isfinite(m["loss"]) for m in ms), ms
+    samples = [json.loads(x) for x in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    got = [c["reward"] for s in samples for g in s["groups"] for c in g["completions"]]
+    assert None in got and all(x is None or math.isfinite(x) for x in got)
+    r = run_train_here(*run, "--out-dir", str(tmp_path / "b"), "--reward.spec", f"{path}:none:1",
+                       "--reward.max-empty-steps", "1", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "no valid reward in 1 steps in a row" in r.stderr.splitlines()[-1], r.stderr
 
 
 def train_with_grader(tmp_path, ref: str, *flags: str) -> str:

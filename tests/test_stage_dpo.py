@@ -165,7 +165,7 @@ def test_a_beta_of_zero_is_refused_before_anything_loads(tmp_path):
     from nanogrpo.infra.flag_checks import check_config
     from train import cli
 
-    with pytest.raises(ValueError, match="--dpo.beta 0.0: the DPO loss needs beta > 0"):
+    with pytest.raises(ValueError, match=r"--dpo.beta 0: must be > 0 \(the paper's is 0.1\)"):
         check_config(cli(["tiny", "--algo", "dpo", "--dpo.beta", "0", "--out-dir", str(tmp_path / "run")]))
 
 

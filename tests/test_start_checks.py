@@ -61,11 +61,11 @@ def test_code_runs_when_this_command_line_allows_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
 def test_non_finite_numbers_are_refused_at_start_up(tmp_path, value):
-    with pytest.raises(ValueError, match=rf"--optim.lr {value}: every number must be finite"):
+    with pytest.raises(ValueError, match=rf"--optim.lr {value}: must be a finite number > 0"):
         main(cli(["tiny", "--optim.lr", value, "--out-dir", str(tmp_path / "flag")]))
     cfg = json.loads(json.dumps({"optim": {"lr": float(value)}}))  # JSON's Infinity / NaN
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="every number must be finite"):
+    with pytest.raises(ValueError, match="--optim.lr .*: must be a finite number"):
         main(cli(["--config", str(tmp_path / "c.json"), "--out-dir", str(tmp_path / "file")]))
     assert not (tmp_path / "flag").exists() and not (tmp_path / "file").exists()
 

@@ -53,10 +53,6 @@ def held_out_source(cfg: TrainConfig) -> str:
 def check_eval_every(cfg: TrainConfig) -> None:
     """--eval-every, --eval-samples: what the evaluation during training needs, checked before any model
     loads (a run must not train for hours to find its held-out set missing)."""
-    if cfg.eval_every < 0 or cfg.eval_samples < 0:
-        raise ValueError(
-            f"--eval-every {cfg.eval_every} / --eval-samples {cfg.eval_samples}: both must be >= 0 (0 = off)"
-        )
     if cfg.eval_every == 0:
         if cfg.eval_samples > 0:
             raise ValueError(

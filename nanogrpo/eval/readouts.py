@@ -214,10 +214,13 @@ def compare(
         dtype: 'float32' or 'bfloat16', of both the judge and the probe's LM.
         max_len: Longest probe input in tokens (longer ones keep their end).
     """
+    from nanogrpo.infra.flag_checks import PROBE_COMPARE
     from nanogrpo.model import judge_backend
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig
+    from rewards.ranges import check_ranges
 
+    check_ranges(locals(), PROBE_COMPARE)  # the flags' numbers, first
     check_choices(readouts, probe_pool, dtype)
     rows = read_label_rows(data, rubrics)
     if any(by not in r for r in rows):

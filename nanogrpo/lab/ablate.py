@@ -34,7 +34,9 @@ from pathlib import Path
 import torch
 
 from nanogrpo.config import GRPOConfig
+from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.lab.toy import ToySettings, toy_optimum, train_toy
+from rewards.ranges import check_or_exit
 
 # name -> GRPOConfig fields; the names are what tables and plots show
 VARIANTS: dict[str, dict] = {
@@ -332,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     a, extra = ap.parse_args(argv[:cut]), argv[cut + 1 :]  # lm: flags after -- go to train.py as they are
+    check_or_exit(a, LAB["ablate"])  # each number in its range (nanogrpo/infra/flag_checks.py)
     defaults = dict(variants=DEFAULT_VARIANTS, betas=[0.01, 0.05, 0.2], seeds=[0, 1, 2], policy=["on", "off"],
                     std_norm=["on", "off"], steps=300)  # fmt: skip
     g = {

@@ -30,8 +30,10 @@ import torch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import compute_advantages, grpo_loss
+from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.kl import kl_penalty
 from nanogrpo.lab.toy import TabularPolicy
+from rewards.ranges import check_or_exit
 
 TARGETS = ("rev", "fwd", "tok_rev", "tok_fwd", "rev-tokfwd", "away")
 MATCH_TOL = 1e-6  # relative error under which a row "matches" a target
@@ -205,9 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    check_or_exit(a, LAB["klcheck"])  # each number in its range (nanogrpo/infra/flag_checks.py)
     torch.set_num_threads(1)  # tensors of a few hundred numbers: threads only add overhead
-    if a.group < 2 or a.group > 3:
-        raise SystemExit("--group must be 2 or 3 (81^G groups are enumerated)")
     recs = run(tuple(a.distances), a.old_shift, a.group, a.seed)
     print(json.dumps(recs, indent=1) if a.json else table(recs))
 

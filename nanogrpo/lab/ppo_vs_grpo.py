@@ -29,8 +29,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.infra.metrics import read_jsonl
 from nanogrpo.lab.ablate_lm import train_logged
+from rewards.ranges import check_or_exit
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 SEED_002_LOSS = 28.9  # Concept Overlap's PPO loss "exceeded 28.9 by step 31"
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="where the plot goes (default <out>/ppo_vs_grpo.png; docs/img/ppo_vs_grpo.png to "
                     "update the docs' figure)")  # fmt: skip
     a = ap.parse_args(argv)
+    check_or_exit(a, LAB["ppo_vs_grpo"])  # each number in its range (nanogrpo/infra/flag_checks.py)
     # a default run must not overwrite the documented figure with a smaller or different grid
     a.plot = a.plot or a.out / "ppo_vs_grpo.png"
     t0 = time.perf_counter()

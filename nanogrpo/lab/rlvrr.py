@@ -40,8 +40,10 @@ from pathlib import Path
 import tyro
 
 from nanogrpo.eval import seeds as seedruns
+from nanogrpo.infra.flag_checks import RLVRR
 from nanogrpo.recipes import recipe_path
 from nanogrpo.reward_data import baselines
+from rewards.ranges import check_ranges
 
 CONTENT_SPEC = "keywords:0.5,style:0.5,rouge_l:0"  # the preset's average; rouge_l scored for the table only
 STYLE_SPEC = "keywords:0,style:1,rouge_l:0"  # no content reward: keywords scored for the table only
@@ -281,6 +283,7 @@ def run(a: TableArgs) -> dict:
 def main(argv: Sequence[str] | None = None) -> None:
     args = tyro.cli(TableArgs, args=argv, description=__doc__.split("\n\n")[0])
     try:
+        check_ranges(args, RLVRR)  # each number in its range (nanogrpo/infra/flag_checks.py)
         run(args)
     except ValueError as e:  # bad flags, or a train.py run that failed (its output is above): one line
         print(f"error: {e}", file=sys.stderr)

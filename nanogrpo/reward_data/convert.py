@@ -34,6 +34,8 @@ import tyro
 
 from nanogrpo.data import correct_option, preference_texts
 from nanogrpo.formats import validate_row, write_jsonl
+from nanogrpo.infra.flag_checks import REWARD_DATA
+from rewards.ranges import check_or_exit
 from rewards.rows import DataError, read_rows
 
 Positional = tyro.conf.Positional
@@ -313,6 +315,7 @@ if __name__ == "__main__":
     args = tyro.extras.subcommand_cli_from_dict(
         COMMANDS, prog="python -m nanogrpo.reward_data.convert", description=__doc__.split("\n\n")[0]
     )
+    check_or_exit(args, REWARD_DATA[type(args).__name__])  # each number in its range: else one line, exit 2
     try:
         RUNNERS[type(args)](args)
     except ValueError as e:  # bad data or flags: one line that says what to fix

@@ -1,0 +1,312 @@
+"""Every numeric flag has a declared range, checked in one place (rewards/ranges.py's check_ranges, with the
+tables of nanogrpo/infra/flag_checks.py and rewards/ranges.py): the walk below finds every numeric field of
+every command (train.py's TrainConfig, eval.py's subcommands, each `python -m nanogrpo.*` / `rewards.*`
+command's dataclass, function or argparse parser), fails on one without a range, and tries a value just
+outside each; the end-to-end rows run the commands themselves: exit 2, one line naming the flag."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import math
+import os
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+
+import pytest
+from helpers import _in_process, run_eval, run_train_here, write_rows
+
+import eval as eval_py
+from nanogrpo import probe as nanogrpo_probe
+from nanogrpo.config import TrainConfig
+from nanogrpo.eval import readouts
+from nanogrpo.infra import flag_checks
+from nanogrpo.infra.flag_checks import check_config
+from nanogrpo.lab import ablate, klcheck, ppo_vs_grpo, rlvrr
+from nanogrpo.recipes.presets import PRESETS
+from nanogrpo.reward_data import __main__ as reward_data_main
+from nanogrpo.reward_data import convert
+from rewards import grade, probe_cli, ranges
+from rewards.ranges import FlagRangeError, Range, check_ranges, flag_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser_of(main, argv: list[str]) -> argparse.ArgumentParser:
+    """The argparse parser `main(argv)` builds (it is stopped at parse_args)."""
+    seen = []
+
+    class Parsed(Exception):
+        pass
+
+    def stop(self, *a, **k):
+        seen.append(self)
+        raise Parsed
+
+    real = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = stop
+    try:
+        main(argv)
+    except Parsed:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    return seen[0]
+
+
+# (command, what its flags are: a dataclass, a function or an argparse parser, its table, its source file)
+COMMANDS = [
+    ("train.py", TrainConfig, flag_checks.TRAIN, "train.py"),
+    *[(f"eval.py {n}", c, flag_checks.EVAL[c.__name__], "eval.py") for n, c in eval_py.COMMANDS.items()],
+    ("rewards.grade", grade.GradeArgs, ranges.GRADE, "rewards/grade.py"),
+    ("probe train", probe_cli.train, ranges.PROBE_TRAIN, "rewards/probe_cli.py"),
+    ("probe eval", probe_cli.eval, ranges.PROBE_EVAL, "rewards/probe_cli.py"),
+    ("probe compare", readouts.compare, flag_checks.PROBE_COMPARE, "nanogrpo/probe.py"),
+    ("lab.rlvrr", rlvrr.TableArgs, flag_checks.RLVRR, "nanogrpo/lab/rlvrr.py"),
+    *[
+        (f"reward_data {n}", c, flag_checks.REWARD_DATA[c.__name__], "nanogrpo/reward_data/__main__.py")
+        for n, (c, _) in reward_data_main.COMMANDS.items()
+    ],
+    *[
+        (f"convert {n}", c, flag_checks.REWARD_DATA[c.__name__], "nanogrpo/reward_data/convert.py")
+        for n, c in convert.COMMANDS.items()
+    ],
+    ("lab.ablate", parser_of(ablate.main, ["toy"]), flag_checks.LAB["ablate"], "nanogrpo/lab/ablate.py"),
+    ("lab.klcheck", parser_of(klcheck.main, []), flag_checks.LAB["klcheck"], "nanogrpo/lab/klcheck.py"),
+    (
+        "lab.ppo_vs_grpo",
+        parser_of(ppo_vs_grpo.main, []),
+        flag_checks.LAB["ppo_vs_grpo"],
+        "nanogrpo/lab/ppo_vs_grpo.py",
+    ),
+]
+IDS = [c[0] for c in COMMANDS]
+
+
+def _number_type(t) -> tuple[type, bool] | None:
+    """(int or float, is a tuple) for a numeric annotation (Optional and Annotated unwrapped), else None."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        return _number_type(args[0]) if len(args) == 1 else None
+    if typing.get_origin(t) in (tuple, list) and args and args[0] in (int, float):
+        return args[0], True
+    return (t, False) if t in (int, float) else None
+
+
+def numeric_fields(target, prefix: str = "") -> dict[str, tuple[type, bool]]:
+    """{dotted path: (int or float, is a tuple)} of every numeric flag of a command."""
+    if isinstance(target, argparse.ArgumentParser):
+        return {
+            prefix + a.dest: (a.type, a.nargs not in (None, "?"))
+            for a in target._actions
+            if a.type in (int, float)
+        }
+    hints = typing.get_type_hints(target)
+    names = (
+        [f.name for f in dataclasses.fields(target)]
+        if dataclasses.is_dataclass(target)
+        else list(inspect.signature(target).parameters)
+    )
+    out = {}
+    for name in names:
+        t = hints[name]
+        if dataclasses.is_dataclass(t):
+            out.update(numeric_fields(t, f"{prefix}{name}."))
+        elif (kind := _number_type(t)) is not None:
+            out[prefix + name] = kind
+    return out
+
+
+def defaults(target) -> dict:
+    """The command's flags at their defaults, as a dict of dotted paths (required strings filled in)."""
+    if isinstance(target, argparse.ArgumentParser):
+        return {a.dest: a.default for a in target._actions if a.dest != "help"}
+    if dataclasses.is_dataclass(target):
+        fill = {
+            f.name: "x"
+            for f in dataclasses.fields(target)
+            if f.default is f.default_factory is dataclasses.MISSING
+        }
+        return flat(target(**fill))
+    params = inspect.signature(target).parameters.values()
+    return {p.name: "x" if p.default is inspect.Parameter.empty else p.default for p in params}
+
+
+def flat(obj, prefix: str = "") -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        out.update(flat(v, f"{prefix}{f.name}.") if dataclasses.is_dataclass(v) else {prefix + f.name: v})
+    return out
+
+
+def just_outside(r: Range, kind: type) -> list[float]:
+    """Values just outside `r` (each bound, and NaN for a float); none for an int of ANY."""
+    out: list[float] = [math.nan, math.inf] if kind is float else []
+    step = (lambda v, d: v + d) if kind is int else (lambda v, d: math.nextafter(v, d * math.inf))
+    if r.lo is not None:
+        out.append(r.lo if r.lo_open else step(r.lo, -1))
+    if r.hi is not None:
+        out.append(r.hi if r.hi_open else step(r.hi, 1))
+    return [kind(v) if kind is int else v for v in out if v != r.also]
+
+
+@pytest.mark.parametrize("command, target, table, source", COMMANDS, ids=IDS)
+def test_every_numeric_flag_has_a_range_and_a_value_outside_it_is_refused(command, target, table, source):
+    fields = numeric_fields(target)
+    missing = [flag_name(p) for p in fields if p not in table]
+    assert not missing, f"{command}: these numeric flags have no declared range: {missing}"
+    assert not set(table) - set(fields), (
+        f"{command}: ranges of flags it does not have: {set(table) - set(fields)}"
+    )
+    base = defaults(target)
+    check_ranges(base, table)  # the defaults pass
+    for path, (kind, is_tuple) in fields.items():
+        for v in just_outside(table[path], kind):
+            value = (v, v) if is_tuple else v
+            with pytest.raises(FlagRangeError) as e:
+                check_ranges({**base, path: value}, table)
+            assert str(e.value).startswith(flag_name(path) + " "), (command, path, v, str(e.value))
+            assert "must be" in str(e.value) and "\n" not in str(e.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Knobs:
+    new_knob: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class _Command:
+    grpo: _Knobs = dataclasses.field(default_factory=_Knobs)
+
+
+def test_a_number_without_a_range_is_a_bug_not_a_pass():
+    assert numeric_fields(_Command) == {"grpo.new_knob": (int, False)}  # the walk finds it
+    with pytest.raises(LookupError, match="--grpo.new-knob has no declared range"):
+        check_ranges(_Command(), {})  # and a command running with it stops
+
+
+def test_every_command_line_in_the_library_is_walked():
+    """A new `python -m` command (tyro or argparse) must join COMMANDS, so that its flags get ranges."""
+    found = set()
+    for path in [
+        ROOT / "eval.py",
+        ROOT / "train.py",
+        *(ROOT / "nanogrpo").rglob("*.py"),
+        *(ROOT / "rewards").rglob("*.py"),
+    ]:
+        text = path.read_text()
+        if any(s in text for s in ("tyro.cli(", "subcommand_cli_from_dict(", "ArgumentParser(")):
+            found.add(path.relative_to(ROOT).as_posix())
+    walked = {c[3] for c in COMMANDS}
+    assert found <= walked, f"commands whose flags are not walked: {sorted(found - walked)}"
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_passes_the_checks(name):
+    check_config(PRESETS[name][1])
+
+
+def test_the_message_names_the_flag_the_value_the_range_and_the_boundary():
+    cfg = PRESETS["tiny"][1]
+    cases = [
+        (dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, r=-1)), "--lora.r -1: must be >= 0 (0 = full fine-tune)"),
+        (dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, eps_low=5.0)), "--grpo.eps-low 5: must be in [0, 1]"),
+        (dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, betas=(0.9, 1.0))), "--optim.betas 0.9 1: each must be in [0, 1)"),
+        (dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=math.nan)), "--optim.lr nan: must be a finite number > 0"),
+        (dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, dual_clip=0.5)), "--grpo.dual-clip 0.5: must be > 1, or 0"),
+    ]  # fmt: skip
+    for c, want in cases:
+        with pytest.raises(ValueError) as e:
+            check_config(c)
+        assert str(e.value).startswith(want), str(e.value)
+
+
+# ----------------------------------------------------------------------------- end to end: exit 2, one line
+
+
+def one_line(r, flag: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag} "), r.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "flags, want",
+    [
+        (["--lora.r", "-1"], "--lora.r -1: must be >= 0 (0 = full fine-tune)"),
+        (["--steps", "-1"], "--steps -1: must be >= 1"),
+        (["--micro-batch", "-1"], "--micro-batch -1: must be >= 0 (0 = all at once)"),
+        (["--grpo.eps-low", "5"], "--grpo.eps-low 5: must be in [0, 1]"),
+        (["--prompts-per-step", "0"], "--prompts-per-step 0: must be >= 1"),
+        (["--reward.judge.concurrency", "0"], "--reward.judge.concurrency 0: must be >= 1"),
+    ],
+)
+def test_train_py_refuses_a_number_out_of_range_in_one_line(tmp_path, flags, want):
+    r = run_train_here("tiny", "--out-dir", str(tmp_path / "run"), *flags)
+    assert one_line(r, flags[0]).startswith(f"error: {want}")
+    assert issubclass(FlagRangeError, ValueError)  # train.py's run prints it as one line, exit 2
+    assert not (tmp_path / "run").exists()  # refused before the run folder, and the model
+
+
+def _labels(tmp_path: Path) -> Path:
+    return write_rows(tmp_path / "labels.jsonl", [{"text": f"t {i}", "label": i % 2} for i in range(4)])
+
+
+def _completions(tmp_path: Path) -> Path:
+    return write_rows(tmp_path / "c.jsonl", [{"id": 1, "prompt": "p", "reference": "a", "completion": "a"}])
+
+
+def _convert(argv):
+    """`python -m nanogrpo.reward_data.convert ARGV` (its command line is its `__main__` block)."""
+    cmd = [sys.executable, "-m", "nanogrpo.reward_data.convert", *argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    print(r.stdout, end="")
+    print(r.stderr, end="", file=sys.stderr)
+    return r.returncode
+
+
+SIDE = [  # (command, its run(argv), argv with one number out of range, the flag)
+    ("eval score", eval_py.run, ["score", "{c}", "--resamples", "0"], "--resamples"),
+    ("eval generate", eval_py.run, ["generate", "--data", "demo", "--batch-size", "0"], "--batch-size"),
+    ("eval compare", eval_py.run, ["compare", "{c}", "{c}", "--resamples", "0"], "--resamples"),
+    ("eval elo", eval_py.run, ["elo", "{c}", "{c}", "--server.concurrency", "0"], "--server.concurrency"),
+    ("eval grade", eval_py.run, ["grade", "--data", "{c}", "--batch-size", "0"], "--batch-size"),
+    ("eval report", eval_py.run, ["report", "{d}", "--max-sample-steps", "1"], "--max-sample-steps"),
+    ("eval seeds", eval_py.run, ["seeds", "--out", "{d}/s", "--resamples", "0"], "--resamples"),
+    ("eval seeds-table", eval_py.run, ["seeds-table", "{d}", "--seeds", "-1"], "--seeds"),
+    ("rewards.grade", grade.main, ["--data", "{c}", "--reward.max-empty-steps", "-1"], "--reward.max-empty-steps"),
+    ("rlvrr steps", rlvrr.main, ["--out", "{d}/t", "--steps", "-1"], "--steps"),
+    ("rlvrr threads", rlvrr.main, ["--out", "{d}/t", "--threads", "0"], "--threads"),
+    ("probe l2", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--l2", "-1"], "--l2"),
+    ("probe l2 nan", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--l2", "nan"], "--l2"),
+    ("probe max-len", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--max-len", "0"], "--max-len"),
+    ("probe batch-size", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--batch-size", "0"], "--batch-size"),
+    ("probe dev-frac 0", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--dev-frac", "0"], "--dev-frac"),
+    ("probe dev-frac 1", nanogrpo_probe.main, ["train", "--data", "{l}", "--model", "tiny", "--out", "{d}/p", "--dev-frac", "1"], "--dev-frac"),
+    ("probe eval", nanogrpo_probe.main, ["eval", "--data", "{l}", "--probe", "{d}", "--batch-size", "0"], "--batch-size"),
+    ("probe compare", nanogrpo_probe.main, ["compare", "--data", "{l}", "--model", "tiny", "--out", "{d}/r", "--folds", "1"], "--folds"),
+    ("reward_data", reward_data_main.main, ["baseline", "{c}", "--out", "{d}/b.jsonl", "--share", "0"], "--share"),
+    ("convert", _convert, ["split", "{c}", "--by", "id", "--out-dir", "{d}/s", "--ratios", "0.5", "1.5"], "--ratios"),
+    ("lab.ablate", ablate.main, ["toy", "--steps", "0"], "--steps"),
+    ("lab.klcheck", klcheck.main, ["--group", "4"], "--group"),
+    ("lab.ppo_vs_grpo", ppo_vs_grpo.main, ["--out", "{d}/v", "--threads", "0"], "--threads"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command, run, argv, flag", SIDE, ids=[s[0] for s in SIDE])
+def test_side_commands_refuse_a_number_out_of_range_in_one_line(tmp_path, command, run, argv, flag):
+    work = tmp_path / "work"
+    work.mkdir()
+    names = {"{c}": str(_completions(tmp_path)), "{l}": str(_labels(tmp_path)), "{d}": str(work)}
+    argv = [next((a.replace(k, v) for k, v in names.items() if k in a), a) for a in argv]
+    r = run_eval(*argv, cwd=tmp_path) if run is eval_py.run else _in_process(run, command, argv, tmp_path)
+    one_line(r, flag)
+    assert list(work.iterdir()) == [], "nothing written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["work", "c.jsonl", "labels.jsonl"])

@@ -118,7 +118,7 @@ def episode_summary(roll) -> dict:
     """--env: the step's episodes over all ranks: turns and observation tokens per episode, the share
     truncated by a budget, the share with an invalid action, and the episodes their environment failed
     (raised, timed out, or a reward that is not finite: no reward); {} without an environment."""
-    if roll.failed is None:
+    if getattr(roll, "failed", None) is None:
         return {}
     infos = [s.env_info for s in roll.samples]
     ext = [int(((m > 0) * torch.arange(1, len(m) + 1)).max()) for m in roll.batch.mask.cpu()]  # (N,) extents

@@ -14,22 +14,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RECIPES = (
-    "semantic",
-    "judge-numbers",
-    "clinical",
-    "rlvrr",
-    "rubric",
-    "calc",
-    "guess",
-    "search",
-)  # the last three: --env tasks
+RECIPES = ("semantic", "judge-numbers", "clinical", "rlvrr", "rubric")  # the seed papers'
+ENV_TASKS = ("calc", "guess", "search")  # the built-in environments' tasks (nanogrpo/envs/builtin.py)
 
 
 def recipe_path(name: str, split: str = "train") -> Path:
     """The file of recipe `name`: NAME.jsonl for the 'train' split, NAME.eval.jsonl for 'eval'."""
-    if name not in RECIPES:
-        raise ValueError(f"no recipe {name!r}: the embedded data sets are {', '.join(RECIPES)} (recipe:NAME)")
+    if name not in RECIPES + ENV_TASKS:
+        have = ", ".join(RECIPES + ENV_TASKS)
+        raise ValueError(f"no recipe {name!r}: the embedded data sets are {have} (recipe:NAME)")
     if split not in ("train", "eval"):
         raise ValueError(f"recipe split must be 'train' or 'eval', got {split!r}")
     return HERE / (f"{name}.jsonl" if split == "train" else f"{name}.eval.jsonl")

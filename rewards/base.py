@@ -50,9 +50,12 @@ def transcript(s: Sample) -> str:
     """The whole episode as 'role: text' lines after the first message (what the judges read), or the
     completion alone for a single-turn sample."""
     turns = episode(s)[2]
-    if not turns:
-        return s.completion
-    return "\n\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns[1:])
+    return turn_text(turns[1:]) if turns else s.completion
+
+
+def turn_text(turns: list[dict]) -> str:
+    """Messages as 'role: text' paragraphs: how judges, the run page and the W&B table show an episode."""
+    return "\n\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns)
 
 
 class Grader:

@@ -300,3 +300,30 @@ def resolve_model_dir():
     from nanogrpo.model.zoo import resolve_model
 
     return resolve_model("tiny")
+
+
+def test_the_run_page_and_the_sample_table_show_turn_boundaries(straight) -> None:
+    from nanogrpo.eval.report import write_report
+    from nanogrpo.infra.sample_table import samples_markdown
+
+    groups = json.loads((straight / "samples.jsonl").read_text().splitlines()[0])["groups"]
+    table = samples_markdown(groups)
+    assert "assistant: " in table and "<br><br>user: go on<br><br>assistant: " in table
+    write_report(straight)
+    page = (straight / "index.html").read_text()
+    assert "\n\nuser: go on\n\nassistant: " in page
+
+
+@pytest.mark.parametrize("decode", ["static"])
+def test_episodes_are_the_same_with_the_fixed_shape_decode_loop(tiny, decode) -> None:
+    eager = play(tiny, Vowels)
+    policy, rows, cfg = tiny
+    fixed = episode_rollout(policy, rows[:2], 0, 0, replace(cfg, sampling=replace(cfg.sampling, decode=decode)),
+                            CPU, Vowels)  # fmt: skip
+    assert (
+        [s.turns for s in fixed.samples]
+        == [s.turns for s in eager.samples]
+        == [s.turns for s in other.samples]
+    )
+    assert torch.equal(fixed.batch.ids, eager.batch.ids)
+    torch.testing.assert_close(fixed.sampler_logp, eager.sampler_logp, rtol=0, atol=1e-5)

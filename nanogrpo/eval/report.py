@@ -9,7 +9,8 @@ marks per criterion and reason, and the advantage; the final eval's held-out ans
 eval_trained.jsonl) row by row, base against trained, changed rows first; for a run graded by the rubric
 grader, each criterion's pass rate and the latest verdicts (report_rubric.py). It tolerates a run in
 progress: the logs are read as the trainer reads them on resume (metrics.read_jsonl), so a half-written
-last line is skipped and a damaged line before it is an error.
+last line is skipped and a damaged line before it is an error. A file the page cannot use (a torn config.json,
+a log line that is not an object, bytes that are not UTF-8) is one error naming it (`run_json`, `run_log`).
 
 Several runs on one page: overlay.py. The CSS and the cells every page shares: cells.py.
 """
@@ -26,6 +27,7 @@ from nanogrpo.eval.report_rubric import rubric_cell, rubric_html
 from nanogrpo.infra import plots
 from nanogrpo.infra.config_file import flat_config
 from nanogrpo.infra.metrics import TITLES, read_jsonl, replace_atomically
+from nanogrpo.infra.sample_table import completion_text
 from rewards.rows import prompt_text
 from rewards.spec import parse_spec
 
@@ -114,7 +116,7 @@ def group_html(g: dict) -> str:
             + "".join(score_cell((c.get("scores") or {}).get(k)) for k in graders)
             + (_judge_cell(c.get("judge")) if has_judge else "")
             + (rubric_cell(c.get("rubric")) if has_rubric else "")
-            + f'<td class="text"><pre>{html.escape(str(c.get("text", "")))}</pre></td></tr>'
+            + f'<td class="text"><pre>{html.escape(completion_text(c))}</pre></td></tr>'
         )
     ref = g.get("reference")
     ref_html = (
@@ -209,7 +211,7 @@ def heldout_rows(run_dir: Path) -> list[dict]:
     both score dicts, `delta` (the mean over the shared metrics of trained - base) and `change`: 'better',
     'worse', 'same score' (a different answer, the same scores) or 'same answer'. Changed answers come
     first, the largest |delta| first; [] when the run has no such files."""
-    base, trained = read_jsonl(run_dir / "eval_base.jsonl"), read_jsonl(run_dir / "eval_trained.jsonl")
+    base, trained = run_log(run_dir / "eval_base.jsonl"), run_log(run_dir / "eval_trained.jsonl")
     out = []
     for i, (b, t) in enumerate(zip(base, trained)):
         bs, ts = b.get("scores") or {}, t.get("scores") or {}
@@ -296,6 +298,47 @@ def heldout_html(rows: list[dict], ev: dict | None = None) -> str:
     )
 
 
+def run_json(path: Path) -> dict | None:
+    """A run folder's JSON object file (config.json, eval.json), None when there is none; ValueError naming
+    the file when it cannot be read or is not one JSON object (a write cut short, an edit gone wrong)."""
+    if not path.exists():
+        return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(
+            f"{path}: not a readable JSON file ({getattr(e, 'strerror', None) or e}); {_FIX}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: holds a JSON {type(obj).__name__}, not an object; {_FIX}")
+    return obj
+
+
+_FIX = "restore it, or move it out of the run folder, and run eval.py report again"
+
+
+def run_log(path: Path) -> list[dict]:
+    """A run folder's JSONL log as the trainer reads it (metrics.read_jsonl: a torn last line is dropped),
+    each entry a JSON object whose step, if any, is a number; ValueError naming the file otherwise."""
+    try:
+        rows = read_jsonl(path)
+    except ValueError as e:  # a damaged line names the file already; bytes that are not UTF-8 do not
+        raise (e if str(path) in str(e) else ValueError(f"{path}: {e}; {_FIX}")) from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e}); {_FIX}") from None
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r, dict) or ("step" in r and not _number(r["step"])):
+            raise ValueError(
+                f"{path}: entry {i} is not a log line nanogrpo writes (a JSON object with a numeric step): "
+                f"{json.dumps(r)[:80]}; {_FIX}"
+            )
+    return rows
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def write_report(run_dir: str | Path, max_sample_steps: int = 60, out: str | Path | None = None) -> Path:
     """Write run_dir/index.html (or `out`) from the run's files and return its path."""
     run_dir = Path(run_dir)
@@ -303,11 +346,25 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60, out: str | Pat
         raise ValueError(
             f"{run_dir} is not a run folder (expected config.json, metrics.jsonl, samples.jsonl)"
         )
-    cfg_path, ev_path = run_dir / "config.json", run_dir / "eval.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
-    ev = json.loads(ev_path.read_text()) if ev_path.exists() else None
-    metrics = read_jsonl(run_dir / "metrics.jsonl")  # the trainer's reader: a torn last line is dropped
-    samples = read_jsonl(run_dir / "samples.jsonl")
+    cfg, ev = run_json(run_dir / "config.json"), run_json(run_dir / "eval.json")
+    metrics = run_log(run_dir / "metrics.jsonl")  # the trainer's reader: a torn last line is dropped
+    samples = run_log(run_dir / "samples.jsonl")
+    try:
+        page = _page(run_dir, cfg, ev, metrics, samples, max_sample_steps)
+    except (TypeError, AttributeError, KeyError) as e:  # an entry of a shape nanogrpo never logs
+        raise ValueError(
+            f"{run_dir}: metrics.jsonl or samples.jsonl holds an entry the page cannot draw "
+            f"({type(e).__name__}: {e}); {_FIX}"
+        ) from None
+    out = Path(out) if out else run_dir / "index.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(out, page)  # a browser never sees half a page
+    return out
+
+
+def _page(
+    run_dir: Path, cfg: dict | None, ev: dict | None, metrics: list, samples: list, max_sample_steps: int
+) -> str:
     last = metrics[-1] if metrics else {}
     summary = " · ".join(
         f"{k} {last[k] if k == 'step' else fmt(last.get(k))}"
@@ -317,7 +374,7 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60, out: str | Pat
     data = json.dumps({"metrics": metrics}).replace(
         "</", "<\\/"
     )  # the raw numbers, for anyone who wants them
-    page = (
+    return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>nanogrpo · {html.escape(run_dir.name)}</title>"
         f"<style>{CSS}</style></head><body><header><h1>nanogrpo run · {html.escape(run_dir.name)}</h1>"
         f"<div class='muted'>{html.escape(summary)}</div></header>{eval_html(ev, cfg)}{heldout_html(heldout_rows(run_dir), ev)}"
@@ -327,7 +384,3 @@ def write_report(run_dir: str | Path, max_sample_steps: int = 60, out: str | Pat
         f"<section id='config'><h2>Config</h2>{config_html(cfg)}</section>"
         f"<script type='application/json' id='run-data'>{data}</script><script>{JS}</script></body></html>"
     )
-    out = Path(out) if out else run_dir / "index.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(out, page)  # a browser never sees half a page
-    return out

@@ -7,6 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from nanogrpo.infra.metrics import json_safe
+from rewards.base import turn_text
+
+
+def completion_text(c: dict) -> str:
+    """A logged completion's text; an episode's (it has `turns`) is its transcript, turn by turn."""
+    return turn_text(c["turns"]) if c.get("turns") else str(c.get("text", ""))
 
 
 def sample_rows(groups: list[dict]) -> tuple[list[str], list[list]]:
@@ -17,7 +23,7 @@ def sample_rows(groups: list[dict]) -> tuple[list[str], list[list]]:
         for c in g.get("completions") or []:
             graders += [k for k in c.get("scores") or {} if k not in graders]
     rows = [
-        [g.get("prompt"), c.get("text"), *[(c.get("scores") or {}).get(k) for k in graders]]
+        [g.get("prompt"), completion_text(c), *[(c.get("scores") or {}).get(k) for k in graders]]
         + [c.get("advantage"), c.get("reward")]
         for g in groups
         for c in g.get("completions") or []

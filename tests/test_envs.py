@@ -320,10 +320,6 @@ def test_episodes_are_the_same_with_the_fixed_shape_decode_loop(tiny, decode) ->
     policy, rows, cfg = tiny
     fixed = episode_rollout(policy, rows[:2], 0, 0, replace(cfg, sampling=replace(cfg.sampling, decode=decode)),
                             CPU, Vowels)  # fmt: skip
-    assert (
-        [s.turns for s in fixed.samples]
-        == [s.turns for s in eager.samples]
-        == [s.turns for s in other.samples]
-    )
+    assert [s.turns for s in fixed.samples] == [s.turns for s in eager.samples]
     assert torch.equal(fixed.batch.ids, eager.batch.ids)
     torch.testing.assert_close(fixed.sampler_logp, eager.sampler_logp, rtol=0, atol=1e-5)

@@ -10,40 +10,46 @@ from rewards.options import RewardConfig
 from rewards.registry import register
 
 
-class EnvReward(Grader):
-    """The episode's reward mapped from the environment's reward_range onto [0, 1]."""
+class EpisodeGrader(Grader):
+    """A grader of one number of an episode, `value(reward, info)`; None for a sample without an episode,
+    and for columns of another shape (a hand-edited file) rather than an error."""
+
+    def value(self, reward: float | None, info: dict) -> float | None:
+        raise NotImplementedError
 
     def score(self, batch: list[Sample]) -> list[float | None]:
         out: list[float | None] = []
         for s in batch:
-            r, info, _ = episode(s)
-            lo, hi = info.get("reward_range", (0.0, 1.0))
-            out.append(None if r is None or not hi > lo else (float(r) - lo) / (hi - lo))
+            reward, info, turns = episode(s)
+            try:
+                out.append(None if turns is None else self.value(reward, info))
+            except (TypeError, ValueError, ZeroDivisionError, AttributeError):
+                out.append(None)
         return out
 
 
-class TurnsUsed(Grader):
+class EnvReward(EpisodeGrader):
+    """The episode's reward mapped from the environment's reward_range onto [0, 1]; None if it failed."""
+
+    def value(self, reward: float | None, info: dict) -> float | None:
+        lo, hi = (float(x) for x in info.get("reward_range", (0.0, 1.0)))
+        return None if reward is None or not hi > lo else (float(reward) - lo) / (hi - lo)
+
+
+class TurnsUsed(EpisodeGrader):
     """1 for an episode that took one turn, down to 0 for one that used every turn it had."""
 
-    def score(self, batch: list[Sample]) -> list[float | None]:
-        out: list[float | None] = []
-        for s in batch:
-            _, info, turns = episode(s)
-            n, most = info.get("turns"), info.get("max_turns")
-            out.append(None if turns is None or not n or not most else 1.0 - (n - 1) / max(1, most - 1))
-        return out
+    def value(self, reward: float | None, info: dict) -> float | None:
+        n, most = info.get("turns"), info.get("max_turns")
+        return None if not n or not most else 1.0 - (n - 1) / max(1, most - 1)
 
 
-class Valid(Grader):
+class Valid(EpisodeGrader):
     """The share of an episode's turns the environment could use (1: no invalid action)."""
 
-    def score(self, batch: list[Sample]) -> list[float | None]:
-        out: list[float | None] = []
-        for s in batch:
-            _, info, turns = episode(s)
-            n = info.get("turns")
-            out.append(None if turns is None or not n else 1.0 - info.get("invalid", 0) / n)
-        return out
+    def value(self, reward: float | None, info: dict) -> float | None:
+        n = info.get("turns")
+        return None if not n else 1.0 - info.get("invalid", 0) / n
 
 
 @register("env")

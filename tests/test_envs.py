@@ -323,3 +323,23 @@ def test_episodes_are_the_same_with_the_fixed_shape_decode_loop(tiny, decode) ->
     assert [s.turns for s in fixed.samples] == [s.turns for s in eager.samples]
     assert torch.equal(fixed.batch.ids, eager.batch.ids)
     torch.testing.assert_close(fixed.sampler_logp, eager.sampler_logp, rtol=0, atol=1e-5)
+
+
+def test_episode_graders_exact_and_on_odd_columns() -> None:
+    from rewards import Sample, make
+    from rewards.options import RewardConfig
+
+    turns = [{"role": "user", "content": "p"}, {"role": "assistant", "content": "a"}]
+    info = {"reward_range": (-1.0, 1.0), "turns": 3, "max_turns": 5, "invalid": 1}
+    good = Sample("p", "a", turns=turns, env_reward=0.5, env_info=info)
+    failed = Sample("p", "a", turns=turns, env_reward=None, env_info=info)
+    single = Sample("p", "a")  # no episode: the graders do not apply
+    odd = Sample(
+        "p", "a", row={"turns": turns, "env_reward": "x", "env_info": {"reward_range": "ab", "turns": "3"}}
+    )
+    got = {
+        name: make(name, RewardConfig())([good, failed, single, odd]) for name in ("env", "turns", "valid")
+    }
+    assert got["env"] == [0.75, None, None, None]
+    assert got["turns"] == [0.5, 0.5, None, None] and got["valid"][:3] == [pytest.approx(2 / 3)] * 2 + [None]
+    assert got["valid"][3] is None

@@ -27,12 +27,13 @@ import tyro
 from nanogrpo.config import EnvConfig
 from nanogrpo.envs.episode import EpisodeRunner
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
-from nanogrpo.formats import write_jsonl
+from nanogrpo.formats import jsonl_text, write_jsonl
 from nanogrpo.infra import flag_checks
+from nanogrpo.infra.outputs import output_file, write_or_keep
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
-from rewards.ranges import FlagRangeError, check_ranges
+from rewards.ranges import check_ranges
 
 Positional = tyro.conf.Positional
 
@@ -192,6 +193,7 @@ def _emit(obj: dict, path: str, table: str) -> None:
 def run_generate(args: Generate) -> None:
     from nanogrpo.data import load_task
 
+    out = output_file(args.out, "--out")  # '' or a folder there: refused before the model loads
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
     runner = EpisodeRunner.from_flags(args.env, args.max_new_tokens, args.allow_user_code)  # before the model
@@ -220,7 +222,7 @@ def run_generate(args: Generate) -> None:
     ]
     for rec, e in zip(recs, episodes):  # the env graders of `eval.py score` read these columns
         rec.update({k: e[k] for k in ("turns", "env_reward", "env_info")})
-    write_jsonl(args.out, recs)
+    write_or_keep(out, jsonl_text(recs), "the completions")  # a late failure keeps them beside --out
     # how the file was made, and the training run it comes from (for the same-judge warning)
     meta = provenance.write_meta(
         args.out,
@@ -436,14 +438,14 @@ RUNNERS = {
 
 def run(argv: list[str] | None = None) -> int:
     """`python eval.py COMMAND ARGS`: 0 when it ends; bad data or flags: one clear line on stderr (no
-    traceback) and 1; a number outside its range (nanogrpo/infra/flag_checks.py's EVAL): 2, as tyro's."""
+    traceback) and 2, as train.py (a number outside its range too: nanogrpo/infra/flag_checks.py's EVAL)."""
     args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0], args=argv)
     try:
         check_ranges(args, flag_checks.EVAL[type(args).__name__])
         RUNNERS[type(args)](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, FlagRangeError) else 1
+        return 2
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import tyro
 
@@ -31,9 +32,57 @@ def check_model(model: str, flag: str) -> None:
         raise ValueError(f"{flag} {model!r}: {e}; or run it through nanogrpo: {NAMES}") from None
 
 
+def check_data(data: str, flag: str = "--data") -> None:
+    """ValueError naming the flag when the labels file is not there (before any model loads)."""
+    p = Path(data)
+    if not data.strip() or not p.exists():
+        raise ValueError(f"{flag} {data!r}: no such file; give the labels JSONL")
+    if not p.is_file():
+        raise ValueError(f"{flag} {data}: a folder, not a file; give the labels JSONL")
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """ValueError naming the flag for a device torch does not know, or one this machine does not have (cuda
+    on a CPU build of torch, a GPU index past the last), before any model loads."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{flag} {device!r}: not a device; give cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "mps":
+        ok = torch.backends.mps.is_available()
+    else:
+        ok = bool(getattr(getattr(torch, dev.type, None), "is_available", lambda: False)())
+    if not ok:
+        build = " (this torch is a CPU build)" if dev.type == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"{flag} {device}: no {dev.type} device here{build}; use --device cpu")
+    count = getattr(getattr(torch, dev.type, None), "device_count", None)
+    if dev.index is not None and callable(count) and dev.index >= count():
+        raise ValueError(
+            f"{flag} {device}: this machine has {count()} {dev.type} device(s), 0 to {count() - 1}"
+        )
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    """ValueError naming --out for '' (it would write here), a file, or a folder with a probe already in it
+    (unless --overwrite), before any model loads."""
+    if not out.strip():
+        raise ValueError("--out '': name the probe's folder (e.g. --out probes/mytask)")
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: name a folder for probe.json and its weights")
+    if (p / "probe.json").exists() and not overwrite:
+        raise ValueError(
+            f"--out {out} holds a probe already: pass --overwrite to replace it, or another --out"
+        )
+
+
 def train(
     data: str, model: str, out: str = "probe", dev_frac: float = 0.2, seed: int = 0, l2: float = 1e-3,
-    batch_size: int = 8, device: str = "cpu", max_len: int = 2048,
+    batch_size: int = 8, device: str = "cpu", max_len: int = 2048, overwrite: bool = False,
 ) -> None:  # fmt: skip
     """Train a linear probe on a frozen LM's last-token hidden state; save it (safetensors + JSON).
 
@@ -47,8 +96,12 @@ def train(
         batch_size: Texts per forward pass.
         device: 'cpu' or 'cuda'.
         max_len: Longest input in tokens (longer ones keep their end).
+        overwrite: Replace the probe already in --out.
     """
     check_ranges(locals(), PROBE_TRAIN)  # the flags' numbers, first (rewards/ranges.py)
+    check_data(data)
+    check_out(out, overwrite)
+    check_device(device)
     rows = read_rows(data)
     check_model(model, "--model")  # before the model loads
     probe = train_probe(rows, model, dev_frac=dev_frac, seed=seed, l2=l2, batch_size=batch_size,
@@ -68,6 +121,8 @@ def eval(data: str, probe: str, batch_size: int = 8, device: str = "cpu") -> Non
         device: 'cpu' or 'cuda'.
     """
     check_ranges(locals(), PROBE_EVAL)
+    check_data(data)
+    check_device(device)
     p = Probe.load(probe)
     rows = read_rows(data)
     check_model(p.meta["model"], f"the probe {probe}'s model")

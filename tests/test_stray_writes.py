@@ -173,4 +173,9 @@ def test_each_weights_writer_gives_0644_under_umask_022(tmp_path):
     finally:
         os.umask(old)
     assert set(modes(tmp_path).values()) == {"0o644"}, modes(tmp_path)
-    json.loads((tmp_path / "p" / "probe.json").read_text())  # strict JSON: the NaN was written as null
+    meta = json.loads((tmp_path / "p" / "probe.json").read_text(), parse_constant=_not_json)
+    assert meta["dev_log_loss_per_layer"] == [None]  # strict JSON: the NaN is written as null
+
+
+def _not_json(name: str):
+    raise AssertionError(f"probe.json holds {name}, which is not JSON")

@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 from nanogrpo.eval.cells import CSS, figure_html, fmt, latest
+from nanogrpo.eval.report import run_json, run_log
 from nanogrpo.infra import plots
-from nanogrpo.infra.metrics import panels, read_jsonl, replace_atomically
+from nanogrpo.infra.metrics import panels, replace_atomically
 
 
 def _run_names(run_dirs: list[Path]) -> list[str]:
@@ -39,8 +40,8 @@ def write_overlay(run_dirs: list[str | Path], out: str | Path) -> Path:
             raise ValueError(f"{d} is not a run folder (expected config.json, metrics.jsonl, samples.jsonl)")
     names = _run_names(dirs)
     colors = [plots.COLORS[k % len(plots.COLORS)] for k in range(len(dirs))]
-    metrics = [read_jsonl(d / "metrics.jsonl") for d in dirs]
-    evals = [json.loads((d / "eval.json").read_text()) if (d / "eval.json").exists() else None for d in dirs]
+    metrics = [run_log(d / "metrics.jsonl") for d in dirs]  # a file it cannot use: one error naming it
+    evals = [run_json(d / "eval.json") for d in dirs]
     charts = []
     for key, lines in overlay_lines(names, metrics).items():
         color = [colors[names.index(n)] for n, _, _ in lines]

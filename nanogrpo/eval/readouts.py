@@ -54,6 +54,7 @@ from typing import Any
 
 from nanogrpo.eval.label_rows import SPLITS, assign_folds, read_label_rows
 from nanogrpo.eval.readout_scores import METRICS, paired_bootstrap, scores
+from nanogrpo.infra.outputs import output_folder
 
 READOUTS = ("generative", "logprob", "probe")
 
@@ -218,10 +219,14 @@ def compare(
     from nanogrpo.model import judge_backend
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig
+    from rewards.probe_cli import check_data, check_device
     from rewards.ranges import check_ranges
 
     check_ranges(locals(), PROBE_COMPARE)  # the flags' numbers, first
     check_choices(readouts, probe_pool, dtype)
+    check_data(data)  # then the labels file, the device and --out: before any model loads
+    check_device(device)
+    outdir = output_folder(out, "--out")  # '' (here) or a file: refused; a rerun reuses its judge cache
     rows = read_label_rows(data, rubrics)
     if any(by not in r for r in rows):
         raise ValueError(
@@ -231,7 +236,6 @@ def compare(
     judge_backend.register()  # model names ('tiny', 'smollm2') for the judge and the probe's LM
     resolve_model(model)  # a bad name or folder stops here, before any model loads
     test = sorted(i for part in parts for i in part["test"])
-    outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     p: dict[str, list[float | None]] = {}
     pred: dict[str, list[int | None]] = {}

@@ -33,6 +33,8 @@ from pathlib import Path
 from nanogrpo.eval import stats
 from nanogrpo.eval.evaluate import read_jsonl
 from nanogrpo.infra.config_file import flat_config
+from nanogrpo.infra.metrics import replace_atomically
+from nanogrpo.infra.outputs import output_folder
 
 DEFAULT_SEEDS = (42, 123, 456)
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -55,6 +57,11 @@ class SeedRunError(ValueError):
 
 def seed_dir(out: str | Path, seed: int) -> Path:
     return Path(out) / f"seed{seed}"
+
+
+def is_set_entry(name: str) -> bool:
+    """A name the seeds command writes in a run set: seed<N>/ runs and the seeds*.md / seeds*.json tables."""
+    return bool(_RUN_NAME.fullmatch(name)) or (name.startswith("seeds") and name.endswith((".md", ".json")))
 
 
 def run_state(run_dir: Path) -> str:
@@ -88,7 +95,9 @@ def run_seeds(
     out: str | Path, train_args: Sequence[str], seeds: Sequence[int] = DEFAULT_SEEDS, echo: Callable = print
 ) -> list[Path]:
     """Run train.py for every seed whose run has not finished, one after another, each in its own process
-    (a fresh interpreter: no state carries from one seed to the next). Returns the run folders."""
+    (a fresh interpreter: no state carries from one seed to the next). Returns the run folders. `out` is
+    refused before any run when it is '', a file, or a folder holding anything but a run set's own files."""
+    output_folder(str(out), "--out", is_set_entry)
     check_train_args(train_args)
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"--seeds {' '.join(map(str, seeds))}: give one or more distinct seeds")
@@ -157,8 +166,9 @@ def load_run(path: Path, seed: int) -> SeedRun:
                 f"{f} not found: the run has no held-out eval; train with --eval-prompts N and LoRA "
                 "(and --data.eval FILE unless the task is demo), then run the seeds command again"
             )
-    config_file = path / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    from nanogrpo.eval.report import run_json  # a torn config.json: one error naming it
+
+    config = run_json(path / "config.json") or {}
     return SeedRun(seed, path, _scores_by_id(files[0]), _scores_by_id(files[1]), config)
 
 
@@ -400,6 +410,6 @@ def write_table(folder: str | Path, res: dict) -> tuple[Path, Path]:
     """FOLDER/seeds.{md,json}, or FOLDER/seeds_vs_<baseline>.{md,json} with a baseline."""
     stem = "seeds" + (f"_vs_{Path(res['baseline']['runs']).name}" if "baseline" in res else "")
     md, js = Path(folder) / f"{stem}.md", Path(folder) / f"{stem}.json"
-    md.write_text(format_markdown(res) + "\n")
-    js.write_text(json.dumps(res, indent=2) + "\n")
+    replace_atomically(md, format_markdown(res) + "\n")  # whole or as it was
+    replace_atomically(js, json.dumps(res, indent=2) + "\n")
     return md, js

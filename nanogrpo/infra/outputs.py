@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -95,6 +96,15 @@ def output_folder(path: str, flag: str, known: Callable[[str], bool] | Iterable[
                 "(or the folder of an earlier run of this command, to continue it)"
             )
     return p
+
+
+def folder_or_exit(path: str, flag: str, known: Callable[[str], bool] | Iterable[str] | None = None) -> Path:
+    """output_folder for a command without a one-line error of its own (argparse's): the line, exit 2."""
+    try:
+        return output_folder(path, flag, known)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _parents_are_folders(p: Path, flag: str, given: str) -> None:

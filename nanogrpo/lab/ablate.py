@@ -35,6 +35,8 @@ import torch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.infra.flag_checks import LAB
+from nanogrpo.infra.metrics import replace_atomically
+from nanogrpo.infra.outputs import folder_or_exit
 from nanogrpo.lab.toy import ToySettings, toy_optimum, train_toy
 from rewards.ranges import check_or_exit
 
@@ -285,11 +287,18 @@ def plot(
     return paths
 
 
+def _is_ablate_file(name: str) -> bool:
+    """What the ablation writes in its folder: the LM task, the SFT warm-up, the cells, the tables and plots."""
+    return name in ("task.jsonl", "sft", "runs") or name.startswith(("toy_", "lm_"))
+
+
 def write(results: list[dict], out: Path, prefix: str, meta: dict) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     rows = summarise(results, meta.get("tail", 1))
-    (out / f"{prefix}_results.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": results}))
-    (out / f"{prefix}_table.md").write_text(markdown(rows))
+    replace_atomically(
+        out / f"{prefix}_results.json", json.dumps({"meta": meta, "summary": rows, "runs": results})
+    )
+    replace_atomically(out / f"{prefix}_table.md", markdown(rows))
     plot(
         results,
         out,
@@ -341,7 +350,9 @@ def main(argv: list[str] | None = None) -> None:
         k: getattr(a, k) if getattr(a, k) is not None else (SMOKE if a.smoke else defaults)[k]
         for k in defaults
     }
-    out = Path(a.out or f"runs/ablate-{a.kind}{'-smoke' if a.smoke else ''}")  # never the full grid's cells
+    default = f"runs/ablate-{a.kind}{'-smoke' if a.smoke else ''}"  # never the full grid's cells
+    # '' (the current folder), a file, or a folder of other files: refused before any run
+    out = folder_or_exit(default if a.out is None else a.out, "--out", _is_ablate_file)
     runs = grid(g["variants"], g["betas"], g["seeds"], g["policy"], g["std_norm"])
     t0 = time.perf_counter()
     if a.kind == "toy":

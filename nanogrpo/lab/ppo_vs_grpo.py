@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nanogrpo.infra.flag_checks import LAB
-from nanogrpo.infra.metrics import read_jsonl
+from nanogrpo.infra.metrics import read_jsonl, replace_atomically
+from nanogrpo.infra.outputs import folder_or_exit
 from nanogrpo.lab.ablate_lm import train_logged
 from rewards.ranges import check_or_exit
 
@@ -251,12 +252,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tokens", type=int, default=8, help="--sampling.max-new-tokens of every run")
     ap.add_argument("--ppo-samples", type=int, default=0, help="PPO's completions per prompt (0 = --group)")
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each train.py")
-    ap.add_argument("--out", type=Path, default=Path("runs/ppo_vs_grpo"))
+    ap.add_argument("--out", default="runs/ppo_vs_grpo", help="output folder: runs/, the table, the plot")
     ap.add_argument("--plot", type=Path, default=None,
                     help="where the plot goes (default <out>/ppo_vs_grpo.png; docs/img/ppo_vs_grpo.png to "
                     "update the docs' figure)")  # fmt: skip
     a = ap.parse_args(argv)
     check_or_exit(a, LAB["ppo_vs_grpo"])  # each number in its range (nanogrpo/infra/flag_checks.py)
+    a.out = folder_or_exit(a.out, "--out", ("runs", "ppo_vs_grpo.json", "ppo_vs_grpo.md", "ppo_vs_grpo.png"))
     # a default run must not overwrite the documented figure with a smaller or different grid
     a.plot = a.plot or a.out / "ppo_vs_grpo.png"
     t0 = time.perf_counter()
@@ -267,8 +269,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table = markdown(rows)
     meta = {**asdict(shape), "common_flags": COMMON, "wall_s": time.perf_counter() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "ppo_vs_grpo.json").write_text(json.dumps({"meta": meta, "summary": rows, "runs": results}))
-    (a.out / "ppo_vs_grpo.md").write_text(table)
+    replace_atomically(
+        a.out / "ppo_vs_grpo.json", json.dumps({"meta": meta, "summary": rows, "runs": results})
+    )
+    replace_atomically(a.out / "ppo_vs_grpo.md", table)
     plot(results, a.plot, shape)
     print(f"\n{len(cells)} runs, {a.steps} steps each, {meta['wall_s'] / 60:.1f} min; plot: {a.plot}\n")
     print(table)

@@ -41,6 +41,8 @@ import tyro
 
 from nanogrpo.eval import seeds as seedruns
 from nanogrpo.infra.flag_checks import RLVRR
+from nanogrpo.infra.metrics import replace_atomically
+from nanogrpo.infra.outputs import output_folder
 from nanogrpo.recipes import recipe_path
 from nanogrpo.reward_data import baselines
 from rewards.ranges import check_ranges
@@ -260,7 +262,8 @@ def run(a: TableArgs) -> dict:
     """Write the arms' data, train every arm over the seeds (finished runs are skipped), print the table."""
     check_args(a)
     seeds = seed_list(a.seeds)
-    out = Path(a.out)
+    # '' (the current folder), a file, or a folder holding anything but this table's own files: refused now
+    out = output_folder(a.out, "--out", {"data", "table.md", "table.json", *ARMS})
     t0 = time.perf_counter()
     files, held_out = write_arm_data(out / "data", a.arms, a.eval_prompts)
     n_eval = sum(1 for line in held_out.read_text().splitlines() if line.strip())
@@ -274,8 +277,8 @@ def run(a: TableArgs) -> dict:
     res = arm_table(out, a.arms, seeds, a.resamples)
     res.update(model=a.model, wall_s=round(time.perf_counter() - t0, 1), argv=sys.argv[1:])
     md = format_table(res)
-    (out / "table.md").write_text(md + "\n")
-    (out / "table.json").write_text(json.dumps(res, indent=2) + "\n")
+    replace_atomically(out / "table.md", md + "\n")  # whole, or as it was
+    replace_atomically(out / "table.json", json.dumps(res, indent=2) + "\n")
     print(f"\n{md}\n\nwrote {out}/table.md and table.json in {res['wall_s']:.0f} s")
     return res
 

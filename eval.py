@@ -240,12 +240,12 @@ def run_generate(args: Generate) -> None:
 
 
 def run_score(args: Score) -> None:
+    out = output_file(args.out or str(Path(args.file).with_suffix("")) + ".scored.jsonl", "--out")  # first
     rows = evaluate.read_jsonl(args.file)
     scores = evaluate.score_rows(
         rows, graders=args.graders, reward_cfg=args.reward, target=args.target, path=args.file
     )
-    out = args.out or str(Path(args.file).with_suffix("")) + ".scored.jsonl"
-    write_jsonl(out, [{**r, "scores": s} for r, s in zip(rows, scores)])
+    write_or_keep(out, jsonl_text({**r, "scores": s} for r, s in zip(rows, scores)), "the scores")
     summary = evaluate.summarise(scores, args.resamples, args.seed)
     table = evaluate.format_summary_table(summary) + f"\n({len(rows)} rows; per-row scores in {out})"
     result = {"file": args.file, "n": len(rows), "metrics": summary}
@@ -356,6 +356,8 @@ def _accuracies(args: Elo, systems: dict[str, list[dict]], names: list[str]) -> 
 
 
 def run_elo(args: Elo) -> None:
+    if not args.out.strip():  # the prefix of every file written: '' would write _comparisons.jsonl here
+        raise ValueError("--out '': name the output prefix (e.g. --out runs/elo)")
     systems: dict[str, list[dict]] = {}
     comparisons = Path(f"{args.out}_comparisons.jsonl")
     if args.verdicts:  # refit earlier verdicts: no judge is asked

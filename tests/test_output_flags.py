@@ -10,7 +10,7 @@ import json
 import shutil
 
 import pytest
-from helpers import run_eval, run_train_here
+from helpers import run_eval, run_train_here, write_rows
 
 from nanogrpo.eval import generation
 from nanogrpo.eval import seeds as seedruns
@@ -115,6 +115,37 @@ def test_the_labs_refuse_their_out(command, here, tmp_path, monkeypatch, capsys,
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and says in err[0], err
     assert list(here.iterdir()) == []
+
+
+def test_score_and_elo_refuse_their_out_before_grading(here, tmp_path, monkeypatch, foreign):
+    from nanogrpo.eval import evaluate, pairwise
+
+    monkeypatch.setattr(evaluate, "score_rows", nothing_runs)
+    monkeypatch.setattr(pairwise, "run_pairwise", nothing_runs)
+    c = write_rows(tmp_path / "c.jsonl", [{"id": 1, "prompt": "p", "reference": "a", "completion": "a"}])
+    assert f"--out {foreign} is a folder" in one_error(run_eval("score", c, "--out", foreign, cwd=here))
+    assert "--out '': name the output prefix" in one_error(run_eval("elo", c, c, "--out", "", cwd=here))
+    assert list(here.iterdir()) == []
+
+
+def test_reward_data_and_convert_refuse_their_out(here, tmp_path, monkeypatch, capsys, foreign):
+    """The reward data commands check --out before drafting (an LLM's drafts cost money), convert's split
+    refuses --out-dir '' (its files would land here) and mcq a folder as --out."""
+    from nanogrpo.reward_data import __main__ as reward_data
+    from nanogrpo.reward_data import convert
+
+    monkeypatch.chdir(here)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": 1, "prompt": "p", "reference": "a b c"}])
+    for out, says in (("", "--out '': name the file"), (foreign, "is a folder")):
+        with pytest.raises(SystemExit) as e:
+            reward_data.main(["baseline", str(rows), "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and says in err[0], err
+    with pytest.raises(ValueError, match="--out-dir '': name the output folder"):
+        convert.run_split(convert.Split(str(rows), "", ""))
+    with pytest.raises(ValueError, match=f"--out {foreign} is a folder"):
+        convert.run_mcq(convert.Mcq(str(rows), str(foreign)))
+    assert list(here.iterdir()) == [] and [p.name for p in foreign.iterdir()] == ["README.md"]
 
 
 @pytest.fixture(scope="module")

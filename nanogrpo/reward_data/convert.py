@@ -35,6 +35,7 @@ import tyro
 from nanogrpo.data import correct_option, preference_texts
 from nanogrpo.formats import validate_row, write_jsonl
 from nanogrpo.infra.flag_checks import REWARD_DATA
+from nanogrpo.infra.outputs import output_file, output_folder
 from rewards.ranges import check_or_exit
 from rewards.rows import DataError, read_rows
 
@@ -284,8 +285,9 @@ class Split:
 
 def run_mcq(args: Mcq) -> None:
     fields = McqFields(args.question, args.options, args.answer, args.list_options, args.instruction)
+    out = output_file(args.out, "--out")  # '', a folder, under a file: refused before the conversion
     rows, skipped = convert_mcq(args.file, fields, args.id_prefix, args.skip_bad)
-    write_jsonl(Path(args.out), rows)
+    write_jsonl(out, rows)
     print(f"wrote {len(rows)} open-generation rows to {args.out}")
     if skipped:
         print(f"skipped {len(skipped)} bad rows:", *skipped[:10], sep="\n  ")
@@ -295,7 +297,8 @@ def run_mcq(args: Mcq) -> None:
 
 def run_split(args: Split) -> None:
     check_ratios(args.ratios, args.names)
-    paths = [Path(args.out_dir) / f"{name}.jsonl" for name in args.names]
+    folder = output_folder(args.out_dir, "--out-dir")  # '' would write the splits into the current folder
+    paths = [folder / f"{name}.jsonl" for name in args.names]
     if not args.overwrite and (there := [str(p) for p in paths if p.exists()]):
         raise ValueError(f"{', '.join(there)} exist: pass --overwrite to replace them, or another --out-dir")
     rows = read_rows(args.file)  # a row without an id gets its line in FILE: one id, whichever split
@@ -318,5 +321,6 @@ if __name__ == "__main__":
     check_or_exit(args, REWARD_DATA[type(args).__name__])  # each number in its range: else one line, exit 2
     try:
         RUNNERS[type(args)](args)
-    except ValueError as e:  # bad data or flags: one line that says what to fix
-        sys.exit(f"error: {e}")
+    except ValueError as e:  # bad data or flags: one line that says what to fix, exit 2 as train.py's
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from nanogrpo.formats import write_jsonl
+from nanogrpo.infra.outputs import output_file
 from rewards.rows import read_rows
 
 
@@ -35,8 +36,9 @@ def references(row: dict[str, Any]) -> list[str]:
 
 
 def out_paths(out: str, source: str) -> tuple[Path, Path]:
-    """(rejected file, default cache file) next to `out`; refuses an `out` that is the input itself."""
-    p = Path(out)
+    """(rejected file, default cache file) next to `out`; refuses, before any drafting, an `out` that is the
+    input itself, '', a folder, or under a file (infra/outputs.output_file)."""
+    p = output_file(out, "--out")
     if p.resolve() == Path(source).resolve():
         raise ValueError(f"--out {out} is the input file; write the output to another file")
     return p.with_suffix(".rejected.jsonl"), p.with_suffix(".cache.jsonl")

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rewards import agreement
+from rewards.rows import umask
 from rewards.text import well_formed
 
 if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays light
@@ -77,19 +78,6 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
-
-
-def _umask() -> int:
-    """This process's umask, read from /proc where it can be (os.umask changes it to read it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _finite(x: Any) -> Any:
@@ -293,7 +281,7 @@ class Probe:
         if not all(bool(torch.isfinite(v).all()) for v in t.values()):
             raise ValueError(f"the probe's weights are not finite; nothing written to {out}")
         out.mkdir(parents=True, exist_ok=True)
-        mode = 0o666 & ~_umask()
+        mode = 0o666 & ~umask()
         weights, tmp = out / "probe.safetensors", out / f".probe.safetensors.tmp-{os.getpid()}"
         save_file(t, str(tmp))
         os.chmod(tmp, mode)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,17 @@ def prompt_text(prompt: Any) -> str:
     if isinstance(prompt, list):
         return "\n".join(f"{m.get('role', 'user')}: {m.get('content', '')}" for m in prompt)
     return prompt if isinstance(prompt, str) else ""
+
+
+def umask() -> int:
+    """This process's umask (every writer of nanogrpo and rewards gives its files 0o666 & ~umask), read without changing it where /proc says it (os.umask sets it to read it: a file
+    another thread creates meanwhile would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -24,19 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-
-def umask() -> int:
-    """This process's umask, read without changing it where /proc says it (os.umask sets it to read it: a file
-    another thread creates meanwhile would get the wrong mode)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+from rewards.rows import umask
 
 
 def file_mode() -> int:

@@ -343,3 +343,20 @@ def test_episode_graders_exact_and_on_odd_columns() -> None:
     assert got["env"] == [0.75, None, None, None]
     assert got["turns"] == [0.5, 0.5, None, None] and got["valid"][:3] == [pytest.approx(2 / 3)] * 2 + [None]
     assert got["valid"][3] is None
+
+
+def test_dynamic_sampling_mask_truncated_and_eval_every_run_episodes(tmp_path) -> None:
+    """The options that draw, drop or evaluate completions take episodes as they take single completions:
+    dynamic sampling regroups whole trajectories (their observations and transcripts), --grpo.mask-truncated
+    drops the ones a budget ended, --eval-every plays greedy held-out episodes."""
+    run = tmp_path / "dyn"
+    args = [*RUN, "--steps", "2", "--grpo.dynamic-sampling", "--grpo.mask-truncated", "--env.max-tokens", "16",
+            "--eval-every", "1", "--eval-prompts", "2", "--data.eval", "recipe:calc", "--out-dir", str(run)]  # fmt: skip
+    r = run_train_here(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ms = [m for m in _metrics(run) if m["step"] > 0]
+    assert [m["step"] for m in ms] == [1, 2] and all(m["env/truncated"] > 0 for m in ms)
+    assert all("frac_masked" in m and m["groups_drawn"] >= 2 for m in ms)
+    assert all(m["eval/env"] is not None for m in _metrics(run))
+    group = json.loads((run / "samples.jsonl").read_text().splitlines()[0])["groups"][0]
+    assert all(c["turns"][0]["role"] == "assistant" for c in group["completions"])

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import last_sampled
 from nanogrpo.rollout import Rollout, assemble
 
 
@@ -97,8 +98,7 @@ def split_groups(s: Scored) -> list[Group]:
         sl = slice(i * G, (i + 1) * G)
         # the group's longest completion, to its last sampled token (an episode's observations lie between
         # its turns, and it ends on a turn): the rest is padding
-        m = roll.batch.mask[sl]  # (G, T)
-        L = int(((m > 0) * torch.arange(1, m.shape[1] + 1, device=m.device)).max())
+        L = int(last_sampled(roll.batch.mask[sl]).max())
         pieces = (roll.batch.targets, roll.batch.mask, roll.sampler_logp)
         ids, mask, logp = (t[sl, :L].cpu() for t in pieces)  # (G, L)
         trunc, parts = roll.truncated[sl].cpu(), {k: v[sl] for k, v in s.parts.items()}

@@ -13,6 +13,7 @@ import torch
 
 from nanogrpo import grpo
 from nanogrpo.infra import dist
+from nanogrpo.model.logprobs import last_sampled
 from rewards.diagnostics import hacking_totals
 from rewards.registry import mean_metrics
 
@@ -121,8 +122,8 @@ def episode_summary(roll) -> dict:
     if getattr(roll, "failed", None) is None:
         return {}
     infos = [s.env_info for s in roll.samples]
-    ext = [int(((m > 0) * torch.arange(1, len(m) + 1)).max()) for m in roll.batch.mask.cpu()]  # (N,) extents
-    obs = float(sum(ext) - roll.lengths.sum())  # observation tokens: inside each trajectory, mask 0
+    # observation tokens: inside each trajectory, at mask 0
+    obs = float(last_sampled(roll.batch.mask).sum().cpu() - roll.lengths.sum().cpu())
     t = Totals({
         "turns": float(sum(i.get("turns", 0) for i in infos)), "obs": obs,
         "invalid": float(sum(bool(i.get("invalid")) for i in infos)), "failed": float(roll.failed.sum()),

@@ -34,6 +34,7 @@ from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step, attrs
 from nanogrpo.envs.render import TurnFormat
 from nanogrpo.model.sampling import finish_text, generate
+from nanogrpo.rollout import assemble, prompt_seed
 
 
 def turn_seed(group_seed: int, member: int, turn: int) -> int:
@@ -58,6 +59,7 @@ class Trajectory:
     failed: str = ""  # why the environment failed it ('' = it did not)
     invalid: int = 0  # steps whose info said invalid
     info: dict = field(default_factory=dict)  # the last step's info
+    observation: str = ""  # the last step's observation: what the next turn reads
 
     @property
     def completion(self) -> str:
@@ -101,19 +103,12 @@ def play(
     the live episodes; `render_prompt(row, message)` gives the prompt ids of a first message (None: the row's
     own, `row['_prompt_ids']`)."""
     G = len(envs) // len(rows)
-    trajs: list[Trajectory] = []
-    for k, env in enumerate(envs):
-        row, seed = rows[k // G], group_seeds[k // G]
-        message, err = _call(lambda: env.reset(dict(row), seed), timeout_s)  # noqa: B023 (called at once)
-        ids = row["_prompt_ids"] if message is None else render_prompt(row, message)
-        text = str(row.get("prompt", "")) if message is None else str(message)
-        t = Trajectory(list(ids), text)
-        if err or not isinstance(message, (str, type(None))) or len(ids) > prompt_limit:
-            t.failed = err or ("reset returned a first message longer than the prompt limit" if
-                               len(ids) > prompt_limit else f"reset returned {type(message).__name__}, not str")  # fmt: skip
-            t.over = True
-        trajs.append(t)
-    stop = tuple(dict.fromkeys((*sampling.stop, *attrs(envs[0])["stop"])))  # the run's and the environment's
+    trajs = _reset(envs, rows, group_seeds, render_prompt, timeout_s, prompt_limit)
+    a = attrs(envs[0])
+    stop, role = (
+        tuple(dict.fromkeys((*sampling.stop, *a["stop"]))),
+        a["role"],
+    )  # stop: the run's and the env's
     for turn in range(max_turns):
         live = [k for k, t in enumerate(trajs) if not t.over]
         if not live:
@@ -152,10 +147,29 @@ def play(
             if len(t.ids) + len(obs_ids) >= max_tokens:  # no room left for the observation and a turn
                 t.over = True
                 continue
-            t.turns.append({"role": attrs(envs[k])["role"], "content": t.observation})
+            t.turns.append({"role": role, "content": t.observation})
             t.ids += obs_ids
             t.mask += [0.0] * len(obs_ids)
             t.logp += [0.0] * len(obs_ids)
+    return trajs
+
+
+def _reset(envs: list, rows: list[dict], group_seeds: list[int], render_prompt, timeout_s: float,
+           prompt_limit: int) -> list[Trajectory]:  # fmt: skip
+    """One Trajectory per environment, reset with its group's seed; an environment whose reset raises,
+    returns something other than text, or a first message past the prompt limit fails its episode."""
+    G = len(envs) // len(rows)
+    trajs: list[Trajectory] = []
+    for k, env in enumerate(envs):
+        row, seed = rows[k // G], group_seeds[k // G]
+        message, err = _call(lambda: env.reset(dict(row), seed), timeout_s)  # noqa: B023 (called at once)
+        if not err and not isinstance(message, (str, type(None))):
+            err = f"reset returned {type(message).__name__}, not str"
+        ids = row["_prompt_ids"] if err or message is None else render_prompt(row, message)
+        if not err and len(ids) > prompt_limit:
+            err = "reset returned a first message longer than the prompt limit"
+        trajs.append(Trajectory(list(ids), str(row.get("prompt", "")) if message is None else str(message)))
+        trajs[-1].failed, trajs[-1].over = err, bool(err)
     return trajs
 
 
@@ -182,22 +196,10 @@ def _step(t: Trajectory, env, text: str, timeout_s: float) -> None:
     t.observation = "" if res.observation is None else str(res.observation)
 
 
-Trajectory.observation = ""  # set by each step: the text the next turn reads
-
-
-@dataclass
-class Episodes:
-    """A step's trajectories with what the rollout needs of them; see episode_rollout."""
-
-    trajs: list[Trajectory]
-    seconds: float = 0.0
-
-
 def episode_rollout(policy, rows: list[dict], step: int, first: int, cfg, device, factory, resample: int = 0):
     """GRPO's rollout (nanogrpo/rollout.py) with episodes: G trajectories per row, laid out as a Rollout
     whose completion columns hold turns and observations (module docstring)."""
     from nanogrpo.data import render_prompt
-    from nanogrpo.rollout import assemble, prompt_seed
 
     t0 = time.perf_counter()
     G, s, e, tok = cfg.grpo.group_size, cfg.sampling, cfg.env, policy.tokenizer
@@ -213,7 +215,7 @@ def episode_rollout(policy, rows: list[dict], step: int, first: int, cfg, device
             eos_ids=policy.eos_ids, pad_id=policy.pad_id, autocast=policy.autocast, fold_lora=s.fold_lora,
             prompt_limit=_prompt_limit(cfg),
         )  # fmt: skip
-    roll = layout(trajs, rows, envs, e.max_turns, policy.pad_id, device, assemble)
+    roll = layout(trajs, rows, envs, e.max_turns, policy.pad_id, device)
     roll.seconds = time.perf_counter() - t0
     return roll
 
@@ -226,9 +228,7 @@ def _prompt_limit(cfg) -> int:
     return prompt_budget(cfg)[1]
 
 
-def layout(
-    trajs: list[Trajectory], rows: list[dict], envs: list, max_turns: int, pad_id: int, device, assemble
-):
+def layout(trajs: list[Trajectory], rows: list[dict], envs: list, max_turns: int, pad_id: int, device):
     """The trajectories as a Rollout: (N, T) ids, mask and log-probs padded to the longest, each
     trajectory's own prompt, and on every Sample the transcript, the episode's reward and its info."""
     T = max(1, max(len(t.ids) for t in trajs))

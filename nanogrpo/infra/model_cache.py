@@ -28,7 +28,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from nanogrpo.infra.outputs import umask
+from nanogrpo.infra.metrics import replace_atomically, sha256_file
+from nanogrpo.infra.outputs import file_mode, umask
 
 MANIFEST = "manifest.json"  # {"files": {name: {"size", "sha256", "mtime_ns"}}}
 # storage faults that the user fixes by freeing space or choosing another folder, not bugs
@@ -37,12 +38,6 @@ _STORAGE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("NANOGRPO_CACHE") or Path.home() / ".cache" / "nanogrpo")
-
-
-def _sha256(path: Path) -> str:
-    from nanogrpo.infra.metrics import sha256_file
-
-    return sha256_file(path)
 
 
 def why_incomplete(folder: Path, require: Iterable[str] = ()) -> str | None:
@@ -69,7 +64,7 @@ def why_incomplete(folder: Path, require: Iterable[str] = ()) -> str | None:
         st = f.stat()
         if st.st_size != rec["size"]:
             return f"{name} has {st.st_size} bytes, not {rec['size']}"
-        if st.st_mtime_ns != rec.get("mtime_ns") and _sha256(f) != rec.get("sha256"):
+        if st.st_mtime_ns != rec.get("mtime_ns") and sha256_file(f) != rec.get("sha256"):
             return f"{name} does not match its sha256 in {MANIFEST}"
     return None
 
@@ -77,17 +72,14 @@ def why_incomplete(folder: Path, require: Iterable[str] = ()) -> str | None:
 def write_manifest(folder: Path) -> None:
     """manifest.json for every file in `folder`, written through a rename: its presence marks it complete."""
     files = {}
-    mode = 0o666 & ~umask()
     for p in sorted(folder.iterdir()):
         if p.is_file() and p.name != MANIFEST:
-            p.chmod(mode)  # safetensors writes 0600: a cache shared by a group must be readable
+            p.chmod(file_mode())  # a cache shared by a group must be readable, whoever wrote the file
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())
             st = p.stat()
-            files[p.name] = {"size": st.st_size, "sha256": _sha256(p), "mtime_ns": st.st_mtime_ns}
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"files": files}, indent=2) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+            files[p.name] = {"size": st.st_size, "sha256": sha256_file(p), "mtime_ns": st.st_mtime_ns}
+    replace_atomically(folder / MANIFEST, json.dumps({"files": files}, indent=2) + "\n")
 
 
 def storage_error(root: Path, e: OSError) -> ValueError:

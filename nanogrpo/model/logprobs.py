@@ -68,6 +68,12 @@ class Batch:
         return Batch(b.ids[sl], b.attn[sl], b.pos[sl], b.prompt_len, b.targets[sl], b.mask[sl], b.group[sl])
 
 
+def last_sampled(mask: torch.Tensor) -> torch.Tensor:
+    """(N,) each row's columns up to and including its last masked-in token (0 for a row with none): a
+    completion's length, an episode's extent (its observations lie between turns, and it ends on a turn)."""
+    return torch.where(mask.bool(), torch.arange(1, mask.shape[1] + 1, device=mask.device), 0).amax(1)
+
+
 def make_batch(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
 ) -> Batch:
@@ -190,7 +196,7 @@ class LogprobHead(torch.nn.Module):
             return h_first
         # completion tokens 0..n-1 predict tokens 1..n; they see the whole prompt and, causally, each other.
         # A row needs its tokens up to the one before its last masked-in target.
-        last = torch.where(mask.bool(), torch.arange(1, Tc + 1, device=mask.device), 0).amax(1)  # (N,)
+        last = last_sampled(mask)  # (N,)
         need = (last - 1).clamp(min=0)  # (N,) completion tokens row i must run
         if self.bucket_lengths:
             buckets = length_buckets(need, group_cost(self.model.lm_head_weight))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +119,20 @@ def train_py_here():
         yield
     finally:
         subprocess.run = real
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a server or a torchrun rendezvous a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM to the process group a test started (start_new_session=True), SIGKILL if it lingers."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run_train_here
+from helpers import ROOT, free_port, run_train_here, stop_process_group
 
 from nanogrpo.data import load_task
 from nanogrpo.envs import Step, attrs, make_factory
@@ -129,12 +127,6 @@ def has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
     """A folder with the example classes: tools.py (TRL-style) and echo_game.py (OpenEnv)."""
@@ -190,12 +182,7 @@ def echo_server(files):
     try:
         yield (proc, url)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
 
 
 def wait_until_up(proc, url: str, limit_s: float = 90) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from env_examples import Endless, Faulty, Vowels
-from helpers import ROOT, run_train_here
+from helpers import ROOT, free_port, run_train_here
 
 from nanogrpo import grpo
 from nanogrpo.config import EnvConfig
@@ -246,9 +245,7 @@ def test_resume_mid_run_is_exact(straight, tmp_path) -> None:
 
 
 def test_two_ranks_equal_one_process(straight, tmp_path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     run = tmp_path / "two"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), str(ROOT / "train.py"), *RUN, "--steps", "4", "--save-every", "2",

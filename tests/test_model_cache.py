@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from nanogrpo.infra.model_cache import MANIFEST, why_incomplete
 from nanogrpo.model.transformer import Transformer
@@ -62,9 +62,7 @@ def test_torchrun_first_run_on_an_empty_cache_builds_a_complete_model(tmp_path, 
         "dist.barrier()\n"
         "dist.destroy_process_group()\n"
     )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), str(script)]  # fmt: skip

@@ -5,11 +5,13 @@
   the reset seed, so a group plays one number.
 - `calc`: a calculator tool. The model writes `<calc>12 * (3 + 4)</calc>` and gets the value back as a
   tool message; it answers with `<answer>...</answer>`. Reward 1 for the row's `answer`, else 0. The
-  arithmetic is evaluated by `arith` (numbers, + - * / // % ** and parentheses, bounded), never by eval().
+  arithmetic is evaluated by `arith` (numbers, + - * / // % ** and parentheses, every value a finite real
+  within 1e15), never by eval(); anything else is answered `error: ...`.
 - `search`: a search tool over a small shipped corpus (recipes/search_corpus.jsonl). `<search>words</search>`
   returns the best two passages with their ids; the model answers with `<answer>...</answer>` citing the
-  ids it used as [doc-id]. Reward: 0.7 for the row's `answer` in the answer, 0.3 for citing a passage in
-  the row's `sources`. The rubric judges can grade the transcript on top (rows carry a `rubric`).
+  ids it used as [doc-id]. Reward: 0.7 for the row's `answer` in the answer as whole words (answer "4" is
+  not found in "14"), 0.3 for citing a passage it searched that is in the row's `sources` (an id, or a
+  list of ids). The rubric judges can grade the transcript on top (rows carry a `rubric`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ def _answer(text: str) -> str | None:
 
 def _norm(s: str) -> str:
     return re.sub(r"[^0-9a-z.\-]+", " ", s.lower()).strip()
+
+
+def _holds(text: str, phrase: str) -> bool:
+    """Does text hold phrase as whole words and numbers, normalised ("4" is in "it has 4." but not in "14",
+    "1400" or "-4")? A word's trailing full stops are the sentence's, not the word's."""
+    words = lambda s: " ".join(w.rstrip(".") for w in _norm(s).split())  # noqa: E731
+    want = words(phrase)
+    return bool(want) and f" {want} " in f" {words(text)} "
 
 
 @register("guess")
@@ -70,34 +80,58 @@ _OPS = {
 }  # fmt: skip
 
 
+LIMIT = 1e15  # the largest magnitude a constant, an intermediate value or the result may have
+# what arithmetic is written with; anything else (names, strings, brackets, `^`) never reaches the parser
+ARITH_CHARS = re.compile(r"[0-9eE._+\-*/%() \t\n]*")
+
+
+def _real(v: float) -> float:
+    """v when it is a finite real number within LIMIT; a complex number (a negative base to a fractional
+    power), inf, nan or a number past LIMIT is no value to answer with."""
+    if isinstance(v, complex):
+        raise ValueError("not a real number (a negative number to a fractional power)")
+    if not abs(v) <= LIMIT:  # also inf, and nan (which compares false)
+        raise ValueError(f"not a finite number within ±{LIMIT:g}")
+    return v
+
+
 def arith(expr: str) -> float:
     """The value of an arithmetic expression: numbers, + - * / // % **, parentheses. Anything else (names,
-    calls, attributes), an exponent above 64, a number past 1e15 or more than 200 characters: ValueError."""
+    calls, attributes), an exponent above 64, a constant or intermediate value that is not a finite real
+    within 1e15, or more than 200 characters: ValueError (its message is the tool's reply)."""
     if len(expr) > 200:
-        raise ValueError("expression too long")
-    tree = ast.parse(expr.strip(), mode="eval")
+        raise ValueError("expression too long (200 characters at most)")
+    if not ARITH_CHARS.fullmatch(expr):
+        raise ValueError("not arithmetic: use numbers, + - * / // % ** and parentheses")
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an expression ({e.msg})") from None
+    except (RecursionError, MemoryError):  # the parser's own limits on nesting
+        raise ValueError("too deeply nested") from None
 
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
+            return _real(node.value)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             a, b = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Pow) and abs(b) > 64:
-                raise ValueError("exponent too large")
-            v = _OPS[type(node.op)](a, b)
-            if abs(v) > 1e15:
-                raise ValueError("number too large")
-            return v
+                raise ValueError("exponent too large (64 at most)")
+            return _real(_OPS[type(node.op)](a, b))
         raise ValueError(f"not arithmetic: {type(node).__name__}")
 
     try:
         return ev(tree)
-    except ZeroDivisionError as e:
-        raise ValueError("division by zero") from e
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None
+    except OverflowError:  # float ** float past the float range
+        raise ValueError(f"not a finite number within ±{LIMIT:g}") from None
+    except RecursionError:
+        raise ValueError("too deeply nested") from None
 
 
 def _fmt(v: float) -> str:
@@ -124,7 +158,7 @@ class Calc(Environment):
             return Step(None, 0.0, True, {"invalid": True})
         try:
             return Step(_fmt(arith(m.group(1))), 0.0, False, {})
-        except (ValueError, SyntaxError) as e:
+        except ValueError as e:
             return Step(f"error: {e}", 0.0, False, {"invalid": True})
 
 
@@ -153,12 +187,14 @@ class Search(Environment):
     max_turns, stop, role, reward_range = 3, ("</search>",), "tool", (0.0, 1.0)
 
     def reset(self, row: dict, seed: int) -> None:
-        self.answer, self.sources, self.seen = str(row["answer"]), set(row.get("sources", ())), set()
+        sources = row.get("sources") or ()
+        self.answer, self.seen = str(row["answer"]), set()
+        self.sources = {sources} if isinstance(sources, str) else set(sources)  # one id, or a list of ids
         return None
 
     def step(self, text: str) -> Step:
         if (a := _answer(text)) is not None:
-            right = _norm(self.answer) in _norm(a)
+            right = _holds(a, self.answer)
             cited = set(CITE.findall(a)) & self.sources & self.seen
             return Step(None, 0.7 * right + 0.3 * bool(cited), True, {"solved": right, "cited": bool(cited)})
         m = SEARCH.search(text)

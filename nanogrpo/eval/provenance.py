@@ -41,9 +41,17 @@ def write_meta(out: str | Path, **fields: Any) -> Path:
     its adapter relative to the file's folder (None: no adapter, or one from no run folder)."""
     run = adapter_run(fields.get("adapter") or "")
     path = meta_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # generate writes this after the completions, so the line says they are safe
+        raise ValueError(
+            f"{path} is a folder: remove or rename it, so that how {out} was made can be recorded there, or "
+            f"generate to another --out ({out} itself is written)"
+        )
     rel = None if run is None else os.path.relpath(run, path.parent.resolve())
-    path.write_text(json.dumps({**fields, "run": rel}, indent=2) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**fields, "run": rel}, indent=2) + "\n")
+    except OSError as e:  # a full disk, say
+        raise ValueError(f"cannot write {path} ({e.strerror or e}); {out} itself is written") from None
     return path
 
 
@@ -59,9 +67,10 @@ def run_of(path: str | Path) -> Path | None:
     """The training run whose model wrote a completions file: the `run` in FILE.meta.json when there is one
     (None for the base model), else the file's own folder when it is a run folder (holds config.json)."""
     meta = meta_path(path)
-    if meta.is_file():
+    if meta.is_file():  # a folder of that name is no record: the file's own folder decides
         run = _read_json(meta).get("run")
-        return (meta.parent / run).resolve() if run else None
+        # a `run` that is no path (a hand-edited or foreign file) names no run, as a damaged file does
+        return (meta.parent / run).resolve() if isinstance(run, str) and run else None
     folder = Path(path).resolve().parent
     return folder if "reward" in _read_json(folder / "config.json") else None
 

@@ -18,6 +18,34 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.cpu import cpu_capability
 
 
+def _parse_device(flag: str) -> torch.device:
+    """--model.device as a device nanogrpo runs on (a CPU, or a visible CUDA GPU), checked before any model
+    loads: anything else (a type this build has no backend for, 'tpu', 'mps', a typo, 'cuda:x', a GPU index
+    past the visible ones) is a ValueError that names what works, not torch's traceback at the first use."""
+    try:
+        device = torch.device(flag)
+    except RuntimeError:
+        device = None  # a type torch does not know ('tpu', 'foo'), or no device string ('cuda:x', '')
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"--model.device {flag!r} is not a device nanogrpo runs on; use cpu, cuda, cuda:N or auto"
+        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--model.device {flag!r} but no GPU is visible; use --model.device cpu")
+        n = torch.cuda.device_count()
+        if device.index is not None and device.index >= n:
+            visible = (
+                "1 GPU is visible; use cuda:0"
+                if n == 1
+                else f"{n} GPUs are visible; use cuda:0 to cuda:{n - 1}"
+            )
+            raise ValueError(
+                f"--model.device {flag!r} but {visible} (numbered from 0 after CUDA_VISIBLE_DEVICES)"
+            )
+    return device
+
+
 def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     import nanogrpo_kernels
 
@@ -26,9 +54,7 @@ def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     else:
-        device = torch.device(cfg.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--model.device cuda but no GPU is visible; use --model.device cpu")
+        device = _parse_device(cfg.device)
     if cfg.dtype != "auto":
         return device, getattr(torch, cfg.dtype)
     if device.type == "cuda":

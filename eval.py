@@ -25,7 +25,7 @@ from typing import Literal
 import tyro
 
 from nanogrpo.config import EnvConfig
-from nanogrpo.envs.episode import EpisodeRunner
+from nanogrpo.envs.spec import check_start, resolve_env
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import jsonl_text, write_jsonl
 from nanogrpo.infra import flag_checks
@@ -194,27 +194,24 @@ def run_generate(args: Generate) -> None:
     from nanogrpo.data import load_task
 
     out = output_file(args.out, "--out")  # '' or a folder there: refused before the model loads
+    if (meta := provenance.meta_path(out)).is_dir():  # where its settings go
+        raise ValueError(
+            f"{meta} is a folder, where generate records how --out was made: remove it or change --out"
+        )
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
-    runner = EpisodeRunner.from_flags(args.env, args.max_new_tokens, args.allow_user_code)  # before the model
+    # --env.*: the environment, checked and one instance built, before the model
+    env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code") if args.env.on else None  # fmt: skip
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
+    if env is not None:  # the template, a reset on the first row and its first message's length
+        n = model.config.max_position_embeddings
+        env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples)  # fmt: skip
     episodes: list[dict] = []  # with --env: each episode's transcript, reward and info
     outs = generation.generate_completions(
-        model,
-        tokenizer,
-        rows,
-        batch_size=args.batch_size,
-        num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        stop=args.stop,
-        system_prompt=args.system_prompt,
-        seed=args.seed,
-        env=runner,
-        episodes=episodes,
-    )
+        model, tokenizer, rows, batch_size=args.batch_size, num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        stop=args.stop, system_prompt=args.system_prompt, seed=args.seed, env=env, episodes=episodes,
+    )  # fmt: skip
     recs = [
         {**r, "completion": c, **({"sample": k} if args.num_samples > 1 else {})}
         for r, cs in zip(rows, outs)

@@ -24,11 +24,12 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from nanogrpo import envs, grpo, kl
+from nanogrpo import grpo, kl
 from nanogrpo.config import TrainConfig, updates_per_step, with_epochs
 from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
 from nanogrpo.dynamic import Scored, draw_step
-from nanogrpo.envs.episode import episode_rollout
+from nanogrpo.envs import spec as env_spec
+from nanogrpo.envs.episode import episode_rollout, failure_causes
 from nanogrpo.eval.during import HeldOutEval, check_eval_every, final_eval, held_out_source
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
@@ -52,11 +53,11 @@ from nanogrpo.model.logprobs import Batch, completion_logprobs
 from nanogrpo.model.memory_fit import fit_to_memory
 from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import Update, build_optimizer, build_scheduler, in_slices, step_counts, update
-from nanogrpo.policy import load_policy, prompt_budget
+from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
 from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.rollout import loss_rows, rollout
 from nanogrpo.stages import Run, cpt, dpo, ppo, sft
-from nanogrpo.summary import draw_summary, grpo_summary, sample_groups
+from nanogrpo.summary import draw_summary, episode_summary, grpo_summary, reward_summary, sample_groups
 from rewards import RewardFunction, build_reward, mean_metrics
 from rewards.judge import with_run_dir
 from rewards.options import with_max_tokens
@@ -66,7 +67,8 @@ def main(cfg: TrainConfig) -> dict:
     # ---------------------------------------------------------------- checks that need no model
     check_config(cfg)  # the flags among themselves
     check_eval_every(cfg)  # --eval-every: the held-out rows exist
-    cfg, env = envs.resolve(cfg)  # --env: the environment, one instance built and checked; its budgets
+    cfg = replace(cfg, out_dir=os.path.abspath(cfg.out_dir))  # the run folder, whatever changes the directory
+    cfg, env = env_spec.resolve(cfg)  # --env: the environment, one instance built and checked; its budgets
     if cfg.model.attn == "flash":  # flash-attn imports, and the run is on a GPU in 16 bits
         check_flash(cfg.model.device, cfg.model.dtype)
     Logger.check_packages(cfg.wandb, cfg.tensorboard)  # --wandb / --tensorboard without their package
@@ -79,7 +81,11 @@ def main(cfg: TrainConfig) -> dict:
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     rows, tok, reward_fn, held_out = training_data(cfg)  # read, checked and tokenized before the model loads
-    envs.check_format(cfg, env, tok)  # --env: the chat template keeps earlier turns as they were
+    if env is not None:  # --env: the template, a reset on the first row and its first message; the workers
+        episodes = (
+            cfg.prompts_per_step // world * cfg.grpo.group_size
+        )  # a rollout's, forked while we are small
+        env = env_spec.check_start(env, tok, rows, cfg.data.system_prompt, *prompt_limit(cfg), episodes)
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
     out = Path(cfg.out_dir)
@@ -109,13 +115,7 @@ def main(cfg: TrainConfig) -> dict:
     evaluator.start(logger, step0)  # step 0, before any update: a metrics.jsonl line of its own
     step_fn = STAGES[cfg.algo]  # a training stage is a step function (nanogrpo/stages/)
     P_local = cfg.prompts_per_step // world
-    bar = tqdm(
-        range(step0, cfg.steps),
-        initial=step0,
-        total=cfg.steps,
-        disable=not dist.is_main(),
-        dynamic_ncols=True,
-    )
+    bar = tqdm(range(step0, cfg.steps), initial=step0, total=cfg.steps, disable=not dist.is_main(), dynamic_ncols=True)  # fmt: skip
     for step in bar:
         t0 = time.perf_counter()
         # every rank draws the same global prompt list and keeps its own slice: whole groups stay on one rank
@@ -258,7 +258,10 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     draw = draw_step(lambda r: sample_round(run, step, r, rows, first), cfg, policy.pad_id, run.device)
     roll, reward, parts = draw.roll, draw.reward, draw.parts  # reward (N,): NaN where no grader applied
     n_valid = dist.sum_floats({"n": float((~reward.isnan()).sum())})["n"]
-    run.reward_fn.empty_steps.update(n_valid)  # --reward.max-empty-steps in a row without a reward: stop
+    # --reward.max-empty-steps in a row without a reward: stop, naming what failed the episodes most often
+    run.reward_fn.empty_steps.update(n_valid, failure_causes(roll) if run.env is not None else None)
+    if n_valid == 0:  # every episode failed, or no grader scored a completion: nothing to learn from
+        return empty_step(run, step, draw)
     t2 = time.perf_counter()
     temp, micro = cfg.sampling.temperature, cfg.micro_batch
     ref_logp = kl_pen = None  # 3. the reference, and the KL in the reward (both sides on the trainer's path)
@@ -280,6 +283,20 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))  # judge tokens, seconds, retries, ...
     m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t2)
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
+        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, draw.details))
+    return m
+
+
+def empty_step(run: Run, step: int, draw) -> dict:
+    """A GRPO step in which no completion has a reward: logged (rewards, lengths, the episodes' failures),
+    and no update is made (no optimizer or schedule step): the run goes on with the next batch."""
+    roll, reward, parts = draw.roll, draw.reward, draw.parts
+    m = {"step": step + 1, **reward_summary(roll, reward, parts), **episode_summary(roll)}
+    m.update(draw_summary(draw, None), t_sample=draw.t_sample, t_score=draw.t_score, tokens=0, loss=None)
+    m.update(mean_metrics(dist.sum_floats(run.reward_fn.metrics())))
+    cfg = run.cfg
+    if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
+        adv = torch.zeros(len(roll.texts))  # (N,) nothing trained
         run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, draw.details))
     return m
 

@@ -19,11 +19,10 @@ import time
 
 import torch
 
-from nanogrpo.config import SamplingConfig
+from nanogrpo.config import EnvConfig, SamplingConfig
 from nanogrpo.data import render_prompt
-from nanogrpo.envs import attrs, make_factory
-from nanogrpo.envs.episode import EpisodeRunner, play
-from nanogrpo.envs.render import TurnFormat
+from nanogrpo.envs.episode import play
+from nanogrpo.envs.spec import check_start, resolve_env
 from nanogrpo.model.sampling import eos_and_pad, generate
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
@@ -44,18 +43,17 @@ def main() -> None:
     path = resolve_model(a.model)
     tok, model = load_tokenizer(path), Transformer.from_pretrained(path).eval()
     rows = [json.loads(line) for line in recipe_path(a.env).read_text().splitlines()[: a.rows]]
-    runner = EpisodeRunner(make_factory(a.env), a.max_turns, a.max_tokens)
     s = SamplingConfig(max_new_tokens=a.max_new_tokens, temperature=1.0)
+    env = resolve_env(EnvConfig(name=a.env, max_turns=a.max_turns, max_tokens=a.max_tokens), a.max_new_tokens)
 
     eos, pad = eos_and_pad(model.config, tok)
-    envs = [runner.factory() for _ in rows for _ in range(a.group)]
     rows = [{**r, "_prompt_ids": render_prompt(tok, r)} for r in rows]
-    fmt = TurnFormat.of(tok, attrs(envs[0])["role"])
+    positions = model.config.max_position_embeddings
+    env = check_start(env, tok, rows, "", positions - env.max_tokens, positions, len(rows) * a.group)
     t0 = time.perf_counter()
     with torch.no_grad():
-        trajs = play(model, tok, envs, rows, [(7 * i + 1) * 4099 for i in range(len(rows))], s,
-                     render_prompt=lambda row, msg: render_prompt(tok, {"prompt": msg}), max_turns=a.max_turns,
-                     max_tokens=a.max_tokens, timeout_s=10.0, fmt=fmt, eos_ids=tuple(eos), pad_id=pad)  # fmt: skip
+        trajs = play(model, tok, env, rows, [(7 * i + 1) * 4099 for i in range(len(rows))], s, a.group,
+                     system_prompt="", eos_ids=tuple(eos), pad_id=pad)  # fmt: skip
     t_play = time.perf_counter() - t0
     sampled = sum(int(sum(t.mask)) for t in trajs)
     observed = sum(len(t.mask) - int(sum(t.mask)) for t in trajs)

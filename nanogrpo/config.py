@@ -248,6 +248,11 @@ class PPOConfig:
     off-policy, where the clips act."""
 
 
+MIN_STEP_TIMEOUT_S = 0.01
+"""The smallest --env.step-timeout-s that can work: a call's round trip to the environment's worker process
+takes 0.1-0.3 ms on an idle machine and milliseconds on a busy one (docs/ENVS.md)."""
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Multi-turn episodes (docs/ENVS.md): an environment answers each assistant turn until it is done."""
@@ -265,8 +270,8 @@ class EnvConfig:
     max_turns x (--sampling.max-new-tokens + 64)). The prompt-length check, the memory plan, Dr. GRPO's
     length constant and --grpo.mask-truncated read it in place of --sampling.max-new-tokens."""
     step_timeout_s: float = 10.0
-    """Seconds one reset or step may take; an environment over it (or one that raises, or returns a reward
-    that is not finite) ends that episode only, with no reward (0 = no limit)."""
+    """Seconds one call of an environment (building an instance, reset, step) may take, whatever it does: past
+    it the episode ends with no reward and its worker process is killed (0 = no limit; at least 0.01)."""
     format: Literal["auto", "chat", "plain"] = "auto"
     """How observations join the conversation: the chat template (checked to keep earlier turns unchanged),
     plain 'role: text' lines, or auto (the template when the tokenizer has one)."""

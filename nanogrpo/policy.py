@@ -230,21 +230,34 @@ class Policy:
 
 
 def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
-    """The tokenizer and the longest prompt the run allows, read from the model folder without loading the
-    weights: --data.max-prompt-tokens, at most the model's positions less --sampling.max-new-tokens (with
-    --env, less the episode's budget --env.max-tokens)."""
-    model_dir = resolve_model(cfg.model.path)
-    hf = json.loads((model_dir / "config.json").read_text())
-    ModelArgs.from_hf(hf)  # unknown architecture: fail first
-    room = int(hf.get("max_position_embeddings") or 1 << 30) - cfg.completion_tokens
+    """The tokenizer and the longest prompt the run allows (prompt_limit), without loading the weights."""
+    return load_tokenizer(resolve_model(cfg.model.path)), prompt_limit(cfg)[0]
+
+
+def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:
+    """(the longest prompt the run allows, the model's positions), from the model folder's config.json:
+    --data.max-prompt-tokens, at most the positions less --sampling.max-new-tokens (with --env, less the
+    episode's budget --env.max-tokens)."""
+    positions = model_positions(resolve_model(cfg.model.path))
+    room = positions - cfg.completion_tokens
     if room < 1:
-        flag = "--env.max-tokens" if cfg.env.on else "--sampling.max-new-tokens"
-        raise ValueError(
-            f"{flag} {cfg.completion_tokens} leaves no room for a prompt in the "
-            f"model's {hf.get('max_position_embeddings')} positions; lower it"
+        what = (
+            f"--env.max-tokens {cfg.completion_tokens} (an episode's budget: --env.max-turns "
+            f"{cfg.env.max_turns} x (--sampling.max-new-tokens + 64) unless given)"
+            if cfg.env.on
+            else f"--sampling.max-new-tokens {cfg.completion_tokens}"
         )
-    limit = min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room
-    return load_tokenizer(model_dir), limit
+        fix = "lower --env.max-turns or --env.max-tokens" if cfg.env.on else "lower it"
+        raise ValueError(f"{what} leaves no room for a prompt in the model's {positions} positions; {fix}")
+    return (min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room), positions
+
+
+def model_positions(model_dir) -> int:
+    """The positions a model folder's config.json allows (its context), checked to be an architecture nanogrpo
+    runs."""
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    ModelArgs.from_hf(hf)  # unknown architecture: fail first
+    return int(hf.get("max_position_embeddings") or 1 << 30)
 
 
 def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, tokenizer=None) -> Policy:

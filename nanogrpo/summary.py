@@ -96,7 +96,7 @@ def grpo_summary(
     )
     m.update({
         "frac_zero_std": s["zero"] / s["groups"],
-        "entropy": s["ent"] / upd.tokens,
+        "entropy": s["ent"] / upd.tokens if upd.tokens else None,
         "tokens": upd.tokens,
         "loss": s["loss"],
         **grpo.finalize_stats(reduce_stats(upd.stats)),

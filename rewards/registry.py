@@ -26,6 +26,7 @@ apply within each mix). The components cover every mix's graders (None on the ro
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -117,24 +118,35 @@ class NoRewardError(ValueError):
 
 class EmptySteps:
     """Stops a run whose graders have stopped scoring: `limit` steps in a row in which every reward is
-    None (a judge server gone mid-run gives None, never a made-up 0, so GRPO learns nothing) raise
-    NoRewardError; limit 0 never does. Under torchrun, give `update` the count summed over ranks, so
-    every rank stops at the same step."""
+    None (a judge server gone mid-run gives None, never a made-up 0; every episode of a step failed by its
+    environment) raise NoRewardError; limit 0 never does. Under torchrun, give `update` the count summed over
+    ranks, so every rank stops at the same step."""
 
     def __init__(self, limit: int):
         if limit < 0:
             raise ValueError(f"--reward.max-empty-steps must be >= 0 (0 = never stop), got {limit}")
         self.limit, self.empty = limit, 0
+        self.causes: Counter[str] = Counter()  # over the empty steps in a row: why completions had no reward
 
-    def update(self, n_valid: float) -> None:
-        """Count one step that had `n_valid` valid (not None) rewards."""
+    def update(self, n_valid: float, causes: dict[str, int] | None = None) -> None:
+        """Count one step that had `n_valid` valid (not None) rewards; `causes`: why its completions had none
+        (each cause a line that says its fix, with its count), named when the run stops."""
         self.empty = 0 if n_valid > 0 else self.empty + 1
-        if self.limit and self.empty >= self.limit:
+        self.causes = Counter() if n_valid > 0 else self.causes + Counter(causes or {})
+        if not (self.limit and self.empty >= self.limit):
+            return
+        if self.causes:
+            (cause, k), total = self.causes.most_common(1)[0], sum(self.causes.values())
             raise NoRewardError(
-                f"no valid reward in {self.empty} steps in a row: the graders scored no completion (a judge "
-                "server that stopped answering? see the warnings above and judge/failed in metrics.jsonl); "
-                "fix it and rerun with --resume, or pass --reward.max-empty-steps 0 to go on regardless"
+                f"no valid reward in {self.empty} steps in a row: the environment failed every episode, most "
+                f"often {cause} ({k} of {total}); fix it and rerun with --resume, or pass "
+                "--reward.max-empty-steps 0 to go on regardless"
             )
+        raise NoRewardError(
+            f"no valid reward in {self.empty} steps in a row: the graders scored no completion (a judge "
+            "server that stopped answering? see the warnings above and judge/failed in metrics.jsonl); "
+            "fix it and rerun with --resume, or pass --reward.max-empty-steps 0 to go on regardless"
+        )
 
 
 def mean_metrics(summed: dict[str, float]) -> dict[str, float | None]:

@@ -38,20 +38,19 @@ class Endless(Environment):
 
 
 class Faulty(Environment):
-    """Fails in the second of every four trajectories built: raises, hangs or returns NaN (`mode`)."""
+    """Fails on a first turn of odd length (so some members of a group fail, others not): raises, hangs or
+    returns NaN (`mode`, set on the class before the workers fork)."""
 
     max_turns, stop, role, reward_range = 2, (), "user", (0.0, 1.0)
     mode = "raise"
-    made = 0
-
-    def __init__(self):
-        Faulty.made += 1
-        self.bad = Faulty.made % 4 == 2
 
     def reset(self, row: dict, seed: int) -> None:
+        self.bad = None
         return None
 
     def step(self, text: str) -> Step:
+        if self.bad is None:
+            self.bad = len(text) % 2 == 1
         if self.bad and self.mode == "raise":
             raise RuntimeError("the environment broke")
         if self.bad and self.mode == "hang":

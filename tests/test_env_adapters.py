@@ -19,7 +19,7 @@ import pytest
 from helpers import ROOT, free_port, run_train_here, stop_process_group
 
 from nanogrpo.data import load_task
-from nanogrpo.envs import Step, attrs, make_factory
+from nanogrpo.envs import Step, make_factory, protocol_attrs
 from nanogrpo.envs.adapters import ToolCallError, parse_tool_call, tool_prompt
 from nanogrpo.envs.games import observation_delta, observation_text, text_field
 
@@ -271,7 +271,7 @@ back in the next message. When you are done, answer without a tool call."""
 def test_a_trl_style_class_plays_an_episode(files):
     factory = make_factory(spec=f"{files / 'tools.py'}:Adder", allow_user_code=True)
     env = factory()
-    assert attrs(env) == {"max_turns": 3, "stop": ("</tool>",), "role": "tool", "reward_range": (0.0, 1.0)}
+    assert protocol_attrs(env) == {"max_turns": 3, "stop": ("</tool>",), "role": "tool", "reward_range": (0.0, 1.0)}
     row = {"prompt": "What is 2 + 3?", "answer": "5", "_prompt_ids": [1, 2]}
     assert env.reset(dict(row), 7) == FIRST
     assert factory().reset(dict(row), 8) == FIRST  # the same for every episode of the row
@@ -341,7 +341,7 @@ def test_a_textarena_game_is_seeded_and_leaves_global_random_alone():
     pytest.importorskip("textarena")
     factory = make_factory(name="textarena:GuessTheNumber-v0")
     a, b = factory(), factory()
-    assert attrs(a)["max_turns"] == 10 and attrs(a)["reward_range"] == (-1.0, 1.0)
+    assert protocol_attrs(a)["max_turns"] == 10 and protocol_attrs(a)["reward_range"] == (-1.0, 1.0)
     random.seed(1)
     expected = random.random()
     random.seed(1)

@@ -111,86 +111,52 @@ def load_user_class(spec: str, flag: str = "--env.spec") -> type:
     return cls
 
 
-def make_factory(name: str = "", spec: str = "", allow_user_code: bool = False) -> Factory:
-    """The factory of --env.name NAME[:ARG] or --env.spec path.py:Class (behind --reward.allow-user-code,
-    as user graders are); checked now, before any model loads, by building one instance."""
+def make_factory(
+    name: str = "",
+    spec: str = "",
+    allow_user_code: bool = False,
+    allow_flag: str = "--reward.allow-user-code",
+) -> Factory:
+    """The factory of --env.name NAME[:ARG] or --env.spec path.py:Class (behind `allow_flag`, as user graders
+    are). An adapter checks what it can now (a package, a server, a game id); the instance itself is built and
+    checked in a worker process (envs/spec.py)."""
     if bool(name) == bool(spec):
         raise ValueError("give one of --env.name (a built-in or adapter) and --env.spec (path.py:Class)")
     if spec:
         if not allow_user_code:
-            raise ValueError(
-                f"--env.spec {spec!r} runs your Python code; add --reward.allow-user-code to allow it"
-            )
+            raise ValueError(f"--env.spec {spec!r} runs your Python code; add {allow_flag} to allow it")
         factory = load_user_class(spec)
         if not callable(getattr(factory, "step", None)):  # a TRL-style class: tools as methods
             from nanogrpo.envs.adapters import tool_class_factory
 
             factory = tool_class_factory(factory)
-    else:
-        _load_builtins()
-        key, _, arg = name.partition(":")
-        if key not in _REGISTRY:
-            raise ValueError(f"--env.name {name!r}: unknown environment; use one of {', '.join(known())}")
-        factory = _REGISTRY[key](arg)
-    check_env(factory(), name or spec)
-    return factory
+        return factory
+    _load_builtins()
+    key, _, arg = name.partition(":")
+    if key not in _REGISTRY:
+        raise ValueError(f"--env.name {name!r}: unknown environment; use one of {', '.join(known())}")
+    return _REGISTRY[key](arg)
 
 
-def check_env(env: Any, label: str) -> None:
-    """The protocol's attributes, checked on one instance: a clear error instead of a failure at step 1."""
-    for attr in ("reset", "step"):
-        if not callable(getattr(env, attr, None)):
-            raise ValueError(f"environment {label!r} has no {attr}() method (see docs/ENVS.md)")
-    lo, hi = attrs(env)["reward_range"]
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(
-            f"environment {label!r}: reward_range {(lo, hi)} must be two finite numbers, low < high"
-        )
-    if attrs(env)["role"] not in ("user", "tool"):
-        raise ValueError(f"environment {label!r}: role {attrs(env)['role']!r} must be 'user' or 'tool'")
-
-
-def attrs(env: Any) -> dict[str, Any]:
-    """The protocol's class attributes of `env`, with the base class's defaults where it sets none."""
+def protocol_attrs(env: Any) -> dict[str, Any]:
+    """The protocol's attributes of one instance (the base class's defaults where it sets none), checked:
+    a ValueError naming the attribute that is wrong and what it must be."""
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise ValueError(f"it has no {method}() method (see docs/ENVS.md)")
     d = Environment
-    return {
-        "max_turns": int(getattr(env, "max_turns", d.max_turns)),
-        "stop": tuple(getattr(env, "stop", d.stop)),
-        "role": getattr(env, "role", d.role),
-        "reward_range": tuple(float(x) for x in getattr(env, "reward_range", d.reward_range)),
-    }
-
-
-def resolve(cfg):
-    """(cfg with --env.max-turns and --env.max-tokens resolved, the environment factory), or (cfg, None)
-    without --env; every check is made here, before any model loads."""
-    from dataclasses import replace
-
-    if not cfg.env.on:
-        return cfg, None
-    env, factory = resolve_env(cfg.env, cfg.sampling.max_new_tokens, cfg.reward.allow_user_code)
-    return replace(cfg, env=env), factory
-
-
-def resolve_env(e, max_new_tokens: int, allow_user_code: bool = False):
-    """(the EnvConfig `e` with its budgets resolved, the factory): max_turns the flag's or the environment's,
-    max_tokens the flag's or max_turns x (max_new_tokens + 64)."""
-    from dataclasses import replace
-
-    factory = make_factory(e.name, e.spec, allow_user_code)
-    own = attrs(factory())["max_turns"]
-    if own < 1:
-        raise ValueError(f"environment {e.name or e.spec!r}: max_turns {own} must be >= 1")
-    turns = min(e.max_turns, own) if e.max_turns else own
-    tokens = e.max_tokens or turns * (max_new_tokens + 64)
-    return replace(e, max_turns=turns, max_tokens=tokens), factory
-
-
-def check_format(cfg, factory, tokenizer) -> None:
-    """--env: how observations will join a trajectory, checked at start-up (envs/render.py refuses a chat
-    template that rewrites earlier turns, naming --env.format plain); nothing without an environment."""
-    if factory is None:
-        return
-    from nanogrpo.envs.render import TurnFormat
-
-    TurnFormat.of(tokenizer, attrs(factory())["role"], cfg.env.format, cfg.data.system_prompt)
+    turns, stop = getattr(env, "max_turns", d.max_turns), getattr(env, "stop", d.stop)
+    role, span = getattr(env, "role", d.role), getattr(env, "reward_range", d.reward_range)
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ValueError(f"max_turns {turns!r} must be a whole number >= 1")
+    if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop {stop!r} must be a tuple of non-empty strings, e.g. ('</calc>',) or ()")
+    if role not in ("user", "tool"):
+        raise ValueError(f"role {role!r} must be 'user' or 'tool'")
+    try:
+        lo, hi = (float(x) for x in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward_range {span!r} must be two numbers (low, high)") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"reward_range {(lo, hi)} must be two finite numbers, low < high")
+    return {"max_turns": turns, "stop": tuple(stop), "role": role, "reward_range": (lo, hi)}

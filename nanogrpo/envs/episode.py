@@ -1,6 +1,6 @@
 """The episode rollout: G trajectories for each prompt, turn by turn, laid out as one training batch.
 
-    roll = episode_rollout(policy, rows, step, first, cfg, device, factory)
+    roll = episode_rollout(policy, rows, step, first, cfg, device, env)     # env: the run's EnvSpec
 
 A trajectory is `prompt | turn 1 | observation 1 | turn 2 | ... | turn K`, every part after the prompt in
 the completion's columns: the sampled turns at mask 1 with their sampler log-probs, the observations at mask
@@ -10,9 +10,14 @@ log-probs come from the same program and weights as the trainer's; nothing is sy
 
 Seeds: the G members of group i reset with one seed, prompt_seed(seed, step, first + i, resample), so they
 face one situation; member j samples turn t from its own generator seeded from (that seed, j, t), so a
-trajectory is the same on any rank, in any batch, and after a resume. An environment that raises, runs past
---env.step-timeout-s or returns a reward that is not finite ends its episode with no reward (left out of its
-group, as a completion no grader scores) and is counted; the other episodes go on.
+trajectory is the same on any rank, in any batch, and after a resume.
+
+Faults: each episode's environment runs in a worker process (envs/workers.py). One that cannot be built, raises,
+returns what the protocol does not allow, a reward that is not finite (a step's, or the episode's sum), or runs
+past --env.step-timeout-s ends its episode with no reward (left out of its group, as a completion no grader
+scores), the reason in env_info["error"], counted in env/failed; the other episodes go on. An observation is
+text: a control token's text in it stays text (envs/render.py), and one longer than the budget could hold is
+cut before it is tokenized.
 
 Budgets: a turn samples at most --sampling.max-new-tokens, an episode at most --env.max-tokens after the
 prompt (sampled plus observation tokens) and --env.max-turns turns; an episode that ends on a budget before
@@ -21,18 +26,17 @@ the environment says done is truncated (what --grpo.mask-truncated drops).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from nanogrpo.config import SamplingConfig
-from nanogrpo.envs import Step, attrs
-from nanogrpo.envs.render import TurnFormat
+from nanogrpo.envs import Step
+from nanogrpo.envs.spec import EnvSpec
 from nanogrpo.model.sampling import finish_text, generate
 from nanogrpo.rollout import assemble, prompt_seed
 
@@ -67,168 +71,172 @@ class Trajectory:
         return next((t["content"] for t in reversed(self.turns) if t["role"] == "assistant"), "")
 
 
-def _call(fn, limit_s: float) -> tuple[Any, str]:
-    """fn() within the time limit: (its value, '') or (None, why it failed)."""
-    from rewards.user import call_with_limit
-
-    try:
-        return call_with_limit(fn, limit_s), ""
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # the time limit's _Overtime, SystemExit and anything an environment raises
-        name = type(e).__name__
-        return None, f"over {limit_s:g} s" if name == "_Overtime" else f"{name}: {e}"[:300]
-
-
 def play(
-    model,
-    tok,
-    envs: list,
-    rows: list[dict],
-    group_seeds: list[int],
-    sampling: SamplingConfig,
-    *,
-    render_prompt,
-    max_turns: int,
-    max_tokens: int,
-    timeout_s: float,
-    fmt: TurnFormat,
-    eos_ids,
-    pad_id: int,
-    autocast=None,
-    fold_lora: bool = True,
-    prompt_limit: int = 1 << 30,
-) -> list[Trajectory]:
-    """Play one episode per environment in `envs` (G per row, rows[i // G]), turn by turn, batched across
-    the live episodes; `render_prompt(row, message)` gives the prompt ids of a first message (None: the row's
-    own, `row['_prompt_ids']`)."""
-    G = len(envs) // len(rows)
-    trajs = _reset(envs, rows, group_seeds, render_prompt, timeout_s, prompt_limit)
-    a = attrs(envs[0])
-    stop, role = (
-        tuple(dict.fromkeys((*sampling.stop, *a["stop"]))),
-        a["role"],
-    )  # stop: the run's and the env's
-    for turn in range(max_turns):
-        live = [k for k, t in enumerate(trajs) if not t.over]
-        if not live:
-            break
-        room = [max_tokens - len(trajs[k].ids) for k in live]  # (L,) tokens each may still take
-        cap = max(1, min(sampling.max_new_tokens, max(room)))
-        gens = [
-            torch.Generator(device=model.lm_head_weight.device).manual_seed(
-                turn_seed(group_seeds[k // G], k % G, turn)
-            )
-            for k in live
-        ]
-        out = generate(
-            model, [trajs[k].prompt_ids + trajs[k].ids for k in live], max_new_tokens=cap,
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids,
-            stop_strings=stop, tokenizer=tok, generator=gens, pad_id=pad_id, autocast=autocast,
-            fold_lora=fold_lora, decode=sampling.decode,
-        )  # fmt: skip
-        lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
-        for row_i, k in enumerate(live):
-            t, n = trajs[k], min(lengths[row_i], room[row_i])
-            ids = ids_all[row_i][:n]  # a turn past the episode's budget is cut there
-            text = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
-            t.ids += ids
-            t.mask += [1.0] * n
-            t.logp += logp_all[row_i][:n]
-            t.turns.append({"role": "assistant", "content": text})
-            _step(t, envs[k], text, timeout_s)
-            if t.over:
-                continue
-            if turn + 1 == max_turns:
-                t.over = True  # out of turns
-                continue
-            obs = fmt.observation_text(t.observation, bool(ids) and ids[-1] in eos_ids)
-            obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
-            if len(t.ids) + len(obs_ids) >= max_tokens:  # no room left for the observation and a turn
-                t.over = True
-                continue
-            t.turns.append({"role": role, "content": t.observation})
-            t.ids += obs_ids
-            t.mask += [0.0] * len(obs_ids)
-            t.logp += [0.0] * len(obs_ids)
+    model, tok, env: EnvSpec, rows: list[dict], group_seeds: list[int], sampling: SamplingConfig, G: int, *,
+    system_prompt: str, eos_ids, pad_id: int, autocast=None, fold_lora: bool = True,
+) -> list[Trajectory]:  # fmt: skip
+    """Play G episodes of each row (episode k: rows[k // G]), turn by turn, batched across the live episodes;
+    each episode's environment runs in worker k of env.workers (envs/workers.py)."""
+    workers = env.workers
+    assert workers is not None and env.turns is not None, "an EnvSpec from envs.spec.check_start"
+    stop = tuple(dict.fromkeys((*sampling.stop, *env.stop)))  # the run's and the environment's
+    trajs = _reset(env, rows, group_seeds, G, tok, system_prompt)
+    try:
+        for turn in range(env.max_turns):
+            live = [k for k, t in enumerate(trajs) if not t.over]
+            if not live:
+                break
+            room = [env.max_tokens - len(trajs[k].ids) for k in live]  # (L,) tokens each may still take
+            cap = max(1, min(sampling.max_new_tokens, max(room)))
+            gens = [
+                torch.Generator(device=model.lm_head_weight.device).manual_seed(
+                    turn_seed(group_seeds[k // G], k % G, turn)
+                )
+                for k in live
+            ]
+            out = generate(
+                model, [trajs[k].prompt_ids + trajs[k].ids for k in live], max_new_tokens=cap,
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids,
+                stop_strings=stop, tokenizer=tok, generator=gens, pad_id=pad_id, autocast=autocast,
+                fold_lora=fold_lora, decode=sampling.decode,
+            )  # fmt: skip
+            lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
+            texts, on_eos = {}, {}
+            for row_i, k in enumerate(live):
+                t, n = trajs[k], min(lengths[row_i], room[row_i])
+                ids = ids_all[row_i][:n]  # a turn past the episode's budget is cut there
+                texts[k] = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
+                on_eos[k] = bool(ids) and ids[-1] in eos_ids
+                t.ids += ids
+                t.mask += [1.0] * n
+                t.logp += logp_all[row_i][:n]
+                t.turns.append({"role": "assistant", "content": texts[k]})
+            replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})
+            for k in live:
+                t = trajs[k]
+                _take(t, *replies[k])
+                if t.over:
+                    continue
+                if turn + 1 == env.max_turns:
+                    t.over = True  # out of turns
+                    continue
+                obs_ids = env.turns.observation_ids(tok, t.observation, on_eos[k])
+                if len(t.ids) + len(obs_ids) >= env.max_tokens:  # no room left for the observation and a turn
+                    t.over = True
+                    continue
+                t.turns.append({"role": env.role, "content": t.observation})
+                t.ids += obs_ids
+                t.mask += [0.0] * len(obs_ids)
+                t.logp += [0.0] * len(obs_ids)
+    finally:  # each instance dropped in its worker (its own clean-up, under the time limit)
+        workers.call({k: ("end", None) for k in range(len(trajs))})
     return trajs
 
 
-def _reset(envs: list, rows: list[dict], group_seeds: list[int], render_prompt, timeout_s: float,
-           prompt_limit: int) -> list[Trajectory]:  # fmt: skip
-    """One Trajectory per environment, reset with its group's seed; an environment whose reset raises,
-    returns something other than text, or a first message past the prompt limit fails its episode."""
-    G = len(envs) // len(rows)
+def _reset(env: EnvSpec, rows: list[dict], group_seeds: list[int], G: int, tok, system_prompt: str):
+    """One Trajectory per episode, its instance built and reset with its group's seed in its worker; an
+    instance that cannot be built, a reset that fails or returns what is not text, or a first message past
+    the prompt limit fails its episode."""
+    from nanogrpo.data import render_prompt
+
+    workers, n = env.workers, len(rows) * G
+    made = workers.call({k: ("make", None) for k in range(n)})
+    firsts = workers.call({
+        k: ("reset", (dict(rows[k // G]), group_seeds[k // G], env.max_chars)) for k in range(n) if not made[k][1]
+    })  # fmt: skip
     trajs: list[Trajectory] = []
-    for k, env in enumerate(envs):
-        row, seed = rows[k // G], group_seeds[k // G]
-        message, err = _call(lambda: env.reset(dict(row), seed), timeout_s)  # noqa: B023 (called at once)
-        if not err and not isinstance(message, (str, type(None))):
-            err = f"reset returned {type(message).__name__}, not str"
-        ids = row["_prompt_ids"] if err or message is None else render_prompt(row, message)
-        if not err and len(ids) > prompt_limit:
-            err = "reset returned a first message longer than the prompt limit"
-        trajs.append(Trajectory(list(ids), str(row.get("prompt", "")) if message is None else str(message)))
+    for k in range(n):
+        row = rows[k // G]
+        message, err = firsts[k] if k in firsts else made[k]
+        ids = (
+            row["_prompt_ids"]
+            if err or message is None
+            else render_prompt(tok, {"prompt": message}, system_prompt)
+        )
+        if not err and len(ids) > env.prompt_limit:
+            err = (
+                f"reset: a first message of {len(ids)} tokens, over the prompt limit of {env.prompt_limit} "
+                "(--env.max-turns and --env.max-tokens leave the rest of the model's positions to it)"
+            )
+        trajs.append(Trajectory(list(ids), str(row.get("prompt", "")) if message is None else message))
         trajs[-1].failed, trajs[-1].over = err, bool(err)
     return trajs
 
 
-def _step(t: Trajectory, env, text: str, timeout_s: float) -> None:
-    """One environment step on trajectory t: its reward added, or the episode failed; t.observation set."""
-    res, err = _call(lambda: env.step(text), timeout_s)
-    if not err and not isinstance(res, Step) and not all(hasattr(res, a) for a in ("reward", "done")):
-        err = f"step returned {type(res).__name__}, not a Step"
-    if not err:
-        try:
-            reward = float(res.reward)
-        except (TypeError, ValueError):
-            reward = math.nan
-        if not math.isfinite(reward):
-            err = f"step returned the reward {res.reward!r}, not a finite number"
+def _take(t: Trajectory, res: Step | None, err: str) -> None:
+    """A step's reply on trajectory t: its reward added, or the episode failed; t.observation set."""
+    if not err and not math.isfinite(t.reward + res.reward):
+        err = f"step: the episode's rewards add up to {t.reward + res.reward}, not a finite number"
     if err:
         t.failed, t.over = err, True
         return
-    t.reward += reward
-    t.info = dict(getattr(res, "info", None) or {})
-    t.invalid += bool(t.info.get("invalid"))
-    t.done = bool(res.done)
-    t.over = t.done
-    t.observation = "" if res.observation is None else str(res.observation)
+    t.reward += res.reward
+    t.info = res.info
+    t.invalid += bool(res.info.get("invalid"))
+    t.done = t.over = res.done
+    t.observation = res.observation or ""
 
 
-def episode_rollout(policy, rows: list[dict], step: int, first: int, cfg, device, factory, resample: int = 0):
+def episode_rollout(
+    policy, rows: list[dict], step: int, first: int, cfg, device, env: EnvSpec, resample: int = 0
+):
     """GRPO's rollout (nanogrpo/rollout.py) with episodes: G trajectories per row, laid out as a Rollout
     whose completion columns hold turns and observations (module docstring)."""
-    from nanogrpo.data import render_prompt
-
     t0 = time.perf_counter()
-    G, s, e, tok = cfg.grpo.group_size, cfg.sampling, cfg.env, policy.tokenizer
-    envs = [factory() for _ in range(len(rows) * G)]
-    fmt = TurnFormat.of(tok, attrs(envs[0])["role"], e.format, cfg.data.system_prompt)
     seeds = [prompt_seed(cfg.seed, step, first + i, resample) for i in range(len(rows))]
     policy.model.eval()
     with policy.gathered(), torch.inference_mode():  # FSDP: full weights for the sampler
         trajs = play(
-            policy.core, tok, envs, rows, seeds, s,
-            render_prompt=lambda row, msg: render_prompt(tok, {"prompt": msg}, cfg.data.system_prompt),
-            max_turns=e.max_turns, max_tokens=e.max_tokens, timeout_s=e.step_timeout_s, fmt=fmt,
-            eos_ids=policy.eos_ids, pad_id=policy.pad_id, autocast=policy.autocast, fold_lora=s.fold_lora,
-            prompt_limit=_prompt_limit(cfg),
+            policy.core, policy.tokenizer, env, rows, seeds, cfg.sampling, cfg.grpo.group_size,
+            system_prompt=cfg.data.system_prompt, eos_ids=policy.eos_ids, pad_id=policy.pad_id,
+            autocast=policy.autocast, fold_lora=cfg.sampling.fold_lora,
         )  # fmt: skip
-    roll = layout(trajs, rows, envs, e.max_turns, policy.pad_id, device)
+    note_failures(trajs, env.label)
+    roll = layout(trajs, rows, env, policy.pad_id, device)
     roll.seconds = time.perf_counter() - t0
     return roll
 
 
-@functools.lru_cache(maxsize=4)
-def _prompt_limit(cfg) -> int:
-    """The run's longest prompt (policy.prompt_budget), once per config: a first message longer fails its episode."""
-    from nanogrpo.policy import prompt_budget
-
-    return prompt_budget(cfg)[1]
+_NOTED: set[str] = set()  # the kinds of failure already printed
 
 
-def layout(trajs: list[Trajectory], rows: list[dict], envs: list, max_turns: int, pad_id: int, device):
+def note_failures(trajs: list[Trajectory], label: str, most: int = 5) -> None:
+    """Print one line the first time each kind of failure shows (at most `most` kinds a run): the episodes are
+    counted in env/failed every step, and a user's environment file is debugged from this line (with
+    NANOGRPO_DEBUG=1 its worker prints the traceback)."""
+    for t in trajs:
+        kind = re.sub(r"\d+(\.\d+)?", "N", t.failed)[:80]
+        if t.failed and kind not in _NOTED and len(_NOTED) < most:
+            _NOTED.add(kind)
+            print(
+                f"note: environment {label!r} failed an episode: {t.failed} (counted in env/failed)",
+                flush=True,
+            )
+
+
+FIXES = (  # what fixes a failure, by what its reason says (the first that matches)
+    ("over ", "raise --env.step-timeout-s or make the environment faster"),
+    ("prompt limit", "lower --env.max-turns or --env.max-tokens"),
+    ("make:", "the class must build with no arguments, once per episode"),
+    ("process died", "the environment ended its own process (os._exit, a crash)"),
+    ("reset:", "check what reset reads from the rows (--data.train)"),
+    ("", "fix the environment (NANOGRPO_DEBUG=1 prints each failure's traceback)"),
+)
+
+
+def failure_causes(roll) -> dict[str, int]:
+    """This rank's failed episodes of a step by the kind of failure: {'"reason" (fix)': count}, what
+    --reward.max-empty-steps names when it stops a run whose every episode fails."""
+    causes: dict[str, int] = {}
+    for s in roll.samples:
+        if err := s.env_info.get("error"):
+            fix = next(f for key, f in FIXES if key in err)
+            cause = f"{err[:160]!r} ({fix})"
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
+
+
+def layout(trajs: list[Trajectory], rows: list[dict], env: EnvSpec, pad_id: int, device):
     """The trajectories as a Rollout: (N, T) ids, mask and log-probs padded to the longest, each
     trajectory's own prompt, and on every Sample the transcript, the episode's reward and its info."""
     T = max(1, max(len(t.ids) for t in trajs))
@@ -244,11 +252,10 @@ def layout(trajs: list[Trajectory], rows: list[dict], envs: list, max_turns: int
               for i, r in enumerate(rows)]  # fmt: skip
     roll = assemble(groups, [t.completion for t in trajs], ids, mask, logp, truncated, pad_id, device,
                     prompt_ids=[t.prompt_ids for t in trajs])  # fmt: skip
-    for t, smp, env in zip(trajs, roll.samples, envs):
-        a = attrs(env)
+    for t, smp in zip(trajs, roll.samples):
         smp.turns = [{"role": "user", "content": t.prompt}, *t.turns]
         smp.env_reward = None if t.failed else t.reward
-        smp.env_info = episode_info(t, a["reward_range"], max_turns)
+        smp.env_info = episode_info(t, env.reward_range, env.max_turns)
     roll.failed = torch.tensor([bool(t.failed) for t in trajs])  # (N,)
     return roll
 
@@ -260,65 +267,37 @@ def episode_info(t: Trajectory, reward_range, max_turns: int) -> dict:
             "invalid": t.invalid, "done": t.done, "error": t.failed}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class EpisodeRunner:
-    """What playing episodes needs besides the model: the environment and the run's --env budgets."""
-
-    factory: Any
-    max_turns: int
-    max_tokens: int
-    timeout_s: float = 10.0
-    format: str = "auto"
-
-    @classmethod
-    def of(cls, cfg, factory) -> EpisodeRunner | None:
-        e = cfg.env
-        return (
-            None if factory is None else cls(factory, e.max_turns, e.max_tokens, e.step_timeout_s, e.format)
-        )
-
-    @classmethod
-    def from_flags(cls, e, max_new_tokens: int, allow_user_code: bool) -> EpisodeRunner | None:
-        """eval.py generate's --env.*: the environment checked and its budgets resolved, or None without one."""
-        from nanogrpo.envs import resolve_env
-
-        if not e.on:
-            return None
-        e, factory = resolve_env(e, max_new_tokens, allow_user_code)
-        return cls(factory, e.max_turns, e.max_tokens, e.step_timeout_s, e.format)
-
-
 def play_rows(
-    model, tok, rows, runner: EpisodeRunner, sampling: SamplingConfig, *, num_samples: int = 1, seed: int = 0,
-    seeds=None, system_prompt: str = "", autocast=None,
+    model, tok, rows, env: EnvSpec, sampling: SamplingConfig, *, num_samples: int = 1, seed: int = 0, seeds=None,
+    system_prompt: str = "", autocast=None, batch_rows: int = 16,
 ) -> list[dict]:  # fmt: skip
     """One episode per (row, sample), in row order (row i's at i*k .. i*k+k-1), for evaluation: each a
-    record {"completion", "tokens", "turns", "env_reward", "env_info"}. Row i's environments reset with
-    seeds[i] (default: from `seed` and i), the same for every model compared on these rows."""
+    record {"completion", "tokens", "turns", "env_reward", "env_info"}, played `batch_rows` rows at a time.
+    Row i's environments reset with seeds[i] (default: from `seed` and i), the same for every model compared
+    on these rows."""
     from nanogrpo.data import render_prompt
     from nanogrpo.model.sampling import eos_and_pad
 
     eos, pad_id = eos_and_pad(model.config, tok)
-    envs = [runner.factory() for _ in rows for _ in range(num_samples)]
     rows = [{**r, "_prompt_ids": render_prompt(tok, r, system_prompt)} for r in rows]
     group_seeds = (
         list(seeds) if seeds is not None else [(seed * 1_000_003 + i) * 4099 for i in range(len(rows))]
     )
-    fmt = TurnFormat.of(tok, attrs(envs[0])["role"], runner.format, system_prompt)
+    trajs: list[Trajectory] = []
     with torch.no_grad():
-        trajs = play(
-            model, tok, envs, rows, group_seeds, sampling,
-            render_prompt=lambda row, msg: render_prompt(tok, {"prompt": msg}, system_prompt),
-            max_turns=runner.max_turns, max_tokens=runner.max_tokens, timeout_s=runner.timeout_s, fmt=fmt,
-            eos_ids=tuple(eos), pad_id=pad_id, autocast=autocast,
-        )  # fmt: skip
+        for i in range(0, len(rows), batch_rows):
+            trajs += play(
+                model, tok, env, rows[i : i + batch_rows], group_seeds[i : i + batch_rows], sampling, num_samples,
+                system_prompt=system_prompt, eos_ids=tuple(eos), pad_id=pad_id, autocast=autocast,
+            )  # fmt: skip
+    note_failures(trajs, env.label)
     return [
         {
             "completion": t.completion,
             "tokens": int(sum(t.mask)),
             "turns": [{"role": "user", "content": t.prompt}, *t.turns],
             "env_reward": None if t.failed else t.reward,
-            "env_info": episode_info(t, attrs(env)["reward_range"], runner.max_turns),
+            "env_info": episode_info(t, env.reward_range, env.max_turns),
         }
-        for t, env in zip(trajs, envs)
+        for t in trajs
     ]

@@ -25,14 +25,16 @@ class TurnFormat:
     open: str
     after: str
     eos_text: str  # the EOS token's text, which a turn that ended on EOS already holds
+    specials: tuple[str, ...] = ()  # the control tokens' texts, which stay text inside an observation
 
     @classmethod
     def of(cls, tokenizer, role: str, fmt: str = "auto", system: str = "") -> TurnFormat:
         """The format for `role` ('user' or 'tool'): the chat template's (checked) or plain lines."""
         eos = tokenizer.eos_token or ""
+        specials = special_texts(tokenizer)
         has_template = getattr(tokenizer, "chat_template", None) is not None
         if fmt == "plain" or (fmt == "auto" and not has_template):
-            return cls(close="", open=f"\n{role}: ", after="\nassistant: ", eos_text=eos)
+            return cls(close="", open=f"\n{role}: ", after="\nassistant: ", eos_text=eos, specials=specials)
         if not has_template:
             raise ValueError("--env.format chat: the tokenizer has no chat template; use --env.format plain")
         sys_msg = [{"role": "system", "content": system}] if system else []
@@ -62,7 +64,7 @@ class TurnFormat:
         closing = render(_A, _B)[len(first + _B) :]
         k = len(closing) if close_open.startswith(closing) and closing else 0
         close, open_ = close_open[:k], close_open[k:]
-        return cls(close=close, open=open_, after=after, eos_text=eos)
+        return cls(close=close, open=open_, after=after, eos_text=eos, specials=specials)
 
     def observation_text(self, observation: str, ended_on_eos: bool) -> str:
         """What follows an assistant turn's sampled tokens: its closing, the observation, the next header."""
@@ -70,3 +72,25 @@ class TurnFormat:
         if ended_on_eos and self.eos_text and close.startswith(self.eos_text):
             close = close[len(self.eos_text) :]  # the sampled EOS token is that text
         return close + self.open + observation + self.after
+
+    def observation_ids(self, tokenizer, observation: str, ended_on_eos: bool) -> list[int]:
+        """The token ids of observation_text. The observation stays text: a control token's text in it (an
+        environment echoing '<|im_end|>\\n<|im_start|>assistant') is tokenized as plain characters, never as
+        the control token, so no environment can forge the turn structure. An observation without such text
+        is tokenized in one piece with the template's text around it, as it always was."""
+        text = self.observation_text(observation, ended_on_eos)
+        if not any(s in observation for s in self.specials):
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+        head = text[: len(text) - len(observation) - len(self.after)]
+
+        def ids(s: str, **kw) -> list[int]:
+            return tokenizer(s, add_special_tokens=False, **kw)["input_ids"]
+
+        return ids(head) + ids(observation, split_special_tokens=True) + ids(self.after)
+
+
+def special_texts(tokenizer) -> tuple[str, ...]:
+    """The texts of a tokenizer's control tokens: its special tokens and the added tokens marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    texts = {*getattr(tokenizer, "all_special_tokens", ()), *(t.content for t in added.values() if t.special)}
+    return tuple(sorted(t for t in texts if t))

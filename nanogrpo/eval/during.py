@@ -109,11 +109,9 @@ class HeldOutEval:
         env: Any = None,
     ):
         """held_out: train.py's held-out rows and their source, read and checked before the model loaded;
-        env: --env's environment factory (the evaluation plays episodes, greedily, as training does)."""
-        from nanogrpo.envs.episode import EpisodeRunner
-
+        env: --env's EnvSpec (the evaluation plays episodes, greedily, as training does)."""
         self.cfg, self.policy, self.device = cfg, policy, device
-        self.env = EpisodeRunner.of(cfg, env)
+        self.env = env
         self.every = cfg.eval_every
         self.rows: list[dict] = []
         self.reward_fn = None
@@ -211,7 +209,6 @@ def final_eval(
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
     95% CI of the difference."""
-    from nanogrpo.envs.episode import EpisodeRunner
     from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
     from rewards.spec import parse_spec
 
@@ -231,7 +228,7 @@ def final_eval(
         stop=cfg.sampling.stop,  # the texts end as in training: right after a stop string
         system_prompt=cfg.data.system_prompt,
         progress=False,
-        env=EpisodeRunner.of(cfg, env),  # --env: greedy episodes, as training plays them
+        env=env,  # --env: greedy episodes, as training plays them
     )
     save_eval(out, rows, res)
     base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"

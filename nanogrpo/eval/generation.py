@@ -63,14 +63,15 @@ def generate_completions(
     float32 model's compute dtype (sampling.generate). `return_lengths`: also each completion's token count,
     as the trainer counts it (the token that ended it included).
 
-    `env` (an envs.episode.EpisodeRunner): each completion is an episode in that environment, played
-    greedily (or at `temperature`) with the same loop training runs; the texts are the last assistant
-    turns, and `episodes`, when a list, receives every episode's record (transcript, reward, info)."""
+    `env` (an envs.spec.EnvSpec): each completion is an episode in that environment, played greedily (or at
+    `temperature`) with the same loop training runs, `batch_size` rows at a time; the texts are the last
+    assistant turns, and `episodes`, when a list, receives every episode's record (transcript, reward,
+    info)."""
     if env is not None:
         return _episodes(model, tokenizer, rows, env, episodes, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                          stop=stop, system_prompt=system_prompt, seed=seed, seeds=seeds, autocast=autocast,
-                         return_lengths=return_lengths)  # fmt: skip
+                         return_lengths=return_lengths, batch_size=batch_size)  # fmt: skip
     import torch
     from tqdm import tqdm
 
@@ -115,16 +116,16 @@ def generate_completions(
     return (out, lengths) if return_lengths else out
 
 
-def _episodes(model, tok, rows, runner, episodes, *, num_samples, max_new_tokens, temperature, top_p, top_k, stop,
-              system_prompt, seed, seeds, autocast, return_lengths):  # fmt: skip
+def _episodes(model, tok, rows, env, episodes, *, num_samples, max_new_tokens, temperature, top_p, top_k, stop,
+              system_prompt, seed, seeds, autocast, return_lengths, batch_size):  # fmt: skip
     """generate_completions with an environment: episodes, a batch of every row at once."""
     from nanogrpo.config import SamplingConfig
     from nanogrpo.envs.episode import play_rows
 
     s = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                        stop=tuple(stop))  # fmt: skip
-    recs = play_rows(model, tok, list(rows), runner, s, num_samples=num_samples, seed=seed, seeds=seeds,
-                     system_prompt=system_prompt, autocast=autocast)  # fmt: skip
+    recs = play_rows(model, tok, list(rows), env, s, num_samples=num_samples, seed=seed, seeds=seeds,
+                     system_prompt=system_prompt, autocast=autocast, batch_rows=batch_size)  # fmt: skip
     if episodes is not None:
         episodes.extend(recs)
     k = num_samples

@@ -7,7 +7,7 @@ field of every command and fails on one without a range."""
 
 from __future__ import annotations
 
-from nanogrpo.config import GRPOConfig, SamplingConfig, TrainConfig
+from nanogrpo.config import MIN_STEP_TIMEOUT_S, GRPOConfig, SamplingConfig, TrainConfig
 from rewards.ranges import (
     ANY,
     GRADE,
@@ -25,7 +25,7 @@ from rewards.ranges import (
 ENV = {
     "max_turns": at_least(0, "0 = the environment's own"),
     "max_tokens": at_least(0, "0 = from the environment's max_turns"),
-    "step_timeout_s": at_least(0, "0 = no limit"),
+    "step_timeout_s": Range(MIN_STEP_TIMEOUT_S, also=0, note="0 = no limit; below it a call cannot return"),
 }
 SAMPLING = {
     "max_new_tokens": at_least(1),

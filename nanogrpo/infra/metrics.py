@@ -114,6 +114,10 @@ def console_line(m: dict[str, Any]) -> str:
         v = m.get(key) if label else None
         if v is not None:  # kl is None when no KL is computed
             parts.append(f"{label} {fmt.format(v)}")
+    if m.get("env/failed"):  # --env: episodes their environment failed (no reward)
+        parts.append(f"failed {m['env/failed']:.0f}")
+    if "loss" in m and m["loss"] is None:  # no completion had a reward: the step trained nothing
+        parts.append("no update")
     if m.get("resample_rounds"):  # --grpo.dynamic-sampling drew more: informative groups of those drawn
         parts.append(f"kept {m['groups_kept']}/{m['groups_drawn']}")
     if m.get("tok_per_s"):

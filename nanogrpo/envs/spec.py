@@ -1,0 +1,142 @@
+"""An environment as a run uses it, resolved once at start-up (EnvSpec): the factory, the protocol's attributes
+read from one instance, the budgets, the time limit, the turn format and the prompt limit, and the worker
+processes its instances run in (envs/workers.py). The episode loop and the evaluations read this one spec.
+
+    cfg, env = resolve(cfg)                                  # before the data: the budgets set the prompt limit
+    env = check_start(env, tok, rows, system_prompt, limit, positions, episodes)   # before the model loads
+
+Everything is checked here, before any model loads, each fault one line that says how to fix it: an unknown
+name or a file that does not import; an instance that cannot be built without arguments, or whose attributes
+are wrong (read once, here: an instance that changes them later changes nothing); a chat template that
+rewrites earlier turns; a reset that fails on the first row; a first message that does not fit the prompt limit
+the budgets leave (the model's positions less --env.max-tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nanogrpo.envs import make_factory
+from nanogrpo.envs.render import TurnFormat
+from nanogrpo.envs.workers import Workers
+
+CHARS_PER_TOKEN = 16
+"""An observation or first message is cut at this many characters per token of the episode's budget before it
+is tokenized: more than any tokenizer's tokens hold on average, so only text that could never fit is cut."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """An environment resolved for a run: what the episode loop, the evaluations and the logs need of it."""
+
+    label: str
+    """How messages name it: the --env.name or --env.spec given."""
+    factory: Callable[[], Any] = field(repr=False)
+    """Makes one instance (one episode); called in a worker process."""
+    max_turns: int
+    """Assistant turns an episode may take: --env.max-turns, at most the environment's own."""
+    max_tokens: int
+    """An episode's token budget after the prompt, sampled plus observation tokens (--env.max-tokens)."""
+    stop: tuple[str, ...]
+    """The environment's strings that end a turn (the run's --sampling.stop are added to them)."""
+    role: str
+    """The role observations are rendered with: 'user' or 'tool'."""
+    reward_range: tuple[float, float]
+    """The episode reward's range, which the `env` grader maps onto [0, 1]."""
+    timeout_s: float
+    """Seconds one call (construct, reset, step) may take (--env.step-timeout-s; 0 = no limit)."""
+    format: str = "auto"
+    """--env.format: how observations join the conversation."""
+    turns: TurnFormat | None = None
+    """The text around an observation (check_start sets it from the tokenizer)."""
+    prompt_limit: int = 1 << 30
+    """The longest first message, in tokens (check_start sets it)."""
+    workers: Workers | None = field(default=None, repr=False, compare=False)
+    """The worker processes its instances run in."""
+
+    @property
+    def max_chars(self) -> int:
+        """Where an observation or first message is cut before it is tokenized."""
+        return CHARS_PER_TOKEN * self.max_tokens
+
+
+def resolve(cfg):
+    """(cfg with --env.max-turns and --env.max-tokens resolved, the EnvSpec), or (cfg, None) without --env."""
+    if not cfg.env.on:
+        return cfg, None
+    env = resolve_env(cfg.env, cfg.sampling.max_new_tokens, cfg.reward.allow_user_code)
+    return replace(cfg, env=replace(cfg.env, max_turns=env.max_turns, max_tokens=env.max_tokens)), env
+
+
+def resolve_env(
+    e, max_new_tokens: int, allow_user_code: bool = False, allow_flag: str = "--reward.allow-user-code"
+) -> EnvSpec:
+    """The EnvSpec of the EnvConfig `e` (--env.* of train.py or eval.py generate)."""
+    factory = make_factory(e.name, e.spec, allow_user_code, allow_flag)
+    return build_spec(factory, e.name or e.spec, e, max_new_tokens)
+
+
+def build_spec(factory: Callable[[], Any], label: str, e, max_new_tokens: int) -> EnvSpec:
+    """The EnvSpec of a factory under the EnvConfig `e`: one instance built in a worker and its attributes read
+    and checked there; max_turns the flag's (at most the environment's own), max_tokens the flag's or
+    max_turns x (max_new_tokens + 64)."""
+    workers = Workers(factory, e.step_timeout_s)
+    _first_call(workers, "make", None, label)  # built as every episode's instance will be: in a worker
+    attrs = _first_call(workers, "attrs", None, label)
+    workers.call({0: ("end", None)})
+    turns = min(e.max_turns, attrs["max_turns"]) if e.max_turns else attrs["max_turns"]
+    tokens = e.max_tokens or turns * (max_new_tokens + 64)
+    return EnvSpec(
+        label, factory, turns, tokens, attrs["stop"], attrs["role"], attrs["reward_range"], e.step_timeout_s,
+        e.format, workers=workers,
+    )  # fmt: skip
+
+
+def _first_call(workers: Workers, op: str, arg, label: str, where: str = "") -> Any:
+    """A start-up call on worker 0; its failure a ValueError that says what to fix."""
+    value, err = workers.call({0: (op, arg)})[0]
+    if not err:
+        return value
+    if err.startswith("make:"):
+        err += " (an environment is built with no arguments, one instance per episode)"
+    if err.endswith(" s") and "over" in err:
+        err += " (--env.step-timeout-s sets the limit)"
+    workers.close()
+    raise ValueError(f"environment {label!r}: {err}{where}")
+
+
+def check_start(
+    env: EnvSpec, tok, rows: list[dict], system_prompt: str, limit: int, positions: int, episodes: int
+) -> EnvSpec:
+    """The spec completed with the tokenizer, and checked against the data, before the model loads: the chat
+    template keeps earlier turns (envs/render.py), reset works on the first row, and its first message fits
+    the prompt limit `limit` (of the model's `positions`). Forks the `episodes` workers a rollout uses, while
+    the process is small."""
+    from nanogrpo.data import render_prompt
+
+    fmt = TurnFormat.of(tok, env.role, env.format, system_prompt)
+    assert env.workers is not None
+    _first_call(env.workers, "make", None, env.label)
+    message = _first_call(
+        env.workers, "reset", (dict(rows[0]), 0, env.max_chars), env.label, " (the first row)"
+    )
+    env.workers.call({0: ("end", None)})
+    if message is not None:
+        n = len(render_prompt(tok, {"prompt": message}, system_prompt))
+        if n > limit:
+            env.workers.close()
+            room = positions - env.max_tokens
+            why = (
+                f"--data.max-prompt-tokens {limit}" if limit < room else
+                f"the model's {positions} positions less the episode budget --env.max-tokens {env.max_tokens} "
+                f"({env.max_turns} turns)"
+            )  # fmt: skip
+            raise ValueError(
+                f"environment {env.label!r}: its first message is {n} tokens, over the prompt limit of {limit} "
+                f"({why}); lower --env.max-turns or --env.max-tokens, raise --data.max-prompt-tokens, or use a "
+                "model with more positions"
+            )
+    env.workers.grow(episodes)
+    return replace(env, turns=fmt, prompt_limit=limit)

@@ -231,7 +231,8 @@ class Policy:
 
 def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
     """The tokenizer and the longest prompt the run allows (prompt_limit), without loading the weights."""
-    return load_tokenizer(resolve_model(cfg.model.path)), prompt_limit(cfg)[0]
+    limit = prompt_limit(cfg)[0]  # an architecture nanogrpo cannot run: refused before the tokenizer loads
+    return load_tokenizer(resolve_model(cfg.model.path)), limit
 
 
 def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:

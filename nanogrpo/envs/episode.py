@@ -220,7 +220,7 @@ FIXES = (  # what fixes a failure, by what its reason says (the first that match
     ("make:", "the class must build with no arguments, once per episode"),
     ("process died", "the environment ended its own process (os._exit, a crash)"),
     ("reset:", "check what reset reads from the rows (--data.train)"),
-    ("", "fix the environment (NANOGRPO_DEBUG=1 prints each failure's traceback)"),
+    ("", "fix the environment; NANOGRPO_DEBUG=1 prints each failure's traceback"),
 )
 
 

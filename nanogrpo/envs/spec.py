@@ -120,7 +120,11 @@ def check_start(
     assert env.workers is not None
     _first_call(env.workers, "make", None, env.label)
     message = _first_call(
-        env.workers, "reset", (dict(rows[0]), 0, env.max_chars), env.label, " (the first row)"
+        env.workers,
+        "reset",
+        (dict(rows[0]), 0, env.max_chars),
+        env.label,
+        " (on the data's first row: reset reads what the rows hold)",
     )
     env.workers.call({0: ("end", None)})
     if message is not None:

@@ -21,7 +21,7 @@ def load_model(model: str, adapter: str = "", dtype: str = "auto", device: str =
     from nanogrpo.model.transformer import Transformer
     from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
-    device_, dtype_ = resolve_device_dtype(ModelConfig(path=model, dtype=dtype, device=device))
+    device_, dtype_ = resolve_device_dtype(ModelConfig(path=model, dtype=dtype, device=device), "--device")
     if device_.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
         keep_freed_memory()
     path = resolve_model(model)

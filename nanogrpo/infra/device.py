@@ -18,21 +18,25 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.cpu import cpu_capability
 
 
-def _parse_device(flag: str) -> torch.device:
-    """--model.device as a device nanogrpo runs on (a CPU, or a visible CUDA GPU), checked before any model
+def _parse_device(value: str, flag: str) -> torch.device:
+    """The device flag's value as a device nanogrpo runs on (a CPU, a visible CUDA GPU, or an out-of-tree
+    backend registered under its own name, as the tests' stand-in device is), checked before any model
     loads: anything else (a type this build has no backend for, 'tpu', 'mps', a typo, 'cuda:x', a GPU index
     past the visible ones) is a ValueError that names what works, not torch's traceback at the first use."""
     try:
-        device = torch.device(flag)
+        device = torch.device(value)
     except RuntimeError:
         device = None  # a type torch does not know ('tpu', 'foo'), or no device string ('cuda:x', '')
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"--model.device {flag!r} is not a device nanogrpo runs on; use cpu, cuda, cuda:N or auto"
-        )
+    registered = torch._C._get_privateuse1_backend_name()  # 'privateuseone' unless a backend renamed it
+    if device is None or device.type not in (
+        "cpu",
+        "cuda",
+        *(() if registered == "privateuseone" else (registered,)),
+    ):
+        raise ValueError(f"{flag} {value!r} is not a device nanogrpo runs on; use cpu, cuda, cuda:N or auto")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--model.device {flag!r} but no GPU is visible; use --model.device cpu")
+            raise ValueError(f"{flag} {value!r} but no GPU is visible; use {flag} cpu")
         n = torch.cuda.device_count()
         if device.index is not None and device.index >= n:
             visible = (
@@ -40,13 +44,12 @@ def _parse_device(flag: str) -> torch.device:
                 if n == 1
                 else f"{n} GPUs are visible; use cuda:0 to cuda:{n - 1}"
             )
-            raise ValueError(
-                f"--model.device {flag!r} but {visible} (numbered from 0 after CUDA_VISIBLE_DEVICES)"
-            )
+            raise ValueError(f"{flag} {value!r} but {visible} (numbered from 0 after CUDA_VISIBLE_DEVICES)")
     return device
 
 
-def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+def resolve_device_dtype(cfg: ModelConfig, flag: str = "--model.device") -> tuple[torch.device, torch.dtype]:
+    """The device and compute dtype of `cfg` (`flag`: how the command spells the device flag, for its errors)."""
     import nanogrpo_kernels
 
     if cfg.kernels != "auto":  # 'auto' leaves NANOGRPO_KERNELS in charge
@@ -54,7 +57,7 @@ def resolve_device_dtype(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     else:
-        device = _parse_device(cfg.device)
+        device = _parse_device(cfg.device, flag)
     if cfg.dtype != "auto":
         return device, getattr(torch, cfg.dtype)
     if device.type == "cuda":

@@ -108,11 +108,26 @@ class Echo(Environment):
         return self._state
 
 
-if __name__ == "__main__":  # python echo_game.py PORT: the server, on the loopback address only
+class Dying(Echo):
+    """An echo server that dies (its whole process) at reset number DIES_AT, as a server killed mid-run."""
+
+    resets = 0
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        Dying.resets += 1
+        if Dying.resets >= int(sys.argv[2]):
+            import os
+
+            os._exit(1)
+        return super().reset(seed, episode_id, **kwargs)
+
+
+if __name__ == "__main__":  # python echo_game.py PORT [DIES_AT]: the server, on the loopback address only
     import uvicorn
     from openenv.core.env_server.http_server import create_app
 
-    app = create_app(Echo, EchoAction, EchoObservation, env_name="echo", max_concurrent_envs=16)
+    game = Dying if len(sys.argv) > 2 else Echo
+    app = create_app(game, EchoAction, EchoObservation, env_name="echo", max_concurrent_envs=16)
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 '''
 
@@ -174,15 +189,20 @@ def echo_server(files):
     if not has("openenv"):
         yield None
         return
-    port = free_port()
-    log = (files / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(files / "echo_game.py"), str(port)], cwd=files, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(files)
     try:
         yield (proc, url)
     finally:
         stop_process_group(proc)
+
+
+def start_server(files, *args) -> tuple[subprocess.Popen, str]:
+    """An OpenEnv echo server (python echo_game.py PORT ARGS) on a free port of 127.0.0.1, in a session of its own."""
+    port = free_port()
+    log = (files / f"server-{port}.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(files / "echo_game.py"), str(port), *args], cwd=files, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def wait_until_up(proc, url: str, limit_s: float = 90) -> None:
@@ -271,7 +291,12 @@ back in the next message. When you are done, answer without a tool call."""
 def test_a_trl_style_class_plays_an_episode(files):
     factory = make_factory(spec=f"{files / 'tools.py'}:Adder", allow_user_code=True)
     env = factory()
-    assert protocol_attrs(env) == {"max_turns": 3, "stop": ("</tool>",), "role": "tool", "reward_range": (0.0, 1.0)}
+    assert protocol_attrs(env) == {
+        "max_turns": 3,
+        "stop": ("</tool>",),
+        "role": "tool",
+        "reward_range": (0.0, 1.0),
+    }
     row = {"prompt": "What is 2 + 3?", "answer": "5", "_prompt_ids": [1, 2]}
     assert env.reset(dict(row), 7) == FIRST
     assert factory().reset(dict(row), 8) == FIRST  # the same for every episode of the row
@@ -442,6 +467,37 @@ def test_openenv_environments_train(runs):
     assert first.startswith("Echo ready (seed ")
     first = check_episodes(*runs.result("openenv_server"))  # through the server, one session an episode
     assert first.startswith("Echo ready (seed ")
+
+
+def test_an_openenv_server_that_dies_mid_run_ends_its_episodes_only(files) -> None:
+    """A server that dies after five sessions (the start-up check's and the first step's four): the run goes on,
+    its later episodes failed; eval.py generate over one that dies mid-way writes every row and exits (the
+    clients' close, which blocks on a dead server, is left to their killed workers)."""
+    pytest.importorskip("openenv")
+    (train_proc, train_url), (eval_proc, eval_url) = start_server(files, "6"), start_server(files, "4")
+    try:
+        wait_until_up(train_proc, train_url)
+        wait_until_up(eval_proc, eval_url)
+        out = files / "dying_run"
+        r = run_train_here(
+            *EPISODES, "--steps", "3", "--env.name", f"openenv:{train_url}", "--out-dir", str(out)
+        )
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        ms = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert (
+            [m["env/failed"] for m in ms] == [0, 4, 4] and ms[0]["loss"] is not None and ms[1]["loss"] is None
+        )
+        gen = files / "dying.jsonl"
+        cmd = [sys.executable, str(ROOT / "eval.py"), "generate", "--data", "recipe:calc", "--limit", "5", "--model",
+               "tiny", "--max-new-tokens", "6", "--env.name", f"openenv:{eval_url}", "--out", str(gen)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        g = subprocess.run(cmd, cwd=files, env=env, capture_output=True, text=True, timeout=180)
+        assert g.returncode == 0 and "Traceback" not in g.stderr, g.stderr[-3000:]
+        errors = [json.loads(line)["env_info"]["error"] for line in gen.read_text().splitlines()]
+        assert len(errors) == 5 and all("Connect" in e for e in errors), errors  # it died under all five
+    finally:
+        stop_process_group(train_proc)
+        stop_process_group(eval_proc)
 
 
 # -- reasoning-gym -----------------------------------------------------------------------------------------

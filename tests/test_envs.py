@@ -141,12 +141,16 @@ def test_a_failing_environment_ends_its_episode_only(tiny, mode, monkeypatch) ->
     monkeypatch.setattr(Faulty, "mode", mode)  # set before the workers fork: they inherit it
     roll = play(tiny, Faulty, step_timeout_s=0.5)
     failed = roll.failed.tolist()
-    bad = [len(s.turns[1]["content"]) % 2 == 1 for s in roll.samples]  # Faulty fails on a first turn of odd length
+    bad = [
+        len(s.turns[1]["content"]) % 2 == 1 for s in roll.samples
+    ]  # Faulty fails on a first turn of odd length
     assert failed == bad and 0 < sum(bad) < len(bad), [s.env_info["error"] for s in roll.samples]
     assert all((s.env_reward is None) == f for s, f in zip(roll.samples, failed))
     assert all(s.env_reward == 1.0 for s, f in zip(roll.samples, failed) if not f)
     why = [s.env_info["error"] for s, f in zip(roll.samples, failed) if f]
-    assert all({"raise": "RuntimeError", "hang": "over 0.5 s", "nan": "not a finite number"}[mode] in w for w in why)
+    assert all(
+        {"raise": "RuntimeError", "hang": "over 0.5 s", "nan": "not a finite number"}[mode] in w for w in why
+    )
 
 
 def test_chat_suffix_and_refusal_of_a_template_that_rewrites_turns(tiny) -> None:
@@ -250,6 +254,59 @@ def test_resume_mid_run_is_exact(straight, tmp_path) -> None:
     assert [[m[k] for k in keys] for m in a] == [[m[k] for k in keys] for m in b]
     sa, sb = _adapter(straight), _adapter(run)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_kill_9_anywhere_in_an_episode_run_then_resume_is_exact(straight, tmp_path) -> None:
+    """SIGKILL at two seeded random moments of an episode run (sampling, an environment call, a checkpoint):
+    no worker process outlives the trainer, and --resume ends with the uninterrupted run's metrics and adapter."""
+    import random
+    import signal
+    import time
+
+    run, rng = tmp_path / "killed", random.Random(51)
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *RUN,
+        "--steps",
+        "4",
+        "--save-every",
+        "1",
+        "--out-dir",
+        str(run),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for kill in range(2):
+        args = (
+            cmd
+            if kill == 0
+            else [*cmd[:2], "tiny", "--out-dir", str(run), "--resume", "--reward.allow-user-code"]
+        )
+        p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not list((run / "ckpt").glob(f"step_00000{kill + 1}")) and p.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0, 0.12))  # into the next step: its episodes, its update or its checkpoint
+        assert p.poll() is None, "the run ended before it was killed"
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        time.sleep(0.3)  # the kernel's SIGKILL to the workers (PR_SET_PDEATHSIG) is immediate
+        left = [d for d in Path("/proc").iterdir() if d.name.isdigit() and str(run) in _cmdline(d)]
+        assert left == [], [_cmdline(d) for d in left]
+    r = run_train_here("tiny", "--out-dir", str(run), "--resume", "--reward.allow-user-code")
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = ("reward", "loss", "grad_norm", "env/obs_tokens", "len_mean")
+    assert [[m[k] for k in keys] for m in _metrics(straight)] == [[m[k] for k in keys] for m in _metrics(run)]
+    sa, sb = _adapter(straight), _adapter(run)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_two_ranks_equal_one_process(straight, tmp_path) -> None:

@@ -194,6 +194,8 @@ def finish(
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
     release_run_dir(out)  # the folder's lock (nanogrpo/infra/resume.py)
+    if env is not None:  # --env: the worker processes (on an error, they go at exit)
+        env.workers.close()
     dist.shutdown()
     return summary
 

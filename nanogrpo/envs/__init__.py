@@ -12,9 +12,16 @@ sum of its steps' rewards (the `env` grader maps it from `reward_range` into [0,
 group reset with the same seed, so their advantages compare G answers to one situation. `info` may carry
 `invalid: True` (an action the environment could not use: the `invalid` grader counts them).
 
+Every instance runs in a worker process (envs/workers.py), so that nothing an environment does (raise, hang,
+return what the protocol does not allow, kill its process) takes the run down: the episode ends instead.
+A run resolves its environment once, at start-up, into an EnvSpec (envs/spec.py); `protocol_attrs` below is
+the one check of an instance's attributes.
+
 Where this departs from peers: TRL's environment classes expose tools as methods and OpenEnv's and
 TextArena's `step` take an action object; those are adapters (envs/adapters.py) onto this one protocol,
-so the episode loop (envs/episode.py) is the same for all of them.
+so the episode loop (envs/episode.py) is the same for all of them. TRL calls environments in its own
+process with no time limit; OpenEnv and verifiers isolate them in servers: nanogrpo isolates each
+episode's instance in a process of its own, with a limit on every call.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def _reset(env: EnvSpec, rows: list[dict], group_seeds: list[int], G: int, tok, 
     workers, n = env.workers, len(rows) * G
     made = workers.call({k: ("make", None) for k in range(n)})
     firsts = workers.call({
-        k: ("reset", (dict(rows[k // G]), group_seeds[k // G], env.max_chars)) for k in range(n) if not made[k][1]
+        k: ("reset", (dict(rows[k // G]), group_seeds[k // G], env.first_chars)) for k in range(n) if not made[k][1]
     })  # fmt: skip
     trajs: list[Trajectory] = []
     for k in range(n):

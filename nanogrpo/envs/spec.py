@@ -23,8 +23,9 @@ from nanogrpo.envs.render import TurnFormat
 from nanogrpo.envs.workers import Workers
 
 CHARS_PER_TOKEN = 16
-"""An observation or first message is cut at this many characters per token of the episode's budget before it
-is tokenized: more than any tokenizer's tokens hold on average, so only text that could never fit is cut."""
+"""An observation is cut at this many characters per token of the episode's budget before it is tokenized (a
+first message: per token of the prompt limit): more than any tokenizer's tokens hold on average, so only text
+that could never fit is cut."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,13 @@ class EnvSpec:
 
     @property
     def max_chars(self) -> int:
-        """Where an observation or first message is cut before it is tokenized."""
+        """Where an observation is cut before it is tokenized."""
         return CHARS_PER_TOKEN * self.max_tokens
+
+    @property
+    def first_chars(self) -> int:
+        """Where a first message is cut before it is tokenized."""
+        return CHARS_PER_TOKEN * self.prompt_limit
 
 
 def resolve(cfg):
@@ -122,7 +128,7 @@ def check_start(
     message = _first_call(
         env.workers,
         "reset",
-        (dict(rows[0]), 0, env.max_chars),
+        (dict(rows[0]), 0, CHARS_PER_TOKEN * limit),
         env.label,
         " (on the data's first row: reset reads what the rows hold)",
     )

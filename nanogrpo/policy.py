@@ -31,9 +31,9 @@ from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, writ
 from nanogrpo.infra.dist import parallel_mode
 from nanogrpo.infra.outputs import save_tensors
 from nanogrpo.model import lora
+from nanogrpo.model.draw import eos_and_pad
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
-from nanogrpo.model.sampling import eos_and_pad
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
 

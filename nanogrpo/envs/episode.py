@@ -37,7 +37,7 @@ import torch
 from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.spec import EnvSpec
-from nanogrpo.model.sampling import finish_text, generate
+from nanogrpo.model.sampling import Sampler, finish_text, sampling_weights
 from nanogrpo.rollout import assemble, prompt_seed
 
 
@@ -64,6 +64,9 @@ class Trajectory:
     invalid: int = 0  # steps whose info said invalid
     info: dict = field(default_factory=dict)  # the last step's info
     observation: str = ""  # the last step's observation: what the next turn reads
+    fresh: list[int] = field(
+        default_factory=list
+    )  # its ids, which the sampler feeds next (the rest it holds)
 
     @property
     def completion(self) -> str:
@@ -76,61 +79,82 @@ def play(
     system_prompt: str, eos_ids, pad_id: int, autocast=None, fold_lora: bool = True,
 ) -> list[Trajectory]:  # fmt: skip
     """Play G episodes of each row (episode k: rows[k // G]), turn by turn, batched across the live episodes;
-    each episode's environment runs in worker k of env.workers (envs/workers.py)."""
+    each episode's environment runs in worker k of env.workers (envs/workers.py). The sampler continues each
+    episode's cache (sampling.Sampler): turn 1 prefills each distinct first message once for the episodes
+    that share it, a later turn feeds only an episode's new observation."""
     workers = env.workers
     assert workers is not None and env.turns is not None, "an EnvSpec from envs.spec.check_start"
     stop = tuple(dict.fromkeys((*sampling.stop, *env.stop)))  # the run's and the environment's
     trajs = _reset(env, rows, group_seeds, G, tok, system_prompt)
     try:
-        for turn in range(env.max_turns):
-            live = [k for k, t in enumerate(trajs) if not t.over]
-            if not live:
-                break
-            room = [env.max_tokens - len(trajs[k].ids) for k in live]  # (L,) tokens each may still take
-            cap = max(1, min(sampling.max_new_tokens, max(room)))
-            gens = [
-                torch.Generator(device=model.lm_head_weight.device).manual_seed(
-                    turn_seed(group_seeds[k // G], k % G, turn)
-                )
-                for k in live
-            ]
-            out = generate(
-                model, [trajs[k].prompt_ids + trajs[k].ids for k in live], max_new_tokens=cap,
-                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids,
-                stop_strings=stop, tokenizer=tok, generator=gens, pad_id=pad_id, autocast=autocast,
-                fold_lora=fold_lora, decode=sampling.decode,
-            )  # fmt: skip
-            lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
-            texts, on_eos = {}, {}
-            for row_i, k in enumerate(live):
-                t, n = trajs[k], min(lengths[row_i], room[row_i])
-                ids = ids_all[row_i][:n]  # a turn past the episode's budget is cut there
-                texts[k] = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
-                on_eos[k] = bool(ids) and ids[-1] in eos_ids
-                t.ids += ids
-                t.mask += [1.0] * n
-                t.logp += logp_all[row_i][:n]
-                t.turns.append({"role": "assistant", "content": texts[k]})
-            replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})
-            for k in live:
-                t = trajs[k]
-                _take(t, *replies[k])
-                if t.over:
-                    continue
-                if turn + 1 == env.max_turns:
-                    t.over = True  # out of turns
-                    continue
-                obs_ids = env.turns.observation_ids(tok, t.observation, on_eos[k])
-                if len(t.ids) + len(obs_ids) >= env.max_tokens:  # no room left for the observation and a turn
-                    t.over = True
-                    continue
-                t.turns.append({"role": env.role, "content": t.observation})
-                t.ids += obs_ids
-                t.mask += [0.0] * len(obs_ids)
-                t.logp += [0.0] * len(obs_ids)
+        with sampling_weights(model, len(trajs), fold_lora, autocast) as (head, packed, amp):
+            sampler = Sampler(model, head, sampling.max_new_tokens, packed, amp)
+            on: list[int] = []  # the episode of each sampler row
+            for turn in range(env.max_turns):
+                live = [k for k, t in enumerate(trajs) if not t.over]
+                if not live:
+                    break
+                if turn == 0:  # each distinct first message once
+                    firsts = list(dict.fromkeys(tuple(trajs[k].prompt_ids) for k in live))
+                    index = [firsts.index(tuple(trajs[k].prompt_ids)) for k in live]
+                    logits = sampler.prefill([list(p) for p in firsts], index)  # (L, V)
+                else:  # the episodes that go on, fed only their new observation
+                    sampler.keep([on.index(k) for k in live])
+                    logits = sampler.extend([trajs[k].fresh for k in live])  # (L, V)
+                on = live
+                room = [env.max_tokens - len(trajs[k].ids) for k in live]  # (L,) tokens each may still take
+                gens = [
+                    torch.Generator(device=logits.device).manual_seed(turn_seed(group_seeds[k // G], k % G, turn))
+                    for k in live
+                ]  # fmt: skip
+                out = sampler.decode(
+                    logits, max(1, min(sampling.max_new_tokens, max(room))), gens, temperature=sampling.temperature,
+                    top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids, stop_strings=stop, tokenizer=tok,
+                    pad_id=pad_id, decode_mode=sampling.decode,
+                )  # fmt: skip
+                texts, on_eos = _append_turns(trajs, live, out, room, tok, stop, eos_ids)
+                replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})
+                for k in live:
+                    _take(trajs[k], *replies[k])
+                    _observe(trajs[k], env, tok, on_eos[k], last_turn=turn + 1 == env.max_turns)
     finally:  # each instance dropped in its worker (its own clean-up, under the time limit)
         workers.call({k: ("end", None) for k in range(len(trajs))})
     return trajs
+
+
+def _append_turns(trajs, live, out, room, tok, stop, eos_ids) -> tuple[dict[int, str], dict[int, bool]]:
+    """Each live episode's sampled turn appended (its tokens at mask 1 with their log-probs, cut where the
+    episode's budget ends); returns each one's text and whether it ended on EOS."""
+    lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
+    texts, on_eos = {}, {}
+    for row, k in enumerate(live):
+        t, n = trajs[k], min(lengths[row], room[row])
+        ids = ids_all[row][:n]  # a turn past the episode's budget is cut there
+        texts[k] = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
+        on_eos[k] = bool(ids) and ids[-1] in eos_ids
+        t.ids += ids
+        t.mask += [1.0] * n
+        t.logp += logp_all[row][:n]
+        t.turns.append({"role": "assistant", "content": texts[k]})
+    return texts, on_eos
+
+
+def _observe(t: Trajectory, env: EnvSpec, tok, on_eos: bool, last_turn: bool) -> None:
+    """After a step: the observation appended at mask 0 (`t.fresh`: what the next turn feeds), or the episode
+    over (done, failed, out of turns, or no room for the observation and a turn)."""
+    t.fresh = []
+    if t.over or last_turn:
+        t.over = True
+        return
+    obs_ids = env.turns.observation_ids(tok, t.observation, on_eos)
+    if len(t.ids) + len(obs_ids) >= env.max_tokens:  # no room left for the observation and a turn
+        t.over = True
+        return
+    t.turns.append({"role": env.role, "content": t.observation})
+    t.ids += obs_ids
+    t.mask += [0.0] * len(obs_ids)
+    t.logp += [0.0] * len(obs_ids)
+    t.fresh = obs_ids
 
 
 def _reset(env: EnvSpec, rows: list[dict], group_seeds: list[int], G: int, tok, system_prompt: str):
@@ -276,7 +300,7 @@ def play_rows(
     Row i's environments reset with seeds[i] (default: from `seed` and i), the same for every model compared
     on these rows."""
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.sampling import eos_and_pad
+    from nanogrpo.model.draw import eos_and_pad
 
     eos, pad_id = eos_and_pad(model.config, tok)
     rows = [{**r, "_prompt_ids": render_prompt(tok, r, system_prompt)} for r in rows]

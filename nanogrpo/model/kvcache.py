@@ -1,18 +1,17 @@
-"""Key/value caches: the sampler's preallocated caches, and the training forward's shared-prompt prefix.
+"""Key/value caches: the sampler's, and the training forward's shared-prompt prefix.
 
 Every cache offers the same two calls to the attention layer, which has one path whatever the cache:
 `k, v = cache.update(layer, k, v)` (store this block's keys/values, and return the keys/values `attend` is
 to be given) and `y = cache.attend(layer, q, k, v, mask)` (y (B, T, nh, D)): attention over those and over
-whatever the cache keeps apart. For `NO_CACHE` (the forward without one), `KVCache` and `PrefixKV`, update
-returns every key/value the block attends to and attend is plain attention; `GroupedKVCache`'s update
-returns only the completions' own keys/values, and its attend adds each row's prompt keys, which it keeps
-once per group.
+whatever the cache keeps apart.
 
-- `KVCache`: one preallocated buffer for every layer, written in place as tokens are decoded (no autograd).
-- `GroupedKVCache`: after the prefill, each prompt's keys/values once for its G completions, plus each
-  completion's own; decode attention reads a prompt's keys once per group.
-- `StaticGroupedKVCache`: the same with fixed shapes for every decode step: the step's index is a tensor,
-  update writes at it and returns the whole buffer, attend masks the keys not yet written.
+- `RowKVCache`: the sampler's plain cache. Every row has its own keys/values and its own length, so rows of
+  any length decode together, and a row takes more tokens later (an episode's next observation) without
+  recomputing what it holds. The positions a forward writes and the keys each query sees follow from the
+  lengths (`begin`); the tensors keep one shape from step to step, so the decode step can be compiled or
+  recorded as a CUDA graph.
+- `KVCache`: one preallocated buffer for every layer, rows left-padded to one length, written in place as
+  tokens come (the grouped fast path's prefill, model/grouped.py, whose caches share a prompt's keys).
 - `PrefixKV`: the keys/values of the prompts, kept as autograd tensors. The training forward runs each
   prompt once, expands its keys/values to the G completions of its group, then runs only the completion
   tokens against them; gradients from all G completions flow back into the one prompt pass.
@@ -20,12 +19,22 @@ once per group.
 
 from __future__ import annotations
 
-import copy
-
 import torch
-import torch.nn.functional as F
 
 from nanogrpo.model.attention import attention
+
+MIN_VISIBLE = 64  # key slots a captured step reads at the least; then 128, 256, ... (visible_keys)
+
+
+def visible_keys(made: int, limit: int) -> int:
+    """The key slots a fixed-shape step reads when `made` may be written: MIN_VISIBLE, doubled until it holds
+    them, at most `limit`. A step then reads at most about twice the keys written, not the whole buffer
+    (which made a 256-token step slower than the eager loop's on a CPU), and the few values each cost one
+    compile (--sampling.decode compiled) or recording (graph) per call."""
+    visible = MIN_VISIBLE
+    while visible < made:
+        visible *= 2
+    return min(visible, limit)
 
 
 class NoCache:
@@ -107,183 +116,92 @@ class PrefixKV:
         return out
 
 
-class GroupedKVCache:
-    """The sampler's cache after the prefill: each prompt's keys/values once, shared by its G completions,
-    plus each completion's own keys/values.
+class RowKVCache:
+    """Each row's own keys/values, per layer k/v (max_len + 1, B, n_kv, D), and its length (B,): the tokens it
+    holds, at positions 0 .. length - 1 (the positions RoPE counts too). The last slot is scratch that no
+    query sees: a forward of rows with fewer new tokens than others writes their pads there.
 
-    Decode attention then reads a prompt's keys once for the whole group (the query rows of its G
-    completions stacked into one matmul) instead of G copies of them: less memory and less traffic for
-    long prompts and large groups. The prompts' left padding is given once (`prompt_mask`) and kept as an
-    additive bias, so decode steps need no attention mask. Rows may be dropped as completions end
-    (`select`); `rows` maps each remaining row to its place among the P*G completions.
-    """
+    Time-major: the keys the rows hold are one block of memory per layer, which a decode step reads as a
+    stream (attention reads them through a (B, n_kv, S, D) view), and which `rows` copies in one pass. Each
+    layer has a buffer of its own: a compiled step writes each in place (slices of one buffer would be views
+    of one graph input, which inductor copies whole at every write)."""
 
-    def __init__(
-        self, prefix: KVCache, group_size: int, max_new: int, prompt_mask: torch.Tensor | None = None
-    ):
-        """prompt_mask: None (no padding) or (P, Lp), 1 on the prompts' real tokens, 0 on pads."""
-        Lp = prefix.length
-        self.pk, self.pv = prefix.k[:, :, :, :Lp], prefix.v[:, :, :, :Lp]  # (layers, P, n_kv, Lp, D)
-        layers, P, nkv, _, D = self.pk.shape
-        self.G, self.prefix_len, self.length = group_size, Lp, Lp
-        # time-major: the keys written so far are one contiguous block of memory per layer, read as a stream
-        # (a row-major (n, n_kv, max_new, D) buffer read up to t is half-filled strided blocks: ~2x slower
-        # to read on a CPU once the cache no longer fits in its last-level cache)
-        self.k = self.pk.new_zeros(layers, max_new, P * group_size, nkv, D)  # (layers, max_new, n, n_kv, D)
-        self.v = torch.zeros_like(self.k)
-        self.rows: torch.Tensor | None = None  # (n,) index among the P*G completions; None = all, in order
-        # added to the scores of the prompts' keys: 0 on real tokens, -inf on pads
-        bias = torch.zeros(P, 1, 1, Lp, dtype=self.pk.dtype, device=self.pk.device)  # (P, 1, 1, Lp)
-        if prompt_mask is not None:
-            assert prompt_mask.shape == (P, Lp), f"prompt_mask {tuple(prompt_mask.shape)} != {(P, Lp)}"
-            bias.masked_fill_(~prompt_mask.bool()[:, None, None, :], float("-inf"))
-        self.bias = bias.expand(P, nkv, 1, Lp).reshape(P * nkv, 1, Lp)  # (P*n_kv, 1, Lp)
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor):
+        self.k, self.v, self.lengths = k, v, lengths  # per layer (max_len + 1, B, n_kv, D); (B,) long
+        self.top = int(lengths.max())  # on the host: the longest row (an upper bound as rows decode)
+        self.visible = self.top  # key slots the next forward reads: set before it (`begin` reads it)
+
+    @classmethod
+    def empty(cls, model, batch: int, max_len: int, dtype: torch.dtype | None = None) -> RowKVCache:
+        c, w = model.config, model.lm_head_weight
+        shape = (max_len + 1, batch, c.num_key_value_heads, c.head_dim)
+        k = [torch.zeros(shape, dtype=dtype or w.dtype, device=w.device) for _ in range(c.num_hidden_layers)]
+        v = [torch.zeros_like(x) for x in k]
+        return cls(k, v, torch.zeros(batch, dtype=torch.long, device=w.device))
 
     @property
-    def batch(self) -> int:
-        return self.k.shape[2]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the completions' new k/v (n, n_kv, T, D); return their own keys/values so far, as
-        (n, n_kv, t, D) views of the time-major buffer."""
-        start = self.length - self.prefix_len
-        end = start + k.shape[2]
-        assert end <= self.k.shape[1], f"KV cache full: {end} new tokens > {self.k.shape[1]}"
-        self.k[layer, start:end] = k.permute(2, 0, 1, 3)
-        self.v[layer, start:end] = v.permute(2, 0, 1, 3)
-        return self.k[layer, :end].permute(1, 2, 0, 3), self.v[layer, :end].permute(1, 2, 0, 3)
-
-    def select(self, keep: torch.Tensor) -> GroupedKVCache:
-        """Only the given rows (e.g. the unfinished completions); the prompts' part is shared, not copied."""
-        out = copy.copy(self)
-        out.k, out.v = self.k[:, :, keep], self.v[:, :, keep]
-        out.rows = keep if self.rows is None else self.rows[keep]
-        return out
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-        """One query per row. q (n, nh, 1, D); k/v (n, n_kv, t, D) from update; mask None or bool
-        (n, 1, 1, Lp + t) on top of the prompts' padding. Returns (n, 1, nh, D) in q's dtype: softmax over
-        the prompt's keys and the row's own, computed in the cache's dtype."""
-        assert q.shape[2] == 1, "a GroupedKVCache serves decode steps (one token per row); prefill a KVCache"
-        mask = mask if isinstance(mask, torch.Tensor) else None
-        dtype, q = q.dtype, q.to(k.dtype)
-        n, nh, _, D = q.shape
-        P, nkv, Lp, _ = self.pk.shape[1:]
-        kp = self.pk[layer].reshape(P * nkv, Lp, D)  # (P*n_kv, Lp, D)
-        vp = self.pv[layer].reshape(P * nkv, Lp, D)
-        G, g, rows, t, scale = self.G, nh // nkv, self.rows, k.shape[2], D**-0.5
-        # rows (P, G, n_kv, g) <-> groups (P, n_kv, G, g): a prompt's keys meet its G*g query rows at once
-        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P * nkv, G * g, -1)
-        to_rows = lambda x: x.reshape(P, nkv, G, g, -1).transpose(1, 2).reshape(P * G, nkv, g, -1)
-        qr = q.reshape(n, nkv, g, D)  # (n, n_kv, g, D)
-        q_all = qr
-        if rows is not None:  # ended rows were dropped: put the others back in place, zeros elsewhere
-            q_all = qr.new_zeros(P * G, nkv, g, D).index_copy_(0, rows, qr)  # (P*G, n_kv, g, D)
-        s_prompt = to_rows(torch.baddbmm(self.bias, to_groups(q_all), kp.transpose(1, 2), alpha=scale))
-        if rows is not None:
-            s_prompt = s_prompt[rows]  # (n, n_kv, g, Lp)
-        k_own, v_own = k.reshape(n * nkv, t, D), v.reshape(n * nkv, t, D)  # views of the time-major cache
-        s_own = torch.bmm(qr.reshape(n * nkv, g, D), k_own.transpose(1, 2)).view(n, nkv, g, t)
-        s = torch.cat([s_prompt, s_own.mul_(scale)], dim=-1)  # (n, n_kv, g, Lp + t)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))  # mask broadcasts over the heads
-        p = s.softmax(-1)
-        p_prompt = p[..., :Lp]  # (n, n_kv, g, Lp)
-        if rows is not None:
-            p_prompt = p_prompt.new_zeros(P * G, nkv, g, Lp).index_copy_(0, rows, p_prompt)
-        y = to_rows(torch.bmm(to_groups(p_prompt), vp))  # (P*G, n_kv, g, D)
-        if rows is not None:
-            y = y[rows]
-        y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, t), v_own)  # + own values
-        return y.view(n, 1, nh, D).to(dtype)  # (n, 1, nh, D)
-
-
-class StaticGroupedKVCache(GroupedKVCache):
-    """A GroupedKVCache whose decode steps all have the same shapes (for a captured decode step).
-
-    The step's index among the completion tokens is a tensor (`set_step`), not the Python length: update
-    writes each layer's new keys/values at that index and returns the first `visible` slots of the buffer,
-    (n, n_kv, visible, D), and attend masks the keys past the index (-inf scores) instead of slicing them
-    off. Rows are never dropped (the caller masks ended rows), and `length` stays the prompt length, so
-    nothing the forward reads changes between steps of the same `visible`. The caller raises `visible` in
-    a few steps (static_decode.visible_keys: 64, 128, 256, ... slots), so a step reads at most twice the
-    keys written, not the whole buffer; each value is one more compile or recording. The masked softmax and
-    the longer products round differently from the sliced ones at float32's last bits
-    (tests/test_sampling_static.py)."""
-
-    def __init__(self, prefix: KVCache, group_size: int, max_new: int, prompt_mask=None, bucket: int = 1):
-        """bucket > 1: the prompts' keys padded up to a multiple of `bucket` tokens (masked: -inf scores, so
-        the softmax gives them exact zeros), so that prompts of other lengths give a step the same shapes
-        (a compiled step then serves every GRPO step instead of compiling again for each prompt length)."""
-        super().__init__(prefix, group_size, max_new, prompt_mask)
-        Lp = self.prefix_len
-        pad = -Lp % bucket
-        if pad:
-            self.pk = F.pad(self.pk, (0, 0, 0, pad))  # (layers, P, n_kv, Lb, D)
-            self.pv = F.pad(self.pv, (0, 0, 0, pad))
-            self.bias = F.pad(self.bias, (0, pad), value=float("-inf"))  # (P*n_kv, 1, Lb)
-            self.prefix_len = Lp + pad
-        # a buffer of its own per layer, each (max_new, n, n_kv, D): a compiled step writes each in place,
-        # where slices of one (layers, ...) buffer are views of one graph input, whose writes inductor turns
-        # into a copy of the whole buffer for every layer
-        layers, shape = self.k.shape[0], self.k.shape[1:]
-        self.k = self.v = None  # the one buffer, freed before the per-layer ones are made
-        self.k = [self.pk.new_zeros(shape) for _ in range(layers)]
-        self.v = [self.pk.new_zeros(shape) for _ in range(layers)]
-        self.own = torch.arange(max_new, device=self.pk.device)  # (max_new,) each own key's step
-        self.visible = max_new  # own key slots a step reads: the caller raises it as the steps go on
-        self.set_step(torch.zeros(1, dtype=torch.long, device=self.pk.device))
-
-    @property
-    def batch(self) -> int:
-        return self.k[0].shape[1]
+    def max_len(self) -> int:
+        return self.k[0].shape[0] - 1
 
     @property
     def length(self) -> int:
-        return self.prefix_len
+        return 0  # Transformer.forward's bookkeeping: rows keep their own lengths, and positions are given
 
     @length.setter
     def length(self, value: int) -> None:
-        pass  # the forward's bookkeeping: the step lives in the tensor `t`
+        pass
 
-    def set_step(self, t: torch.Tensor) -> None:
-        """The completion token the next forward writes: t (1,) long, on the cache's device (t < visible)."""
-        self.t = t  # (1,) the index_put_ index
-        # added to the scores of the visible own keys: 0 up to step t, -inf on the ones not yet written
-        own = self.own[: self.visible]  # (visible,)
-        self.own_bias = torch.zeros_like(own, dtype=self.pk.dtype).masked_fill_(own > self.t, float("-inf"))
+    def begin(self, new: torch.Tensor, T: int) -> torch.Tensor:
+        """Before a forward of T token columns, `new` (B,) of them real in each row (the rest pads): where they
+        are written (after each row's own tokens; pads into the scratch slot), which keys each query sees (its
+        row's, up to itself, among the first `visible`), the rows' new lengths. Returns the columns' positions
+        (B, T). Nothing on the host changes: a compiled or recorded step calls it."""
+        _, B, nkv, D = self.k[0].shape
+        cols = torch.arange(T, device=self.lengths.device)  # (T,)
+        pos = self.lengths[:, None] + cols  # (B, T)
+        slot = torch.where(cols < new[:, None], pos, self.max_len)  # (B, T) pads into the scratch slot
+        self.index = slot.T[:, :, None, None].expand(T, B, nkv, D)  # where update writes k/v
+        keys = torch.arange(self.visible, device=pos.device)  # (S,)
+        self.mask = (keys <= pos[:, :, None])[:, None]  # (B, 1, T, S)
+        self.lengths.add_(new)
+        return pos
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new k/v (n, n_kv, 1, D) at step t, in the cache's dtype (a bf16 model's CPU cache is
-        float32); return the buffers' first `visible` slots (n, n_kv, visible, D)."""
-        if k.dtype != self.pk.dtype:  # fixed for the call: no cast op when the dtypes agree
-            k, v = k.to(self.pk.dtype), v.to(self.pk.dtype)
-        # index_put_ on the layer's own buffer: written in place by a compiled step too
-        self.k[layer].index_put_((self.t,), k.permute(2, 0, 1, 3))
-        self.v[layer].index_put_((self.t,), v.permute(2, 0, 1, 3))
-        E = self.visible
-        return self.k[layer][:E].permute(1, 2, 0, 3), self.v[layer][:E].permute(1, 2, 0, 3)
+        """Write the new k/v (B, n_kv, T, D) where `begin` said; return the first `visible` slots as
+        (B, n_kv, S, D) views."""
+        dtype = self.k[layer].dtype
+        self.k[layer].scatter_(0, self.index, k.permute(2, 0, 1, 3).to(dtype))
+        self.v[layer].scatter_(0, self.index, v.permute(2, 0, 1, 3).to(dtype))
+        S = self.visible
+        return self.k[layer][:S].permute(1, 2, 0, 3), self.v[layer][:S].permute(1, 2, 0, 3)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-        """GroupedKVCache.attend for every row, the own keys past step t masked by `own_bias` (mask is
-        ignored: the forward of a decode step passes none). q (n, nh, 1, D) -> (n, 1, nh, D)."""
-        dtype, q = q.dtype, q.to(k.dtype)
-        n, nh, _, D = q.shape
-        P, nkv, Lp, _ = self.pk.shape[1:]
-        kp = self.pk[layer].reshape(P * nkv, Lp, D)  # (P*n_kv, Lp, D)
-        vp = self.pv[layer].reshape(P * nkv, Lp, D)
-        G, g, T, scale = self.G, nh // nkv, k.shape[2], D**-0.5
-        # rows (P, G, n_kv, g) <-> groups (P, n_kv, G, g): a prompt's keys meet its G*g query rows at once
-        to_groups = lambda x: x.reshape(P, G, nkv, g, -1).transpose(1, 2).reshape(P * nkv, G * g, -1)
-        to_rows = lambda x: x.reshape(P, nkv, G, g, -1).transpose(1, 2).reshape(P * G, nkv, g, -1)
-        qr = q.reshape(n, nkv, g, D)  # (n, n_kv, g, D)
-        s_prompt = to_rows(torch.baddbmm(self.bias, to_groups(qr), kp.transpose(1, 2), alpha=scale))
-        k_own, v_own = k.reshape(n * nkv, T, D), v.reshape(n * nkv, T, D)  # views of the time-major cache
-        s_own = torch.baddbmm(self.own_bias, qr.reshape(n * nkv, g, D), k_own.transpose(1, 2), alpha=scale)
-        p = torch.cat([s_prompt, s_own.view(n, nkv, g, T)], dim=-1).softmax(-1)  # (n, n_kv, g, Lp + T)
-        y = to_rows(torch.bmm(to_groups(p[..., :Lp]), vp))  # (n, n_kv, g, D)
-        y = torch.baddbmm(y.reshape(n * nkv, g, D), p[..., Lp:].reshape(n * nkv, g, T), v_own)  # + own values
-        return y.view(n, 1, nh, D).to(dtype)  # (n, 1, nh, D)
+        return attention(q, k, v, self.mask)  # (B, T, nh, D); the forward's own mask is for other caches
 
-    def select(self, keep: torch.Tensor) -> GroupedKVCache:
-        raise NotImplementedError("a static cache keeps every row: mask ended rows instead")
+    def begin_step(self, t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """A decode step (sampling.decode_step): each row's next token after its own; an ended row's into the
+        scratch slot, its length kept. Returns the positions (B, 1)."""
+        return self.begin((~done).long(), 1)
+
+    def keys_for(self, made: int, bucketed: bool = False) -> int:
+        """The key slots the decode step after `made` sampled tokens reads: every row's own up to its newest
+        (at most top + made); a compiled or recorded step reads a bucket of them (visible_keys), so that only
+        a few shapes occur."""
+        need = self.top + made
+        return visible_keys(need, self.max_len) if bucketed else min(need, self.max_len)
+
+    def rows(self, index: torch.Tensor, max_len: int = 0) -> RowKVCache:
+        """A new cache whose row i is row index[i] of this one, with room for `max_len` tokens (0: as many as
+        this one): a prompt's row repeated for its G samples, the rows of the episodes still running, more
+        room for the next turn. One copy of the slots the rows hold; the others zero."""
+        max_len, n = max_len or self.max_len, self.top
+
+        def pick(x: torch.Tensor) -> torch.Tensor:
+            y = x.new_empty(max_len + 1, len(index), *x.shape[2:])  # (max_len + 1, B', n_kv, D)
+            torch.index_select(x[:n], 1, index, out=y[:n])
+            y[n:].zero_()  # what no row holds yet: finite, since masked keys still meet a 0 weight
+            return y
+
+        return RowKVCache(
+            [pick(x) for x in self.k], [pick(x) for x in self.v], self.lengths.index_select(0, index)
+        )

@@ -1,41 +1,47 @@
-"""Batched generation with a preallocated KV cache: prefill each prompt once, expand to its group, decode.
+"""The sampler: prefill the prompts once, give each sample a cache row of its own, decode every row a token a step.
 
-GRPO samples G completions of each of P prompts. The P prompts are left-padded into one batch (mixed
-lengths: an attention mask hides the pads, position ids count real tokens only) and run through the model
-once (prefill), so a prompt's tokens are computed once, not G times. Its keys and values are not copied
-G times either: the G completions share them (kvcache.GroupedKVCache), and each decode step reads a
-prompt's keys once for its whole group. Decoding runs one token for all P*G rows per step. A row that
-has hit an EOS id or a stop string rides along (its outputs are ignored and padded at the end) until a
-quarter of the batch has ended; then the ended rows are dropped from the batch and the cache, so long
-completions do not pay for finished ones.
+    gen = generate(model, prompts, group_size=G, max_new_tokens=64, temperature=1.0, generator=gens)
 
-What the trainer keeps from a sample is the log-probability of each sampled token under
-softmax(logits / temperature) in float32, *before* top-k / top-p filtering (softmax(logits) when greedy).
-The trainer takes pi_old from its own forward and uses these to measure, and optionally correct, the
-sampler-trainer gap (grpo.importance_weights); GRPO refuses top-k / top-p, whose samples come from a
-distribution the loss does not see (docs/KL.md). Evaluation may use both.
+An episode continues its rows from turn to turn instead of reading its history again:
 
-On the CPU, a model samples with packed copies of its weights with LoRA folded in (packed.py: oneDNN's
-layout for bf16, and for float32 MKL's packed sgemm on Intel CPUs, oneDNN's elsewhere); a bf16 model keeps
-a float32 cache (the fp32 attention kernels are the faster ones there).
+    s = Sampler(model, head, max_len)            # inside sampling_weights(...), which gives the head
+    logits = s.prefill(prompts, rows)            # each prompt once; row k holds a copy of prompt rows[k]'s keys
+    gen = s.decode(logits, max_new, gens, ...)   # turn 1
+    logits = s.extend(observations)              # each row's last sampled token and its observation, only
+    gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on
 
-Departures from transformers' `generate`: only the last position of the prefill goes through the LM head
-(no [B, T, V] logits), a draw is one uniform per row through the CDF of the kept tokens (top-k and
-top-p on a partial sort, not a full-vocabulary mask), and there are no logits processors beyond
-temperature, top-k and top-p.
+A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
+kvcache.RowKVCache), samples the next from its logits (draw.py: one uniform per row, the log-prob taken before
+any filtering) and records it; a row that samples an EOS id has ended and rides along, its tokens pad. Every
+step (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every row
+has ended. The cache keeps its shapes
+from step to step, so the same step runs as it is, compiled, or recorded as a CUDA graph (--sampling.decode).
+
+The fast paths beside this loop compute the same (tests/test_sampling.py):
+- the weights (`sampling_weights`): on the CPU every projection packed with LoRA folded in (packed.py);
+  elsewhere LoRA folded into one weight a projection;
+- the grouped cache (grouped.py): a prompt's keys once for its G samples, ended rows dropped: the default for
+  single completions (--sampling.decode eager), and on fixed shapes under this loop's step (static, compiled,
+  graph); it cannot continue an episode's rows, which part after their first turn;
+- the step compiled, or recorded once and replayed as a CUDA graph (static_decode.py).
+
+Departures from transformers' `generate`: only the last position of a prefill goes through the LM head (no
+[B, T, V] logits), the draw of draw.py, and no logits processors beyond temperature, top-k and top-p.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from nanogrpo.model.kvcache import GroupedKVCache
+from nanogrpo.model.draw import DecodeState, StopCheck, draw_uniforms, record, sample_tokens
+from nanogrpo.model.kvcache import RowKVCache
 from nanogrpo.model.packed import folded_lora, packed_weights
-from nanogrpo.model.static_decode import DECODE_LOOPS, generate_static
+
+SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
 
 
 @dataclass
@@ -76,316 +82,206 @@ def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
     return text[: min(ends)] if ends else text
 
 
-CHUNK = 512  # block size of the two-level inverse CDF in _draw
+def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:
+    """One decode step, all its inputs in `s`: token t = s.step of every row through the model (the cache
+    writes it after the row's own tokens), token t + 1 sampled with the uniforms u[t + 1] (u (max_new, N, 1),
+    None when greedy) and recorded, s.step advanced. The same tensors every step: what a compiled or
+    recorded step needs."""
+    t = s.step  # (1,)
+    tok = s.tokens.index_select(1, t)  # (N, 1) token t, pad for ended rows
+    pos = cache.begin_step(t, s.done)  # (N, 1) where each row's token t goes
+    h = model(tok, position_ids=pos, kv_cache=cache, return_hidden=True)  # (N, 1, H)
+    logits = lm_head(h[:, 0]).float()  # (N, V)
+    nxt, lp = sample(logits, None if u is None else u.index_select(0, t + 1)[0])  # (N,), (N,)
+    record(s, t + 1, nxt, lp)
+    s.step.add_(1)
 
 
-def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
-    """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
+def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, stop_strings, tokenizer, generator,
+                P: int, G: int, pad_id: int, temperature: float, decode_mode: str = "eager") -> DecodeState:  # fmt: skip
+    """The decode loop: up to max_new tokens for each row of the cache, the first from `logits` (N, V) (the
+    prefill's, or an extension's). `generator`: one per prompt (its G rows draw G uniforms a step) or one for
+    all; `decode_mode` wraps the step (static_decode.Stepper)."""
+    from nanogrpo.model.static_decode import CAPTURED, Stepper
 
-    Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
-    does) costs an order of magnitude more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
-    a token inside it, since a full-length cumsum is sequential and slow. u lies in (0, total], so a
-    zero-weight token (a flat step of the CDF) is never picked.
-    """
-    N, K = w.shape
-    if u is None:
-        u = torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in [0, 1)
-    u = 1.0 - u  # (N, 1) in (0, 1]
-    if K <= 4 * CHUNK:
-        cdf = w.cumsum(-1)  # (N, K)
-        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=K - 1)
-    blocks = (F.pad(w, (0, -K % CHUNK)) if K % CHUNK else w).view(N, -1, CHUNK)  # (N, nb, C)
-    mass = blocks.sum(-1)  # (N, nb)
-    cs = mass.cumsum(-1)  # (N, nb)
-    u = u * cs[:, -1:]
-    b = torch.searchsorted(cs, u).clamp_(max=cs.shape[1] - 1)  # (N, 1) block
-    u = u - (cs.gather(1, b) - mass.gather(1, b))  # (N, 1) what is left inside the block
-    inner = blocks.gather(1, b[:, :, None].expand(N, 1, CHUNK)).squeeze(1).cumsum_(-1)  # (N, C)
-    j = torch.searchsorted(inner, u).clamp_(max=CHUNK - 1)  # (N, 1)
-    return (b * CHUNK + j).clamp_(max=K - 1)
-
-
-def sample_tokens(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    generator: torch.Generator | None = None,
-    u: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
-
-    logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
-    `u` (N, 1) in [0, 1) are the rows' uniforms when the caller draws them (else from `generator`).
-    `logits` may be overwritten.
-    """
-    if temperature == 0:
-        tok = logits.argmax(-1)  # (N,)
-        return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
-    z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
-    N, V = z.shape
-    k = top_k if 0 < top_k < V else V
-    if k == V and top_p >= 1.0:
-        # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token
-        # whose p underflows to 0 can never be drawn)
-        p = z.softmax(-1)  # (N, V)
-        tok = _draw(p, generator, u)  # (N, 1)
-        return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
-
-    lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
-    if k < V:
-        zs, idx = z.topk(k, dim=-1)  # (N, k) most likely first
-        p = (zs - lse).exp_()  # (N, k)
-    else:
-        # top-p alone: a partial sort that already holds top_p of the mass (a full sort of a 50k-150k
-        # vocabulary is slow on a CPU); grow it in the rare case it does not
-        k = min(V, 256)
-        while True:
-            zs, idx = z.topk(k, dim=-1)  # (N, k)
-            p = (zs - lse).exp_()  # (N, k)
-            if k == V or bool((p.sum(-1) >= top_p).all()):
+    dev, N = logits.device, logits.shape[0]
+    s = DecodeState(
+        tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=dev),
+        logps=torch.zeros(N, max_new, dtype=torch.float32, device=dev),
+        length=torch.full((N,), max_new, dtype=torch.long, device=dev),
+        done=torch.zeros(N, dtype=torch.bool, device=dev),
+        eos=torch.tensor(list(eos_ids), dtype=torch.long, device=dev), pad=torch.tensor(pad_id, device=dev),
+        step=torch.zeros(1, dtype=torch.long, device=dev),
+    )  # fmt: skip
+    u = (
+        draw_uniforms(generator, P, G, max_new, dev)[:, :, None] if temperature > 0 else None
+    )  # (max_new, N, 1)
+    stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
+    record(s, s.step, *sample(logits, None if u is None else u[0]))  # the first token, from `logits`
+    step = Stepper(decode_step, decode_mode, dev)  # as it is, compiled, or recorded per key bucket
+    every = SYNC_EVERY if decode_mode in CAPTURED else 1  # a host sync a step costs a captured step its gain
+    made = 1  # tokens sampled so far
+    while made < max_new:
+        if made % every == 0:
+            if stops is not None:
+                stops(s, made)
+            if bool(s.done.all()):
                 break
-            k = min(V, 8 * k)
-    if top_p < 1.0:
-        # drop a token when the mass before it reaches top_p (of the top-k mass when top-k is on, as in
-        # transformers); the most likely token always stays
-        cum = p.cumsum(-1)  # (N, k)
-        total = cum[:, -1:] if 0 < top_k < V else 1.0
-        p.masked_fill_(cum - p >= top_p * total, 0.0)
-    tok = idx.gather(1, _draw(p, generator, u))  # (N, 1)
-    return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
+        cache.visible = cache.keys_for(made, bucketed=decode_mode in CAPTURED)  # keys this step reads
+        step(model, lm_head, cache, s, u, sample, key=cache.visible)
+        made += 1
+    if stops is not None:
+        stops(s, made)
+    return s
 
 
-class _StopStrings:
-    """Incremental stop-string check: decode only a window of recent tokens per row."""
+class Sampler:
+    """Rows that decode together, each with its own cache row and length (kvcache.RowKVCache), continued
+    as an episode goes on. `lm_head` (n, H) -> (n, V) comes from sampling_weights; `turn` is the most tokens
+    one `decode` samples. The cache grows as the rows do (a copy of what they hold, its room doubled)."""
 
-    def __init__(self, stop_strings: Sequence[str], tokenizer, n_rows: int):
-        self.stops = list(stop_strings)
-        self.tok = tokenizer
-        # a stop string of b UTF-8 bytes spans at most b tokens; 2 more so the window never starts on it
-        self.window = max(len(s.encode()) for s in self.stops) + 2
-        self.hist: list[list[int]] = [[] for _ in range(n_rows)]
+    def __init__(self, model, lm_head, turn: int, packed=None, amp: torch.dtype | None = None):
+        self.model, self.lm_head, self.turn, self.packed, self.amp = model, lm_head, turn, packed, amp
+        self.cache: RowKVCache | None = None
+        self.pending: list[int] = []  # each row's last sampled token: not yet through the model
 
-    def __call__(self, rows: list[int], tokens: list[int], done: list[bool]) -> list[int]:
-        """Append each row's new token; return the batch positions whose text now holds a stop string."""
-        hits = []
-        for i, (row, t) in enumerate(zip(rows, tokens)):
-            if done[i]:
-                continue
-            h = self.hist[row]
-            h.append(t)
-            text = self.tok.decode(h[-self.window :])
-            if any(s in text for s in self.stops):
-                hits.append(i)
-        return hits
+    def _forward(self, cache: RowKVCache, chunks: list[list[int]]) -> torch.Tensor:
+        """Each row's chunk of new tokens through the model, after the row's own (right-padded into one
+        block), the cache grown first if the chunk and a turn after it do not fit; the logits of each chunk's
+        last token (B, V)."""
+        dev, T = self.model.lm_head_weight.device, max(map(len, chunks))
+        if cache.top + T + self.turn > cache.max_len:  # room for the chunk and the turn that follows it
+            rows = torch.arange(len(chunks), device=dev)
+            cache = self.cache = cache.rows(rows, max(2 * cache.max_len, cache.top + T + self.turn))
+        ids = torch.tensor([c + [0] * (T - len(c)) for c in chunks], device=dev)  # (B, T)
+        new = torch.tensor([len(c) for c in chunks], device=dev)  # (B,)
+        cache.visible = cache.top + T
+        pos = cache.begin(new, T)  # (B, T)
+        h = self.model(ids, position_ids=pos, kv_cache=cache, return_hidden=True)  # (B, T, H)
+        cache.top = int(cache.lengths.max())
+        return self.lm_head(h[torch.arange(len(chunks), device=dev), new - 1]).float()  # (B, V)
 
+    def prefill(self, prompts: list[list[int]], rows: Sequence[int]) -> torch.Tensor:
+        """Run each prompt once; row k then holds a copy of prompt rows[k]'s keys. The logits of each row's
+        first new token (N, V)."""
+        room = max(map(len, prompts)) + self.turn
+        self.cache = RowKVCache.empty(self.model, len(prompts), room, cache_dtype(self.model, self.amp))
+        logits = self._forward(self.cache, prompts)  # (P, V)
+        index = torch.tensor(list(rows), device=logits.device)  # (N,)
+        self.cache, self.pending = self.cache.rows(index), []
+        return logits.index_select(0, index)  # (N, V)
 
-def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
-    """(the ids that end a completion, the pad id) the sampler is given: the EOS ids of the model's
-    config.json, then the tokenizer's; its pad token, else the first EOS id (0 when there is none). Pads are
-    masked and cut off when decoding, so the pad id never changes a completion."""
-    eos = [*(getattr(model_config, "eos_token_ids", None) or ())]
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
-    eos = list(dict.fromkeys(eos))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    return eos, pad
+    def extend(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Each row's pending token, then chunks[k] (an observation), through the model; no other token is
+        computed again. The logits of each row's next token (N, V)."""
+        assert self.cache is not None and len(chunks) == len(self.pending), "decode before extending"
+        return self._forward(self.cache, [[p, *c] for p, c in zip(self.pending, chunks)])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows go on (the episodes still running), in this order."""
+        assert self.cache is not None
+        if list(rows) != list(range(len(self.pending))):
+            self.cache = self.cache.rows(torch.tensor(list(rows), device=self.cache.lengths.device))
+            self.pending = [self.pending[k] for k in rows]
+        if self.packed is not None:  # MKL's packed weights serve one row count: packed again when it pays
+            self.packed.shrunk(len(rows), steps_left=self.turn)
+
+    def decode(self, logits, max_new: int, generator, *, group: int = 1, temperature: float = 1.0,
+               top_p: float = 1.0, top_k: int = 0, eos_ids=(), stop_strings=(), tokenizer=None, pad_id: int = 0,
+               decode_mode: str = "eager") -> Generation:  # fmt: skip
+        """Up to max_new tokens for every row, the first from `logits` (N, V); `generator`: one per `group`
+        consecutive rows (an episode's: one a row), or one for all. Afterwards each row's cache holds its
+        tokens but the last, which the next `extend` feeds first."""
+        assert self.cache is not None
+        start = self.cache.lengths.clone()  # (N,)
+        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
+        N = logits.shape[0]
+        s = decode_loop(self.model, self.lm_head, self.cache, logits, max_new, sample, eos_ids, stop_strings,
+                        tokenizer, generator, N // group, group, pad_id, temperature, decode_mode)  # fmt: skip
+        self.cache.lengths.copy_(start + s.length - 1)  # what went through the model, whatever the loop wrote
+        self.cache.top = int(self.cache.lengths.max())
+        self.pending = s.tokens.gather(1, (s.length - 1)[:, None]).squeeze(1).tolist()  # (N,) last tokens
+        return finish(s.tokens, s.logps, s.length, s.done, pad_id)
 
 
 @torch.inference_mode()
 def generate(
-    model,
-    prompts: list[list[int]],
-    *,
-    group_size: int = 1,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    eos_ids: Sequence[int] = (),
-    stop_strings: Sequence[str] = (),
-    tokenizer=None,
-    generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    pad_id: int = 0,
-    autocast: torch.dtype | None = None,
-    fold_lora: bool = True,
+    model, prompts: list[list[int]], *, group_size: int = 1, max_new_tokens: int = 64, temperature: float = 1.0,
+    top_p: float = 1.0, top_k: int = 0, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
+    tokenizer=None, generator=None, pad_id: int = 0, autocast: torch.dtype | None = None, fold_lora: bool = True,
     decode: str = "eager",
-) -> Generation:
+) -> Generation:  # fmt: skip
     """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout.
 
-    `generator` is one torch.Generator for the batch, or one per prompt: then a prompt's completions
-    depend only on its own generator, not on which other prompts share the batch (what lets torchrun
-    ranks reproduce a single-process run).
+    `generator`: one torch.Generator for the batch, or one per prompt: then a prompt's completions depend
+    only on its own generator, not on which other prompts share the batch (what lets torchrun ranks
+    reproduce a single-process run). `autocast`: the compute dtype of a float32 model (a full fine-tune's
+    master weights); on an accelerator the sampler then runs in it (its cache too), from the trainer's own
+    numerics; on the CPU the packed float32 weights are faster. `fold_lora`: where nothing is packed (a GPU),
+    each LoRA layer folded into one weight for the call (False runs the adapters as the trainer does).
 
-    `autocast`: the compute dtype of a float32 model (a full fine-tune's master weights, trained under
-    autocast). On an accelerator the sampler then runs in it too: autocast casts each weight once per call
-    (its cache holds that copy, 2 bytes a parameter in bf16, until the call returns) and the KV cache is
-    kept in it, so a decode step reads half the bytes it would in float32 and samples from the trainer's
-    own numerics. On the CPU it is ignored: the packed float32 weights are faster there (packed.py).
-
-    `fold_lora`: where the weights are not packed (a GPU, NANOGRPO_PACKED=0), sample with each LoRA layer's
-    W + (alpha / r) B A folded into one weight (packed.folded_lora: one copy of the adapted weights in their
-    dtype for the call) instead of running the adapters; False runs the adapters as the trainer does.
-    `decode`: 'eager' (the loop below: slices the cache, drops ended rows), 'static' (fixed-shape steps,
-    static_decode.py: same tokens with the same generators, log-probs to float32 rounding), 'compiled'
-    (those steps through torch.compile: the same tokens; compiling costs once per process and shape), 'graph'
-    or 'compiled-graph' (the static or compiled step recorded once per call as a CUDA graph and replayed; off
-    CUDA, where there is no graph, they run the step as 'static' and 'compiled' do).
+    `decode`: 'plain' (this file's loop, a cache row a sample), 'eager' (the grouped cache, ended rows dropped:
+    grouped.py, the default), 'static' (this loop's step over the grouped cache on fixed shapes), 'compiled'
+    (that step through torch.compile), 'graph' or 'compiled-graph' (recorded once per key bucket as a CUDA
+    graph and replayed; off CUDA they run as 'static' and 'compiled'). All draw the same tokens from the same
+    generators, log-probs to float32 rounding.
     """
-    if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
-        raise ValueError(f"{len(generator)} generators for {len(prompts)} prompts: give one per prompt")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError(
-            "generate needs at least one prompt and no empty prompt (give each a token, e.g. BOS)"
-        )
-    if group_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"group_size={group_size}, max_new_tokens={max_new_tokens}: both must be >= 1")
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"temperature={temperature} (>= 0), top_p={top_p} (0, 1], top_k={top_k} (>= 0)")
-    if stop_strings and tokenizer is None:
-        raise ValueError("stop_strings need the tokenizer to decode completions: pass tokenizer=")
-    if decode not in DECODE_LOOPS:
-        raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, DECODE_LOOPS))}")
-    if any(s == "" for s in stop_strings):
-        raise ValueError("an empty stop string would end every completion at once; remove it")
+    from nanogrpo.model.grouped import StaticGroupedKVCache, generate_grouped, prefill_grouped
+    from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET, check_generate
 
+    check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
+                   tokenizer, decode)  # fmt: skip
+    G, new = group_size, max_new_tokens
+    with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
+        if decode == "eager":  # the single-turn default: the grouped cache, ended rows dropped
+            return generate_grouped(model, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
+                                    stop_strings, tokenizer, generator, pad_id, amp)  # fmt: skip
+        if decode == "plain":
+            sampler = Sampler(model, head, new, packed, amp)
+            logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
+            return sampler.decode(logits, new, generator, group=G, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, eos_ids=eos_ids, stop_strings=stop_strings, tokenizer=tokenizer,
+                                  pad_id=pad_id, decode_mode=decode)  # fmt: skip
+        # static, compiled, graph: this loop's step over the grouped cache, kept on fixed shapes
+        bucket = PROMPT_BUCKET if decode in COMPILED else 1  # compiled: one graph serves many prompt lengths
+        cache_cls = lambda *a, **k: StaticGroupedKVCache(*a, bucket=bucket, **k)  # noqa: E731
+        logits, cache, next_pos = prefill_grouped(model, head, prompts, G, new, pad_id, amp, cache_cls)
+        cache.next_pos = next_pos  # (N, 1) each row's first new position
+        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
+        s = decode_loop(model, head, cache, logits, new, sample, eos_ids, stop_strings, tokenizer, generator,
+                        len(prompts), G, pad_id, temperature, decode)  # fmt: skip
+        return finish(s.tokens, s.logps, s.length, s.done, pad_id)
+
+
+def cache_dtype(model, amp=None) -> torch.dtype | None:
+    """The sampler cache's dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32 kernels
+    are the faster ones there); elsewhere autocast's dtype, else the weights'."""
+    W = model.lm_head_weight
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp
+
+
+@contextlib.contextmanager
+def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.dtype | None = None):
+    """What the sampler computes with, for the block: eval mode (no LoRA dropout); on the CPU every projection
+    and the LM head packed with LoRA folded in (packed.py); elsewhere, with `fold_lora`, each LoRA layer folded
+    into one weight; on an accelerator, `autocast`'s dtype. Yields (the LM head (n, H) -> (n, V), the packed
+    weights or None, the autocast dtype or None)."""
     was_training = model.training
-    model.eval()  # LoRA dropout off while sampling
+    model.eval()
+    amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
+    W = model.lm_head_weight  # (V, H)
     try:
-        # on the CPU: packed weights with LoRA folded in, for the duration of this call (packed.py)
-        amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
         with (
-            packed_weights(model, batch_hint=len(prompts) * group_size) as packed,
+            packed_weights(model, batch_hint=rows) as packed,
             folded_lora(model, enabled=fold_lora and packed is None),  # packing folds LoRA itself
-            torch.autocast(model.lm_head_weight.device.type, dtype=amp, enabled=amp is not None),
+            torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
         ):
-            if decode != "eager":
-                return _generate_static(
-                    model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                    eos_ids, stop_strings, tokenizer, generator, pad_id, amp, decode,
-                )  # fmt: skip
-            return _generate(
-                model, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
-                eos_ids, stop_strings, tokenizer, generator, pad_id, amp,
-            )  # fmt: skip
+            yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
     finally:
         model.train(was_training)
 
 
-def _prefill(model, lm_head, prompts, G: int, max_new: int, pad_id: int, amp=None, cache_cls=GroupedKVCache):
-    """Run the P prompts once, left-padded into one batch, and expand them to their groups.
-
-    Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
-    and values once, shared by their G completions, their padding kept, so decode steps pass no attention
-    mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's;
-    `cache_cls`: GroupedKVCache, or StaticGroupedKVCache for fixed-shape decode steps.
-    """
-    dev = model.lm_head_weight.device
-    P = len(prompts)
-    lens = torch.tensor([len(p) for p in prompts], device=dev)  # (P,)
-    L = int(lens.max())
-    # left padding: real tokens end at column L-1 for every row, so each decode step appends one column
-    ids = torch.full((P, L), pad_id, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-    ids = ids.to(dev)  # (P, L)
-    attn = None
-    if bool((lens < L).any()):
-        attn = (torch.arange(L, device=dev)[None, :] >= (L - lens)[:, None]).long()  # (P, L) 0 on pads
-        pos = (attn.cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
-    else:
-        pos = torch.arange(L, device=dev).expand(P, L)
-    # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
-    # without casting the whole cache at every step
-    W = model.lm_head_weight
-    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else amp
-    cache = model.new_kv_cache(P, L, dtype=cache_dtype)
-    h = model(ids, position_ids=pos, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, L, H)
-    logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
-    grouped = cache_cls(cache, G, max_new, prompt_mask=attn)
-    return logits.repeat_interleave(G, 0), grouped, lens.repeat_interleave(G)[:, None]
-
-
-def _generate(
-    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
-    amp=None,
-) -> Generation:  # fmt: skip
-    W = model.lm_head_weight  # (V, H)
-    lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
-    dev = W.device
-    N = len(prompts) * G
-    logits, cache, next_pos = _prefill(model, lm_head, prompts, G, max_new, pad_id, amp)  # (N, V), ...
-
-    tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
-    logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)
-    length = torch.full((N,), max_new, dtype=torch.long, device=dev)  # (N,) tokens up to and incl. the end
-    ended = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) hit EOS or a stop string
-    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
-    stops = _StopStrings(stop_strings, tokenizer, N) if stop_strings else None
-    check_end = stops is not None or len(eos) > 0
-    # the batch shrinks as completions end: `rows` maps batch position -> output row (None: the identity),
-    # `done` marks rows that have ended but still ride along until dropping them is worth a cache copy
-    rows: torch.Tensor | None = None
-    done = torch.zeros(N, dtype=torch.bool, device=dev)  # (n,)
-
-    per_prompt = isinstance(generator, (list, tuple)) and temperature > 0
-    for t in range(max_new):
-        u = None
-        if per_prompt:
-            # G uniforms per prompt and step whatever has ended, so each prompt's stream stays in step
-            u = torch.cat([torch.rand(G, generator=g, device=dev) for g in generator])[:, None]  # (N, 1)
-            u = u if rows is None else u[rows]  # (n, 1)
-        tok, lp = sample_tokens(logits, temperature, top_p, top_k, None if per_prompt else generator, u)
-        if rows is None:
-            tokens[:, t], logps[:, t] = tok, lp
-        else:
-            tokens[rows, t], logps[rows, t] = tok, lp
-        if check_end:
-            hit = torch.isin(tok, eos) if len(eos) else torch.zeros_like(done)  # (n,)
-            if stops is not None:
-                out_rows = range(len(tok)) if rows is None else rows.tolist()
-                for i in stops(out_rows, tok.tolist(), done.tolist()):
-                    hit[i] = True
-            new = hit & ~done  # (n,)
-            if bool(new.any()):
-                out = new.nonzero().squeeze(1) if rows is None else rows[new]
-                length[out], ended[out] = t + 1, True
-                done |= new
-                n_done = int(done.sum())
-                if n_done == len(done):
-                    break
-                if 4 * n_done >= len(done):  # a quarter of the batch is idle: drop the ended rows
-                    keep = (~done).nonzero().squeeze(1)  # (n',)
-                    cache = cache.select(keep)
-                    rows = keep if rows is None else rows[keep]
-                    tok, done, next_pos = tok[keep], done[keep], next_pos[keep]
-                    if packed is not None:
-                        packed.shrunk(len(keep), steps_left=max_new - 1 - t)  # forward passes still to run
-        if t == max_new - 1:
-            break  # the last token needs no forward pass
-        h = model(tok[:, None], position_ids=next_pos + t, kv_cache=cache, return_hidden=True)  # (n, 1, H)
-        logits = lm_head(h[:, 0]).float()  # (n, V)
-
-    return _finish(tokens, logps, length, ended, pad_id)
-
-
-def _generate_static(
-    model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
-    amp=None, decode: str = "static",
-) -> Generation:  # fmt: skip
-    """The fixed-shape decode loop (static_decode.py), drawing with the same rule as the eager loop;
-    `decode`: 'static', 'compiled', 'graph' or 'compiled-graph'."""
-    W = model.lm_head_weight  # (V, H)
-    lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
-    sample = lambda logits, u: sample_tokens(logits, temperature, top_p, top_k, None, u)  # noqa: E731
-    s = generate_static(
-        model, lm_head, prompts, G, max_new, sample, eos_ids, stop_strings, tokenizer, generator, pad_id,
-        amp, temperature, _prefill, decode,
-    )  # fmt: skip
-    return _finish(s.tokens, s.logps, s.length, s.done, pad_id)
-
-
-def _finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
     """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
     longest completion, pad and 0 after each row's end."""
     T = int(length.max())

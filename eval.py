@@ -205,7 +205,7 @@ def run_generate(args: Generate) -> None:
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
     if env is not None:  # the template, a reset on the first row and its first message's length
         n = model.config.max_position_embeddings
-        env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples)  # fmt: skip
+        env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples, "plain")  # fmt: skip
     episodes: list[dict] = []  # with --env: each episode's transcript, reward and info
     outs = generation.generate_completions(
         model, tokenizer, rows, batch_size=args.batch_size, num_samples=args.num_samples,

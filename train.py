@@ -85,7 +85,7 @@ def main(cfg: TrainConfig) -> dict:
         episodes = (
             cfg.prompts_per_step // world * cfg.grpo.group_size
         )  # a rollout's, forked while we are small
-        env = env_spec.check_start(env, tok, rows, cfg.data.system_prompt, *prompt_limit(cfg), episodes)
+        env = env_spec.check_start(env, tok, rows, cfg.data.system_prompt, *prompt_limit(cfg), episodes, cfg.sampling.decode)  # fmt: skip
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
     out = Path(cfg.out_dir)

@@ -121,6 +121,22 @@ def test_readme_gpu_command_fits_an_80_gib_card():
     assert memory.plan(c, s).peak > 2 * CARD
 
 
+def test_an_episode_run_plans_each_rows_cache_for_its_whole_length():
+    """Episodes keep a cache row each for the whole episode (prompt + --env.max-tokens + a turn, counted at
+    the twice it may hold as it grows), where single completions share a prompt's keys; README's command
+    with 4-turn episodes of 1,024 tokens still fits an 80 GiB card."""
+    cfg = readme_config()
+    ep = replace(cfg, env=replace(cfg.env, name="guess", max_turns=4, max_tokens=1024))
+    c, per_token = memory.model_config(QWEN), memory.kv_bytes_per_token(memory.model_config(QWEN), 2)
+    single, episodes = gpu_step(cfg, 256), gpu_step(ep, 256)
+    assert memory.kv_cache_bytes(c, single) == per_token * (
+        single.prompts * 256 + single.rows * single.new_tokens
+    )
+    turn = cfg.sampling.max_new_tokens
+    assert memory.kv_cache_bytes(c, episodes) == per_token * episodes.rows * 2 * (256 + 1024 + turn)
+    assert memory.plan(c, episodes).peak <= memory_fit.usable(CARD)
+
+
 def test_a_run_past_the_card_is_fitted_in_one_line(monkeypatch, capsys):
     cfg = replace(readme_config(), micro_batch=0, model=replace(readme_config().model, path=QWEN))
     cfg = replace(cfg, model=replace(cfg.model, activation_checkpointing=False))

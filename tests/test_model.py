@@ -22,7 +22,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from nanogrpo.model.kvcache import GroupedKVCache
+from nanogrpo.model.grouped import GroupedKVCache
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import resolve_model
 

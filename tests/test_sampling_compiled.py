@@ -18,7 +18,7 @@ from test_sampling_static import MANY_EOS, TEXTS, assert_same, lively  # noqa: F
 from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
-from nanogrpo.model import lora, static_decode
+from nanogrpo.model import kvcache, lora, static_decode
 from nanogrpo.model.sampling import generate
 from nanogrpo.model.static_decode import PROMPT_BUCKET
 from nanogrpo.model.transformer import Transformer
@@ -160,7 +160,7 @@ def test_one_compile_per_number_of_keys_read(lively, monkeypatch):  # noqa: F811
     """The steps read more of the completions' own keys as they go (static_decode.visible_keys; here 12,
     then 24 of 24): one compiled graph for each, made once, the tokens still the eager sampler's."""
     model, _, prompts = lively
-    monkeypatch.setattr(static_decode, "MIN_VISIBLE", 12)
+    monkeypatch.setattr(kvcache, "MIN_VISIBLE", 12)
     before = graphs()
     assert_same(sample(model, prompts, "eager"), sample(model, prompts, "compiled"), LOGP_ATOL)
     assert graphs() - before == 2

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 from transformers import AutoTokenizer
 
 from nanogrpo.config import SamplingConfig
-from nanogrpo.model import lora, static_decode
+from nanogrpo.model import kvcache, lora, sampling, static_decode
 from nanogrpo.model.sampling import generate
 from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode, check_rope
 from nanogrpo.model.transformer import Transformer
@@ -201,10 +201,10 @@ def test_graph_loop_equals_eager(lively, with_lora, case):
 
 
 def test_visible_keys_double_up_to_the_buffer():
-    assert [static_decode.visible_keys(m, 1024) for m in (1, 64, 65, 128, 129, 600, 1023)] == [
+    assert [kvcache.visible_keys(m, 1024) for m in (1, 64, 65, 128, 129, 600, 1023)] == [
         64, 64, 128, 128, 256, 1024, 1024,
     ]  # fmt: skip
-    assert static_decode.visible_keys(300, 256) == 256 and static_decode.visible_keys(5, 24) == 24
+    assert kvcache.visible_keys(300, 256) == 256 and kvcache.visible_keys(5, 24) == 24
 
 
 @pytest.mark.parametrize("decode", ["static", "graph"])
@@ -213,7 +213,7 @@ def test_steps_read_more_keys_as_they_go(lively, monkeypatch, decode, case):
     """The own keys a step reads grow with the step (visible_keys; here 4, 8, 16, then 24 of 24): the same
     tokens as the eager sampler through every change, and the graph loop records once for each value."""
     model, tok, prompts = lively
-    monkeypatch.setattr(static_decode, "MIN_VISIBLE", 4)
+    monkeypatch.setattr(kvcache, "MIN_VISIBLE", 4)
     recordings = []
     real = static_decode.CapturedStep
     monkeypatch.setattr(static_decode, "CapturedStep", lambda *a: recordings.append(a) or real(*a))
@@ -268,7 +268,7 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
     monkeypatch.setenv("NANOGRPO_PACKED", packed)
     _, tok, prompts = lively
     recordings, calls = [], []
-    step = static_decode.decode_step
+    step = sampling.decode_step
 
     def recorded(*a, **kw):
         calls.append(1)
@@ -279,7 +279,7 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
         else:
             step(*a, **kw)
 
-    monkeypatch.setattr(static_decode, "decode_step", recorded)
+    monkeypatch.setattr(sampling, "decode_step", recorded)
     stops = stops_from(with_lora, tok, prompts)
     sample(with_lora, prompts, "graph", eos_ids=MANY_EOS, tokenizer=tok, stop_strings=stops)
     first, second = recordings
@@ -340,24 +340,26 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
     value back to the host would raise there, and every tensor the recorded steps' ops take is on the model's
     device (a CPU tensor in a CUDA graph is a copy the graph cannot replay). LoRA folded into the weights, as
     on a GPU."""
+    from nanogrpo.model.draw import sample_tokens
+    from nanogrpo.model.grouped import StaticGroupedKVCache, prefill_grouped
     from nanogrpo.model.packed import folded_lora
-    from nanogrpo.model.sampling import _prefill, sample_tokens
 
     spec = "qwen2.5-1.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
     cpu = random_transformer(spec, dtype=torch.float32)
     lora.inject_lora(cpu, r=4, alpha=8.0)
     meta = torch.device("meta")
     G, max_new = 2, 6  # under SYNC_EVERY: no host sync in the loop, which meta could not answer
-    cache_cls = functools.partial(static_decode.StaticGroupedKVCache, bucket=1)
+    cache_cls = functools.partial(StaticGroupedKVCache, bucket=1)
     W = cpu.lm_head_weight
-    logits, cache, next_pos = _prefill(
+    logits, cache, next_pos = prefill_grouped(
         cpu, lambda h: h @ W.T, [[5, 6, 7], [8, 9]], G, max_new, 0, None, cache_cls
     )
+    cache.next_pos = next_pos
     for name, v in vars(cache).items():  # the prompts' cache, as a GPU's prefill leaves it
         if isinstance(v, torch.Tensor) or (isinstance(v, list) and v and isinstance(v[0], torch.Tensor)):
             setattr(cache, name, v.to(meta) if isinstance(v, torch.Tensor) else [x.to(meta) for x in v])
     model = cpu.to(meta)
-    seen, steps, step = set(), [], static_decode.decode_step
+    seen, steps, step = set(), [], sampling.decode_step
 
     def watched(*a, **kw):
         steps.append(1)
@@ -367,14 +369,13 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
             step(*a, **kw)
         seen.update(d.seen)
 
-    monkeypatch.setattr(static_decode, "decode_step", watched)
+    monkeypatch.setattr(sampling, "decode_step", watched)
     sample = lambda lg, u: sample_tokens(lg, 1.0, 1.0, 0, None, u)  # noqa: E731
-    prefill = lambda *a: (logits.to(meta), cache, next_pos.to(meta))  # noqa: E731
     with folded_lora(model, enabled=True):
         W = model.lm_head_weight
-        s = static_decode.generate_static(
-            model, lambda h: h @ W.T, [[5, 6, 7], [8, 9]], G, max_new, sample, [3, 4], (), None, None, 0, None,
-            1.0, prefill, "graph",
+        s = sampling.decode_loop(
+            model, lambda h: h @ W.T, cache, logits.to(meta), max_new, sample, [3, 4], (), None, None, 2, G, 0,
+            1.0, "graph",
         )  # fmt: skip
     assert len(steps) == max_new - 1 and seen == {"meta"}
     assert s.tokens.device == meta and s.tokens.shape == (2 * G, max_new)

@@ -88,7 +88,8 @@ def play(
     trajs = _reset(env, rows, group_seeds, G, tok, system_prompt)
     try:
         with sampling_weights(model, len(trajs), fold_lora, autocast) as (head, packed, amp):
-            sampler = Sampler(model, head, sampling.max_new_tokens, packed, amp)
+            limit = max(len(t.prompt_ids) for t in trajs) + env.max_tokens + sampling.max_new_tokens
+            sampler = Sampler(model, head, sampling.max_new_tokens, packed, amp, limit)
             on: list[int] = []  # the episode of each sampler row
             for turn in range(env.max_turns):
                 live = [k for k, t in enumerate(trajs) if not t.over]

@@ -114,13 +114,22 @@ def _first_call(workers: Workers, op: str, arg, label: str, where: str = "") -> 
 
 
 def check_start(
-    env: EnvSpec, tok, rows: list[dict], system_prompt: str, limit: int, positions: int, episodes: int
-) -> EnvSpec:
+    env: EnvSpec, tok, rows: list[dict], system_prompt: str, limit: int, positions: int, episodes: int,
+    decode: str = "eager",
+) -> EnvSpec:  # fmt: skip
     """The spec completed with the tokenizer, and checked against the data, before the model loads: the chat
     template keeps earlier turns (envs/render.py), reset works on the first row, and its first message fits
     the prompt limit `limit` (of the model's `positions`). Forks the `episodes` workers a rollout uses, while
-    the process is small."""
+    the process is small. `decode` (--sampling.decode): a mode whose grouped cache cannot continue an
+    episode's rows says so in one line."""
     from nanogrpo.data import render_prompt
+    from nanogrpo.infra import dist
+
+    if decode in ("eager", "static") and dist.is_main():
+        print(
+            f"note: episodes sample with the plain cache, a row of its own continued from turn to turn (the grouped "
+            f"cache of --sampling.decode {decode} shares a prompt's keys among rows that part after turn 1)"
+        )
 
     fmt = TurnFormat.of(tok, env.role, env.format, system_prompt)
     assert env.workers is not None

@@ -11,8 +11,10 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
   needs_reference) keeps a frozen float32 copy [4]; with LoRA the reference is the model with its adapters
   off, which costs nothing.
 - KV cache while sampling: 2 x layers x kv_heads x head_dim x (P x prompt + P x G x new tokens): each
-  prompt's keys once, shared by its G completions (kvcache.GroupedKVCache) [D on a GPU, 4 on the CPU,
-  where the sampler keeps a float32 cache]. On the CPU the sampler also packs a copy of every projection
+  prompt's keys once, shared by its G completions (grouped.GroupedKVCache) [D on a GPU, 4 on the CPU,
+  where the sampler keeps a float32 cache]. Episodes (--env) keep a cache row of their own for their whole
+  length instead (kvcache.RowKVCache, continued from turn to turn): P x G x (prompt + the episode's budget +
+  one turn), at most twice what the rows hold as it grows, counted at that bound. On the CPU the sampler also packs a copy of every projection
   and of the LM head, with LoRA folded in (packed.py), for as long as it generates [the weights' dtype].
   Elsewhere (a GPU) a LoRA run's sampler folds the adapters into a copy of every adapted projection
   (packed.folded_lora; --sampling.no-fold-lora turns it off) for as long as it generates [D].
@@ -167,6 +169,9 @@ class Step:
     """The CPU sampler packs a copy of the weights (packed.py)."""
     lora_fold: bool = False
     """Where nothing is packed, the sampler folds LoRA into a copy of the adapted weights (--sampling.fold-lora)."""
+    turn_tokens: int = 0
+    """Episodes (--env): the most tokens of one turn; each row then keeps its own cache of prompt +
+    new_tokens (the episode's budget) + a turn (kvcache.RowKVCache). 0: single completions, the grouped cache."""
 
     @property
     def rows(self) -> int:
@@ -209,6 +214,8 @@ def kv_cache_bytes(c: dict, s: Step) -> int:
     if not s.samples:
         return 0
     elem = 4 if s.device == "cpu" else s.dtype_bytes
+    if s.turn_tokens:  # episodes: a row of its own each, its room doubled as it grows
+        return kv_bytes_per_token(c, elem) * s.rows * 2 * (s.prompt_len + s.new_tokens + s.turn_tokens)
     return kv_bytes_per_token(c, elem) * (s.prompts * s.prompt_len + s.rows * s.new_tokens)
 
 

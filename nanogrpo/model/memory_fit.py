@@ -154,6 +154,7 @@ def run_step(
         logprobs="triton" if triton else "torch",
         cpu_packing=packing,
         lora_fold=cfg.lora.r > 0 and cfg.sampling.fold_lora and not packing,
+        turn_tokens=cfg.sampling.max_new_tokens if cfg.env.on else 0,
     )
 
 

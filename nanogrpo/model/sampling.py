@@ -32,6 +32,7 @@ Departures from transformers' `generate`: only the last position of a prefill go
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -138,10 +139,14 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
 class Sampler:
     """Rows that decode together, each with its own cache row and length (kvcache.RowKVCache), continued
     as an episode goes on. `lm_head` (n, H) -> (n, V) comes from sampling_weights; `turn` is the most tokens
-    one `decode` samples. The cache grows as the rows do (a copy of what they hold, its room doubled)."""
+    one `decode` samples; `limit` (0: none) the most a row will hold. The cache grows as the rows do (a copy
+    of what they hold, its room doubled, at most `limit`)."""
 
-    def __init__(self, model, lm_head, turn: int, packed=None, amp: torch.dtype | None = None):
+    def __init__(
+        self, model, lm_head, turn: int, packed=None, amp: torch.dtype | None = None, limit: int = 0
+    ):
         self.model, self.lm_head, self.turn, self.packed, self.amp = model, lm_head, turn, packed, amp
+        self.limit = limit
         self.cache: RowKVCache | None = None
         self.pending: list[int] = []  # each row's last sampled token: not yet through the model
 
@@ -152,23 +157,35 @@ class Sampler:
         dev, T = self.model.lm_head_weight.device, max(map(len, chunks))
         if cache.top + T + self.turn > cache.max_len:  # room for the chunk and the turn that follows it
             rows = torch.arange(len(chunks), device=dev)
-            cache = self.cache = cache.rows(rows, max(2 * cache.max_len, cache.top + T + self.turn))
+            room = max(2 * cache.max_len, cache.top + T + self.turn)
+            cache = self.cache = cache.rows(rows, min(room, self.limit) if self.limit else room)
         ids = torch.tensor([c + [0] * (T - len(c)) for c in chunks], device=dev)  # (B, T)
         new = torch.tensor([len(c) for c in chunks], device=dev)  # (B,)
-        cache.visible = cache.top + T
+        cache.visible = min(cache.top + T, cache.max_len)
         pos = cache.begin(new, T)  # (B, T)
         h = self.model(ids, position_ids=pos, kv_cache=cache, return_hidden=True)  # (B, T, H)
         cache.top = int(cache.lengths.max())
         return self.lm_head(h[torch.arange(len(chunks), device=dev), new - 1]).float()  # (B, V)
 
     def prefill(self, prompts: list[list[int]], rows: Sequence[int]) -> torch.Tensor:
-        """Run each prompt once; row k then holds a copy of prompt rows[k]'s keys. The logits of each row's
-        first new token (N, V)."""
-        room = max(map(len, prompts)) + self.turn
-        self.cache = RowKVCache.empty(self.model, len(prompts), room, cache_dtype(self.model, self.amp))
+        """Run each prompt once (the tokens they all start with once for all: a system prompt, a game's
+        rules); row k then holds a copy of prompt rows[k]'s keys. The logits of each row's first new token
+        (N, V)."""
+        room, dtype = max(map(len, prompts)) + self.turn, cache_dtype(self.model, self.amp)
+        common = len(os.path.commonprefix(prompts)) if len(prompts) > 1 else 0
+        common = min(common, min(map(len, prompts)) - 1)  # each prompt keeps a token: its logits
+        if common >= 16:  # the shared start once, then each prompt's rest after a copy of it
+            self.cache = RowKVCache.empty(self.model, 1, room, dtype)
+            self._forward(self.cache, [prompts[0][:common]])
+            self.cache = self.cache.rows(
+                torch.zeros(len(prompts), dtype=torch.long, device=self.cache.lengths.device)
+            )
+            prompts = [p[common:] for p in prompts]
+        else:
+            self.cache = RowKVCache.empty(self.model, len(prompts), room, dtype)
         logits = self._forward(self.cache, prompts)  # (P, V)
         index = torch.tensor(list(rows), device=logits.device)  # (N,)
-        self.cache, self.pending = self.cache.rows(index), []
+        self.cache, self.pending = self.cache.rows(index, self.limit), []  # room for all they will hold
         return logits.index_select(0, index)  # (N, V)
 
     def extend(self, chunks: list[list[int]]) -> torch.Tensor:

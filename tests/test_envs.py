@@ -41,18 +41,22 @@ def env_cfg(max_turns: int = 2, max_tokens: int = 64, **kw):
     )
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def tiny_policy(dtype: torch.dtype):
     """The tiny policy (LoRA B non-zero, so LoRA matters), four prompts, and the run's config."""
     cfg = env_cfg()
     tok, limit = prompt_budget(cfg)
     rows = [{"prompt": f"Question {i}: what is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
     tokenize_prompts(rows, tok, "", limit, "refuse", "test")
     torch.manual_seed(0)
-    policy = load_policy(cfg, CPU, torch.float32, tok)
+    policy = load_policy(cfg, CPU, dtype, tok)
     for m in lora.lora_modules(policy.core).values():
         torch.nn.init.normal_(m.lora_B.weight, std=0.1)
     return policy, rows, cfg
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_policy(torch.float32)
 
 
 def spec_of(tiny, factory, cfg):
@@ -73,7 +77,12 @@ def max_gap(policy, roll, temp: float) -> float:
     return float(((logp - roll.sampler_logp).abs() * roll.batch.mask).max())
 
 
-def test_trainer_and_sampler_agree_on_the_sampled_tokens_of_multi_turn_trajectories(tiny) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_trainer_and_sampler_agree_on_the_sampled_tokens_of_multi_turn_trajectories(tiny, dtype) -> None:
+    """The sampler continues each episode's cache; the trainer reads the whole trajectory at once: on the
+    sampled tokens they agree within the gap single completions show (fp32 and bf16)."""
+    if dtype == "bfloat16":
+        tiny = tiny_policy(torch.bfloat16)
     policy, rows, cfg = tiny
     roll = play(tiny, Vowels)
     mask = roll.batch.mask  # (N, T)
@@ -85,7 +94,7 @@ def test_trainer_and_sampler_agree_on_the_sampled_tokens_of_multi_turn_trajector
         max_gap(policy, roll, cfg.sampling.temperature),
         max_gap(policy, single, cfg.sampling.temperature),
     )
-    assert gap < 10 * gap1 + 1e-6, (gap, gap1)
+    assert gap < 3 * gap1 + 1e-6, (gap, gap1)  # measured: fp32 0.7x, bf16 1.3x the single-turn gap
     assert float((roll.sampler_logp * (1 - mask)).abs().max()) == 0.0  # observations: log-prob 0
 
 

@@ -5,8 +5,10 @@
 A trajectory is `prompt | turn 1 | observation 1 | turn 2 | ... | turn K`, every part after the prompt in
 the completion's columns: the sampled turns at mask 1 with their sampler log-probs, the observations at mask
 0 with log-prob 0, so the loss, the KL and the entropy see only what the model chose, and the observations
-are context. Every turn re-prefills the whole history through the one sampler (`generate`), so each turn's
-log-probs come from the same program and weights as the trainer's; nothing is synced.
+are context. The sampler continues each trajectory's cache from turn to turn (sampling.Sampler): turn 1
+prefills each distinct first message once, a later turn feeds only the last sampled token and the new
+observation. Its log-probs come from the same program and weights as the trainer's, which recomputes them
+over the whole trajectory; nothing is synced.
 
 Seeds: the G members of group i reset with one seed, prompt_seed(seed, step, first + i, resample), so they
 face one situation; member j samples turn t from its own generator seeded from (that seed, j, t), so a

@@ -18,7 +18,7 @@ from test_sampling_static import MANY_EOS, TEXTS, assert_same, lively  # noqa: F
 from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
-from nanogrpo.model import kvcache, lora, static_decode
+from nanogrpo.model import kvcache, lora
 from nanogrpo.model.sampling import generate
 from nanogrpo.model.static_decode import PROMPT_BUCKET
 from nanogrpo.model.transformer import Transformer

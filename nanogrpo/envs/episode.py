@@ -39,7 +39,8 @@ import torch
 from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.spec import EnvSpec
-from nanogrpo.model.sampling import Sampler, finish_text, sampling_weights
+from nanogrpo.model.draw import finish_text
+from nanogrpo.model.sampling import Sampler, sampling_weights
 from nanogrpo.rollout import assemble, prompt_seed
 
 

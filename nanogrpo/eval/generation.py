@@ -64,9 +64,8 @@ def generate_completions(
     as the trainer counts it (the token that ended it included).
 
     `env` (an envs.spec.EnvSpec): each completion is an episode in that environment, played greedily (or at
-    `temperature`) with the same loop training runs, `batch_size` rows at a time; the texts are the last
-    assistant turns, and `episodes`, when a list, receives every episode's record (transcript, reward,
-    info)."""
+    `temperature`) with the loop training runs, `batch_size` rows at a time; the texts are the last turns,
+    and `episodes`, when a list, receives every episode's record (transcript, reward, info)."""
     if env is not None:
         return _episodes(model, tokenizer, rows, env, episodes, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -15,7 +15,8 @@ top-k and top-p on a partial sort, not K Gumbel noises and a full-vocabulary mas
 faster on a CPU), and no logits processors beyond temperature, top-k and top-p.
 
 A row ends at an EOS id (`record`, on the device) or at the token that completes a stop string (`StopCheck`,
-on the host every few steps, with the rule the grouped loop applies every step: the same ends).
+on the host every few steps, with the rule the grouped loop applies every step: the same ends); its text ends
+right after the stop string (`finish_text`). `finish` makes the loop's records a Generation.
 """
 
 from __future__ import annotations
@@ -200,3 +201,54 @@ def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
     eos = list(dict.fromkeys(eos))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     return eos, pad
+
+
+@dataclass
+class Generation:
+    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
+
+    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
+    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
+    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
+    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(1).long()  # (B*G,)
+
+    def texts(
+        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped), each finished by
+        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
+        rule of training, eval.py generate and the final eval."""
+        ids = self.completion_ids.tolist()
+        return [
+            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
+            for row, n in zip(ids, self.lengths.tolist())
+        ]
+
+
+def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
+    """`text` up to the end of its first stop string, the stop string kept.
+
+    The sampler stops at the token that completes a stop string, and a token may carry characters past
+    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
+    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
+    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
+    """
+    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
+    longest completion, pad and 0 after each row's end."""
+    T = int(length.max())
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
+    return Generation(
+        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
+        mask=mask.float(),
+        logp=logps[:, :T].masked_fill(~mask, 0.0),
+        truncated=~ended,
+    )

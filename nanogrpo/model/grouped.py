@@ -26,9 +26,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.draw import sample_tokens
+from nanogrpo.model.draw import Generation, finish, sample_tokens
 from nanogrpo.model.kvcache import KVCache, visible_keys
-from nanogrpo.model.sampling import Generation, finish
 
 
 class GroupedKVCache:

@@ -4,7 +4,7 @@
 
 An episode continues its rows from turn to turn instead of reading its history again:
 
-    s = Sampler(model, head, max_len)            # inside sampling_weights(...), which gives the head
+    s = Sampler(model, head, turn)               # inside sampling_weights(...), which gives the head
     logits = s.prefill(prompts, rows)            # each prompt once; row k holds a copy of prompt rows[k]'s keys
     gen = s.decode(logits, max_new, gens, ...)   # turn 1
     logits = s.extend(observations)              # each row's last sampled token and its observation, only
@@ -12,10 +12,10 @@ An episode continues its rows from turn to turn instead of reading its history a
 
 A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
 kvcache.RowKVCache), samples the next from its logits (draw.py: one uniform per row, the log-prob taken before
-any filtering) and records it; a row that samples an EOS id has ended and rides along, its tokens pad. Every
-step (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every row
-has ended. The cache keeps its shapes
-from step to step, so the same step runs as it is, compiled, or recorded as a CUDA graph (--sampling.decode).
+any filtering) and records it; a row that samples an EOS id has ended and rides along, its tokens pad. Between
+steps (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every
+row has ended. The cache keeps its shapes from step to step, so the same step runs as it is, compiled, or
+recorded as a CUDA graph (--sampling.decode).
 
 The fast paths beside this loop compute the same (tests/test_sampling.py):
 - the weights (`sampling_weights`): on the CPU every projection packed with LoRA folded in (packed.py);
@@ -34,53 +34,22 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from nanogrpo.model.draw import DecodeState, StopCheck, draw_uniforms, record, sample_tokens
+from nanogrpo.model.draw import (
+    DecodeState,
+    Generation,
+    StopCheck,
+    draw_uniforms,
+    finish,
+    record,
+    sample_tokens,
+)
 from nanogrpo.model.kvcache import RowKVCache
 from nanogrpo.model.packed import folded_lora, packed_weights
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
-
-
-@dataclass
-class Generation:
-    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
-
-    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
-    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
-    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
-    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.mask.sum(1).long()  # (B*G,)
-
-    def texts(
-        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
-    ) -> list[str]:
-        """Decoded completions (pads and everything after the end dropped), each finished by
-        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
-        rule of training, eval.py generate and the final eval."""
-        ids = self.completion_ids.tolist()
-        return [
-            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
-            for row, n in zip(ids, self.lengths.tolist())
-        ]
-
-
-def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
-    """`text` up to the end of its first stop string, the stop string kept.
-
-    The sampler stops at the token that completes a stop string, and a token may carry characters past
-    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
-    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
-    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
-    """
-    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
-    return text[: min(ends)] if ends else text
 
 
 def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:
@@ -114,9 +83,8 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
         eos=torch.tensor(list(eos_ids), dtype=torch.long, device=dev), pad=torch.tensor(pad_id, device=dev),
         step=torch.zeros(1, dtype=torch.long, device=dev),
     )  # fmt: skip
-    u = (
-        draw_uniforms(generator, P, G, max_new, dev)[:, :, None] if temperature > 0 else None
-    )  # (max_new, N, 1)
+    u = draw_uniforms(generator, P, G, max_new, dev) if temperature > 0 else None  # (max_new, N)
+    u = None if u is None else u[:, :, None]  # (max_new, N, 1)
     stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
     record(s, s.step, *sample(logits, None if u is None else u[0]))  # the first token, from `logits`
     step = Stepper(decode_step, decode_mode, dev)  # as it is, compiled, or recorded per key bucket
@@ -296,16 +264,3 @@ def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.d
             yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
     finally:
         model.train(was_training)
-
-
-def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
-    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
-    longest completion, pad and 0 after each row's end."""
-    T = int(length.max())
-    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
-    return Generation(
-        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
-        mask=mask.float(),
-        logp=logps[:, :T].masked_fill(~mask, 0.0),
-        truncated=~ended,
-    )

@@ -40,7 +40,7 @@ from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.infra.heap import keep_freed_memory
 from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
 from nanogrpo.infra.provenance import write_environment
-from nanogrpo.infra.resume import (
+from nanogrpo.infra.run_dir import (
     check_resume,
     check_run_record,
     prepare_run_dir,
@@ -158,7 +158,7 @@ def resume(cfg: TrainConfig, policy, opt, sched, order: PromptOrder, logger: Log
         order.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng_all"][rank] if world == len(state["rng_all"]) else state["rng"])
         step0 = state["step"]
-        # what it was trained with against config.json and the data now (nanogrpo/infra/resume.py)
+        # what it was trained with against config.json and the data now (nanogrpo/infra/run_dir.py)
         point.notes.extend(check_run_record(state.get("run"), cfg, point.path))
     # steps logged after it will run again: dropped (with a torn last line), so none appears twice
     dropped = ", ".join(f"{name} {k}" for name, k in logger.truncate_after(step0).items() if k)
@@ -193,7 +193,7 @@ def finish(
             write_report(out)  # the PNGs (nanogrpo/infra/plots.py) and index.html, which embeds them
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
-    release_run_dir(out)  # the folder's lock (nanogrpo/infra/resume.py)
+    release_run_dir(out)  # the folder's lock (nanogrpo/infra/run_dir.py)
     if env is not None:  # --env: the worker processes (on an error, they go at exit)
         env.workers.close()
     dist.shutdown()
@@ -399,7 +399,7 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override.
 
     With --resume the defaults are the run's own config.json instead, so flags name only what changes, and
-    a change that would break exact resumption is refused (nanogrpo/infra/resume.py). With --config FILE they are
+    a change that would break exact resumption is refused (nanogrpo/infra/run_dir.py). With --config FILE they are
     FILE (a run's config.json, or any TrainConfig JSON) for a new run in a folder of its own."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv and argv[0] in PRESETS else None

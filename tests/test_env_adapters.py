@@ -1,4 +1,4 @@
-"""The adapters onto the environment protocol (nanogrpo/envs/adapters.py, nanogrpo/envs/games.py) and the
+"""The adapters onto the environment protocol (nanogrpo/envs/tools.py, textarena.py, openenv.py) and the
 reasoning-gym data source and grader (rewards/reasoninggym.py): the tool-call parser, a TRL-style class, the
 TextArena observation diff and seeding, OpenEnv's text field, the errors a bad name or a missing package
 gives before any model loads, and each one training two steps of the tiny model (the runs start together,
@@ -20,8 +20,9 @@ from helpers import ROOT, free_port, run_train_here, stop_process_group
 
 from nanogrpo.data import load_task
 from nanogrpo.envs import Step, make_factory, protocol_attrs
-from nanogrpo.envs.adapters import ToolCallError, parse_tool_call, tool_prompt
-from nanogrpo.envs.games import observation_delta, observation_text, text_field
+from nanogrpo.envs.openenv import observation_text, text_field
+from nanogrpo.envs.textarena import observation_delta
+from nanogrpo.envs.tools import ToolCallError, parse_tool_call, tool_prompt
 
 TOOLS = '''
 class Adder:

@@ -11,7 +11,7 @@ import pytest
 import train
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra.metrics import JsonlWriter, replace_atomically
-from nanogrpo.infra.resume import data_fingerprint, lock_run_dir, release_run_dir
+from nanogrpo.infra.run_dir import data_fingerprint, lock_run_dir, release_run_dir
 from nanogrpo.recipes.demo import demo_rows
 from nanogrpo.recipes.presets import PRESETS
 

@@ -18,7 +18,7 @@ A run resolves its environment once, at start-up, into an EnvSpec (envs/spec.py)
 the one check of an instance's attributes.
 
 Where this departs from peers: TRL's environment classes expose tools as methods and OpenEnv's and
-TextArena's `step` take an action object; those are adapters (envs/adapters.py) onto this one protocol,
+TextArena's `step` take an action object; those are adapters (envs/tools.py, textarena.py, openenv.py) onto this one protocol,
 so the episode loop (envs/episode.py) is the same for all of them. TRL calls environments in its own
 process with no time limit; OpenEnv and verifiers isolate them in servers: nanogrpo isolates each
 episode's instance in a process of its own, with a limit on every call.
@@ -26,7 +26,9 @@ episode's instance in a process of its own, with a limit on every call.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -73,6 +75,36 @@ Factory = Callable[[], Any]  # makes one environment instance
 _REGISTRY: dict[str, Callable[[str], Factory]] = {}  # name -> make(argument after 'name:') -> factory
 
 
+def need(module: str, package: str, label: str) -> None:
+    """A ValueError naming the pip package when `module` is not installed."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(
+            f"{label} needs the {package} package: pip install {package} (or pip install -e '.[envs]')"
+        )
+
+
+def import_class(target: str, label: str) -> type:
+    """The class of 'package.module:ClassName', with a ValueError that says how to fix a bad name."""
+    module, sep, name = target.rpartition(":")
+    if not sep or not module or not name.isidentifier():
+        raise ValueError(f"--env.name {label}: write {label.split(':')[0]}:package.module:ClassName")
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError as e:
+        raise ValueError(f"--env.name {label}: importing {module} failed: {e}") from e
+    if not isinstance(cls, type):
+        raise ValueError(f"--env.name {label}: module {module} has no class {name!r}")
+    return cls
+
+
+def accepted(fn, kwargs: dict) -> dict:
+    """The keyword arguments fn's signature takes (all of them when it has **kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in {p.name for p in params}}
+
+
 def register(name: str) -> Callable:
     """`@register("guess")` on a class (no argument) or on `def make(arg: str) -> factory` for names that
     take one after a colon ('textarena:GuessTheNumber-v0')."""
@@ -90,7 +122,7 @@ def known() -> list[str]:
 
 
 def _load_builtins() -> None:
-    from nanogrpo.envs import adapters, builtin  # noqa: F401  (their @register lines fill the registry)
+    from nanogrpo.envs import builtin, openenv, textarena, tools  # noqa: F401  (their @register lines fill the registry)
 
 
 def load_user_class(spec: str, flag: str = "--env.spec") -> type:
@@ -134,7 +166,7 @@ def make_factory(
             raise ValueError(f"--env.spec {spec!r} runs your Python code; add {allow_flag} to allow it")
         factory = load_user_class(spec)
         if not callable(getattr(factory, "step", None)):  # a TRL-style class: tools as methods
-            from nanogrpo.envs.adapters import tool_class_factory
+            from nanogrpo.envs.tools import tool_class_factory
 
             factory = tool_class_factory(factory)
         return factory

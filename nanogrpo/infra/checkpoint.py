@@ -3,7 +3,7 @@
 A checkpoint is a folder `ckpt/step_000012/` holding the trainable weights (a PEFT-layout adapter with
 LoRA, else the full state dict), `trainer_state.pt` (the optimizer and scheduler, every RNG state, the data
 position, the size of every other file in the folder, and what train.py adds: the run's record of its config
-and data, nanogrpo/infra/resume.py, and the step's metrics.jsonl line), and `manifest.json`: the size and sha256 of
+and data, nanogrpo/infra/run_dir.py, and the step's metrics.jsonl line), and `manifest.json`: the size and sha256 of
 every other file, the trainer state included (it cannot hold its own hash). It is written into a temporary
 folder, fsynced, and renamed into place; `ckpt/latest` names the newest one only after the rename. A crash
 mid-write leaves the previous checkpoint intact, and a folder damaged anyway (a disk that lost writes, a

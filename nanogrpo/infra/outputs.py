@@ -6,7 +6,7 @@ costs nothing: '' is refused (it would write into the current folder), so is a f
 folder where a file goes, and, for a command that writes a run set (`known`: the names it writes there), a folder
 that already holds anything else (a checkout, a home folder: its results would be mixed into someone else's
 files). A folder of the command's own names is its earlier run, which the command continues as it always has.
-train.py's --out-dir has its own checks (nanogrpo/infra/resume.py).
+train.py's --out-dir has its own checks (nanogrpo/infra/run_dir.py).
 
 `save_tensors` is every weights file's write: safetensors writes through a temporary file it creates mode 0600,
 which a copied run folder or a cache shared by a group could not read; the file gets 0o666 & ~umask, the mode of

@@ -1,7 +1,7 @@
-"""Adapters from other ecosystems onto the environment protocol (nanogrpo/envs/__init__.py): each plays one
-trajectory with reset(row, seed) -> first message and step(text) -> Step, so one episode loop runs them all.
-TextArena's and OpenEnv's are in envs/games.py (imported here, so the registry finds them); reasoning-gym is a
-data source and grader for single-turn runs (rewards/reasoninggym.py), not an environment.
+"""TRL-style tool classes as environments (the protocol of nanogrpo/envs/__init__.py): an instance plays one
+trajectory with reset(row, seed) -> first message and step(text) -> Step, so one episode loop runs them, as it
+runs TextArena's games (envs/textarena.py) and OpenEnv's (envs/openenv.py); reasoning-gym is a data source and
+grader for single-turn runs (rewards/reasoninggym.py), not an environment.
 
 TRL-style tool classes: --env.spec path.py:Class (behind --reward.allow-user-code), or an importable one as
 --env.name trl:package.module:Class. The class is what TRL's GRPOTrainer takes as `environment_factory`:
@@ -34,11 +34,10 @@ import inspect
 import json
 from typing import Any
 
-from nanogrpo.envs import Environment, Step, register
-from nanogrpo.envs.games import accepted, import_class
+from nanogrpo.envs import Environment, Step, accepted, import_class, register
 
 
-def _call(fn, *args, **kwargs):
+def call_maybe_async(fn, *args, **kwargs):
     """fn(...), awaited when it is a coroutine (TRL allows async tools and get_reward)."""
     out = fn(*args, **kwargs)
     return asyncio.run(out) if inspect.isawaitable(out) else out
@@ -135,14 +134,14 @@ class ToolEnv(Environment):
 
     def reward_now(self) -> float:
         if callable(getattr(self.obj, "get_reward", None)):
-            return float(_call(self.obj.get_reward))
+            return float(call_maybe_async(self.obj.get_reward))
         return float(getattr(self.obj, "reward", 0.0) or 0.0)
 
     def reset(self, row: dict, seed: int) -> str:
         fields = {k: v for k, v in row.items() if not k.startswith("_")}  # '_'-fields are nanogrpo's own
         if "seed" in inspect.signature(self.obj.reset).parameters and "seed" not in fields:
             fields["seed"] = seed
-        extra = _call(self.obj.reset, **accepted(self.obj.reset, fields))
+        extra = call_maybe_async(self.obj.reset, **accepted(self.obj.reset, fields))
         parts = [
             _prompt_text(row.get("prompt")),
             "" if extra is None else str(extra),
@@ -170,7 +169,7 @@ class ToolEnv(Environment):
             except TypeError as e:
                 raise ToolCallError(f"{name}: {e}") from e
             try:
-                result = _call(tools[name], **args)
+                result = call_maybe_async(tools[name], **args)
             except Exception as e:  # the tool raised: the model reads the error, as in TRL
                 raise ToolCallError(str(e) or type(e).__name__) from e
         except ToolCallError as e:

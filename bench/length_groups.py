@@ -2,8 +2,8 @@
 
 The training forward runs each prompt once, then the completion tokens of every row against it. With one
 group every row runs as many tokens as the longest completion; with length groups (the default,
-nanogrpo.model.logprobs.length_buckets) each group of similar rows runs only its own longest. This times both,
-side by side in one process, on a GRPO batch of P prompts x G completions whose lengths are given:
+nanogrpo.model.shared_prompt.length_buckets) each group of similar rows runs only its own longest. This
+times both, side by side in one process, on a GRPO batch of P prompts x G completions whose lengths are given:
 
     python bench/length_groups.py                          # SmolLM2-135M + LoRA r=16, 4 x 8, the demo's shapes
     python bench/length_groups.py --model tiny --repeat 1  # seconds, to check that it runs
@@ -13,9 +13,9 @@ side by side in one process, on a GRPO batch of P prompts x G completions whose 
 --lengths is the completion lengths of one group, repeated over the batch; --long sets the last row's
 completion to that many tokens (one straggler, as a sampled batch often has; 0: none). Then the same
 rows, all of --lengths' longest, split into 1, 2 and 4 groups by hand: the fixed cost of one more group
-(a forward and backward of the layers), which logprobs.group_cost weighs in token positions (BUCKET_MIN
-for float32 on a CPU, BUCKET_MIN_FAST elsewhere): on a GPU this measures the value BUCKET_MIN_FAST
-should have.
+(a forward and backward of the layers), which shared_prompt.group_cost weighs in token positions
+(BUCKET_MIN for float32 on a CPU, BUCKET_MIN_FAST elsewhere): on a GPU this measures the value
+BUCKET_MIN_FAST should have.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nanogrpo.model.logprobs as lp  # noqa: E402
+import nanogrpo.model.shared_prompt as sp  # noqa: E402
 from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
 from nanogrpo.model.lora import inject_lora  # noqa: E402
 from nanogrpo.model.transformer import Transformer  # noqa: E402
@@ -97,8 +98,8 @@ def main() -> None:
 
     batch = make_batch(a.prompts, a.group, a.prompt_tokens, lens, V).to(a.device)
     one_group = (batch.mask.shape[1] - 1) * N
-    groups = lp.length_buckets(
-        (batch.mask.sum(1).long() - 1).clamp(min=0), lp.group_cost(model.lm_head_weight)
+    groups = sp.length_buckets(
+        (batch.mask.sum(1).long() - 1).clamp(min=0), sp.group_cost(model.lm_head_weight)
     )
     ran = sum(len(r) * n for r, n in groups)
     head.bucket_lengths = False
@@ -114,13 +115,13 @@ def main() -> None:
     same = make_batch(a.prompts, a.group, a.prompt_tokens, [max(group)] * N, V).to(a.device)
     base = None
     for k in (1, 2, 4):
-        lp_groups = lp.length_buckets
+        sp_groups = sp.length_buckets
         split = [(torch.arange(N, device=a.device)[i::k], n) for i in range(k)]
-        lp.length_buckets = lambda need, min_saving, split=split: split
+        sp.length_buckets = lambda need, min_saving, split=split: split
         try:
             t = fwd_bwd(head, same, a.repeat)
         finally:
-            lp.length_buckets = lp_groups
+            sp.length_buckets = sp_groups
         base = base or t
         print(
             f"all {max(group)} tokens, {k} group(s): {t:.3f} s  (+{(t - base) / max(k - 1, 1):.3f} s a group)"

@@ -9,18 +9,10 @@ from helpers import packing_params, use_packer
 from nanogrpo.model import lora
 from nanogrpo.model.attention import decode_attention
 from nanogrpo.model.kvcache import PrefixKV
-from nanogrpo.model.logprobs import (
-    BUCKET_MIN,
-    BUCKET_MIN_FAST,
-    BUCKET_SHARE,
-    LogprobHead,
-    completion_logprobs,
-    length_buckets,
-    make_batch,
-    pad_left,
-)
+from nanogrpo.model.logprobs import LogprobHead, completion_logprobs, make_batch, pad_left
 from nanogrpo.model.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
 from nanogrpo.model.sampling import generate
+from nanogrpo.model.shared_prompt import BUCKET_MIN, BUCKET_MIN_FAST, BUCKET_SHARE, length_buckets
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
 
@@ -59,6 +51,66 @@ def logp_and_grads(model, batch):
     params = lora.trainable_parameters(model)
     grads = torch.autograd.grad((logp * torch.linspace(-1, 1, logp.shape[1])).sum(), params)
     return logp.detach(), ent, grads
+
+
+@pytest.mark.parametrize("bucket_lengths", [True, False])
+def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
+    """The fast path (each prompt once for its group, the completions in length groups or in one) gives the
+    plain path's log-probs, entropies and LoRA gradients, and both give LogprobHead's two-line spec: 4
+    prompts of different lengths (left padding) x G=3 rows, completions of 0 to 24 tokens, one with a hole,
+    the loss weighing log-probs and (differentiable) entropies."""
+    model = lora_model(tiny_dir)
+    model.train()
+    g = torch.Generator().manual_seed(3)
+    p_ids, p_mask = pad_left([*PROMPTS, [16, 17, 18, 19]], 0)
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)  # (12, Tp)
+    comp = torch.randint(1, model.config.vocab_size, (12, 24), generator=g)  # (12, 24)
+    lens = torch.tensor([2, 3, 24, 1, 4, 2, 0, 3, 5, 2, 2, 17])
+    mask = (torch.arange(24)[None, :] < lens[:, None]).float()  # (12, 24)
+    mask[1, 1] = 0  # a hole
+    batch = make_batch(p_ids, p_mask, comp, mask)
+    assert batch.group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    head = LogprobHead(model)
+    head.bucket_lengths = bucket_lengths
+    params = lora.trainable_parameters(model)
+    w = torch.linspace(-1, 1, 24)  # (Tc,) a weight per column, so every position's gradient counts
+
+    def grads(logp, ent):  # (N, Tc), (N, Tc)
+        return torch.autograd.grad((logp * w).sum() + 0.1 * (ent * w.flip(0)).sum(), params)
+
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp, ent = completion_logprobs(head, batch, temperature=0.9, entropy_grad=True)
+    hook.remove()
+    # the prompts once, then the completions: in 2 length groups (the 8 short rows that need any, the
+    # 17- and 24-token ones), or in one of every row
+    assert calls == ([(4, 6), (8, 4), (2, 23)] if bucket_lengths else [(4, 6), (12, 23)])
+    grads_fast = grads(logp, ent)
+
+    plain = batch.rows(slice(None))
+    plain.group = torch.arange(12)  # every row its own prompt: the plain path, one pass over all tokens
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp_plain, ent_plain = completion_logprobs(head, plain, temperature=0.9, entropy_grad=True)
+    hook.remove()
+    assert calls == [(12, 6 + 24)]
+    grads_plain = grads(logp_plain, ent_plain)
+
+    Tp = batch.prompt_len  # the spec: the [N, Tc, V] float32 logits and their log-softmax
+    logits = model(batch.ids, attention_mask=batch.attn, position_ids=batch.pos)[:, Tp - 1 : -1] / 0.9
+    logq = logits.float().log_softmax(-1)  # (N, Tc, V)
+    logp_spec = logq.gather(-1, batch.targets[..., None])[..., 0] * mask  # (N, Tc)
+    ent_spec = -(logq.exp() * logq).sum(-1) * mask  # (N, Tc)
+    grads_spec = grads(logp_spec, ent_spec)
+
+    assert (logp[mask == 0] == 0).all() and (logp[mask == 1] != 0).all()
+    for got in [(logp, ent, grads_fast), (logp_plain, ent_plain, grads_plain)]:
+        torch.testing.assert_close(got[0], logp_spec, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[1], ent_spec, atol=1e-5, rtol=0)
+        for a, b in zip(got[2], grads_spec):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    for a, b in zip(grads_fast, grads_plain):  # the fast path against the plain one, directly
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_make_batch_finds_the_groups():
@@ -124,10 +176,10 @@ def test_length_buckets_split_off_the_long_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_length_groups_cost_follows_the_matmuls(tiny_dir, dtype, monkeypatch):
-    import nanogrpo.model.logprobs as lp
+    import nanogrpo.model.shared_prompt as sp
 
     seen = []
-    monkeypatch.setattr(lp, "length_buckets", lambda need, m: seen.append(m) or [(torch.arange(9), 5)])
+    monkeypatch.setattr(sp, "length_buckets", lambda need, m: seen.append(m) or [(torch.arange(9), 5)])
     completion_logprobs(lora_model(tiny_dir, dtype=dtype), group_batch(1024))
     assert seen == [BUCKET_MIN if dtype == torch.float32 else BUCKET_MIN_FAST]
 

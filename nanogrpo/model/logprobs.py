@@ -1,18 +1,14 @@
 """From token ids to per-token log-probs of the completions: the one path the loss, the KL reference and
 the metrics share.
 
-The model returns final hidden states; only the positions that predict a completion token are gathered,
-and nanogrpo_kernels.logprobs turns them into log-probs and entropies without a [N, V] float32 logits tensor.
+The plain path (LogprobHead, whose docstring gives the two-line spec it computes) is one pass of the model
+over prompt + completion, returning the final hidden states; only the positions that predict a masked-in
+completion token are kept, and nanogrpo_kernels.logprobs.token_logprobs turns them into log-probs and
+entropies without a [N, V] float32 logits tensor.
 
-The G completions of a prompt share it: the forward runs each prompt once, expands its keys/values to the
-group (kvcache.PrefixKV) and runs only the completion tokens. The result is the same as running every
-row's prompt + completion (up to float rounding), at a fraction of the cost when prompts are long or G is
-large; gradients of all G completions add up in the one prompt pass. (With LoRA dropout, the completions
-of a group then share one dropout mask over the prompt.) The completion tokens run in groups of rows of
-similar length, each group padded to its own longest row rather than the batch's: a long completion no
-longer makes every short one run its length. (Removing the padding altogether takes variable-length
-attention kernels, such as flash-attn's on GPUs; this needs none and runs on any device, at one forward
-per group.) Under FSDP every rank runs one group, since each forward all-gathers the blocks.
+Rows that share a prompt (a GRPO step's G completions) take the fast path beside it, model/shared_prompt.py:
+the same hidden states with each prompt run once for its group and the completions in groups of similar
+length (tests/test_fastpaths.py holds it equal to the plain path, values and gradients).
 
 PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
 completion position, from the hidden state that predicts token t. Without a value head every call and
@@ -25,9 +21,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from nanogrpo.model.kvcache import PrefixKV
+from nanogrpo.model.shared_prompt import prompt_heads, shared_prompt_hidden
 from nanogrpo_kernels.logprobs import token_logprobs
 
 
@@ -120,6 +115,18 @@ class ValueHead(torch.nn.Module):
 class LogprobHead(torch.nn.Module):
     """The Transformer and the fused log-prob head in one forward (and PPO's value head, when given).
 
+    For N rows of a Tp-token prompt and a Tc-token completion (ids (N, Tp+Tc), targets (N, Tc)) the forward
+    computes, where mask is 1 (0 elsewhere):
+
+        logits = model(ids)[:, Tp - 1 : -1] / temperature                       # (N, Tc, V)
+        logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]  # (N, Tc)
+
+    The plain path is that: one pass over prompt + completion for the hidden states (N, Tc, H), those at the
+    masked-in positions (n_tok, H), then token_logprobs, which computes exactly the log-softmax and gather
+    above (and the entropy) from them and the LM head a chunk of rows at a time, without the [N, V] float32
+    logits (nanogrpo_kernels/logprobs.py says what it keeps instead). Rows that share a prompt get the same
+    hidden states from the fast path, shared_prompt.shared_prompt_hidden (each prompt once for its group).
+
     DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
     not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too; the
     value head runs here for the same reason.
@@ -128,7 +135,7 @@ class LogprobHead(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
         super().__init__()
         self.model = model
-        self.bucket_lengths = True  # completion tokens in groups of similar length (off under FSDP)
+        self.bucket_lengths = True  # the fast path's completions in length groups (infra/fsdp.py: off)
         if value_head is not None:  # no value head: no submodule, the state dict stays the Transformer's
             self.value_head = value_head
 
@@ -146,15 +153,15 @@ class LogprobHead(torch.nn.Module):
         values: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         Tp, Tc = prompt_len, targets.shape[1]
-        first = None  # (N,) bool: the rows whose prompt runs (the first row of each group)
-        if group is not None and Tp > 0:
-            first = torch.ones_like(group, dtype=torch.bool)
-            first[1:] = group[1:] != group[:-1]
-        if first is None or bool(first.all()):  # no prompt is shared: one pass over prompt + completion
+        first = prompt_heads(group, Tp)  # (N,) bool, the first row of each shared prompt; None: none shared
+        if first is None:  # the plain path: one pass over prompt + completion
             hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
             hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
-        else:
-            hidden = self._shared_prompt_hidden(ids, attn, pos, Tp, Tc, first, mask)  # (N, Tc, H)
+        else:  # the fast path: the same hidden states, each prompt run once for its rows
+            last = last_sampled(mask)  # (N,) the completion columns each row needs
+            hidden = shared_prompt_hidden(
+                self.model, ids, attn, pos, Tp, Tc, first, last, self.bucket_lengths
+            )
         sel = mask.bool()  # (N, Tc)
         h = hidden[sel]  # (n_tok, H)
         weight = self.model.lm_head_weight  # (V, H)
@@ -174,102 +181,6 @@ class LogprobHead(torch.nn.Module):
             raise ValueError("values=True needs a value head: LogprobHead(model, ValueHead(H)) (--algo ppo)")
         v = torch.zeros_like(logp).masked_scatter(sel, self.value_head(h))  # (N, Tc) V(s_t), 0 on padding
         return logp, entropy, v
-
-    def _shared_prompt_hidden(
-        self, ids, attn, pos, Tp: int, Tc: int, first: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """The hidden states that predict the completion tokens, each prompt run once for its group; the
-        completion tokens run in groups of rows of similar length (`length_buckets`), each padded only to
-        its own longest row. Positions after a row's last masked-in token are zeros (never read)."""
-        heads = first.nonzero().squeeze(1)  # (P,) one row per prompt
-        owner = first.long().cumsum(0) - 1  # (N,) row -> its prompt in 0..P-1
-        prefix = PrefixKV(len(self.model.model.layers))
-        h_prompt = self.model(
-            ids[heads, :Tp],
-            attention_mask=attn[heads, :Tp],
-            position_ids=pos[heads, :Tp],
-            kv_cache=prefix,
-            return_hidden=True,
-        )  # (P, Tp, H)
-        h_first = h_prompt[:, -1:].index_select(0, owner)  # (N, 1, H) predicts completion token 0
-        if Tc == 1:
-            return h_first
-        # completion tokens 0..n-1 predict tokens 1..n; they see the whole prompt and, causally, each other.
-        # A row needs its tokens up to the one before its last masked-in target.
-        last = last_sampled(mask)  # (N,)
-        need = (last - 1).clamp(min=0)  # (N,) completion tokens row i must run
-        if self.bucket_lengths:
-            buckets = length_buckets(need, group_cost(self.model.lm_head_weight))
-        else:  # one group: every row, as long as the longest completion
-            buckets = [(torch.arange(len(ids), device=ids.device), Tc - 1)]
-
-        def run(rows: torch.Tensor | slice, n: int) -> torch.Tensor:  # the first n completion tokens of rows
-            return self.model(
-                ids[rows, Tp : Tp + n],
-                attention_mask=attn[rows, : Tp + n],
-                position_ids=pos[rows, Tp : Tp + n],
-                kv_cache=prefix.expand(owner[rows]),
-                return_hidden=True,
-            )  # (n_b, n, H)
-
-        every = len(buckets) == 1 and len(buckets[0][0]) == len(ids)  # one group holds every row
-        if every:  # then the rows run as they are: no gather, no scatter
-            n = buckets[0][1]
-            h_rest = run(slice(None), n)  # (N, n, H)
-            if n < Tc - 1:
-                h_rest = F.pad(h_rest, (0, 0, 0, Tc - 1 - n))  # (N, Tc-1, H)
-        else:
-            h_rest = h_first.new_zeros(len(ids), Tc - 1, h_first.shape[-1])  # (N, Tc-1, H)
-            for rows, n in buckets:
-                h_rest = h_rest.index_put(
-                    (rows[:, None], torch.arange(n, device=ids.device)[None, :]), run(rows, n)
-                )
-        return torch.cat([h_first, h_rest], dim=1)  # (N, Tc, H)
-
-
-# The completion tokens of a batch run in groups of rows of similar length (length_buckets). A group costs
-# one forward and backward more, which bench/length_groups.py measures in token positions (SmolLM2 + LoRA,
-# 2-core Xeon): ~35 in float32 on the AVX2 code paths, ~200 in bf16 with AMX, whose matmuls are faster
-# while the fixed cost of each op is not. So a new group must save at least BUCKET_MIN positions in float32
-# on a CPU, BUCKET_MIN_FAST elsewhere (bf16, and GPUs, where that value is a guess, not measured), and
-# 1/BUCKET_SHARE of the positions that one group for the batch would run.
-BUCKET_MIN = 32
-BUCKET_MIN_FAST = 256
-BUCKET_SHARE = 8
-
-
-def group_cost(weight: torch.Tensor) -> int:
-    """The positions a new group must save for a model whose weights are `weight`'s dtype and device:
-    BUCKET_MIN for float32 matmuls on a CPU, BUCKET_MIN_FAST otherwise."""
-    slow = (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-    )
-    return BUCKET_MIN if slow else BUCKET_MIN_FAST
-
-
-def length_buckets(need: torch.Tensor, min_saving: int = BUCKET_MIN) -> list[tuple[torch.Tensor, int]]:
-    """Rows grouped so that each group runs padded to its own longest row, not the batch's: [(rows, n)].
-
-    need (N,) long is the number of tokens row i must run; rows that need 0 are in no group. The groups are
-    runs of the rows sorted by need, chosen by dynamic programming over the distinct lengths to minimise
-    the positions run, sum(len(rows) * n), plus a cost per group: `min_saving` positions, or more for a
-    large batch (BUCKET_SHARE)."""
-    values, counts = need[need > 0].unique(return_counts=True)  # (D,) ascending, (D,)
-    if len(values) == 0:
-        return []
-    per_group = max(min_saving, int(counts.sum()) * int(values[-1]) // BUCKET_SHARE)
-    v, cum = values.double().cpu(), F.pad(counts.cumsum(0), (1, 0)).double().cpu()  # (D,), (D+1,)
-    best = torch.zeros(len(v) + 1, dtype=torch.float64)  # best[j]: cheapest cover of the j shortest lengths
-    cut = [0] * (len(v) + 1)  # cut[j]: where the last group of that cover starts
-    for j in range(1, len(v) + 1):
-        cost = best[:j] + per_group + (cum[j] - cum[:j]) * v[j - 1]  # (j,) last group = lengths i..j-1
-        best[j], cut[j] = cost.min(), int(cost.argmin())
-    groups, j = [], len(v)
-    while j > 0:
-        lo, hi = int(values[cut[j]]), int(values[j - 1])
-        groups.append((((need >= lo) & (need <= hi)).nonzero().squeeze(1), hi))  # (rows,), n
-        j = cut[j]
-    return groups[::-1]
 
 
 def completion_logprobs(

@@ -12,7 +12,8 @@ Under torchrun the rule does not depend on the ranks: every round's P prompts ar
 rank, each rank samples and scores its slice, the ranks share which groups are informative (a small
 all-gather), and the trained list is chosen in global order, the same on every rank. The chosen groups then
 move to the rank that trains them (an object all-gather of their pieces: `Group`), so each rank trains its
-P/world share of the global list, as one process would. Without the flag the step is round 0, untouched.
+P/world share of the global list, as one process would. Without the flag train.py's grpo_step does not
+come here: its step is the one round of its own prompts.
 """
 
 from __future__ import annotations
@@ -31,20 +32,9 @@ from nanogrpo.rollout import Rollout, assemble
 
 
 @dataclass
-class Scored:
-    """A rollout with its rewards: one round of sampling on this rank, or the groups a step trains."""
-
-    roll: Rollout
-    reward: torch.Tensor  # (N,) NaN where no grader applied
-    parts: dict[str, list]  # each grader's (N,) scores, None where it did not apply
-    details: dict[str, list]  # per-completion details of the graders that keep them (the judge's reasons)
-    t_score: float  # wall time of scoring
-
-
-@dataclass
 class Group:
-    """One prompt's G completions with everything the step needs of them, on the CPU: the form a Scored
-    group takes to move between ranks (plain CPU tensors and lists, cut to the group's longest completion,
+    """One prompt's G completions with everything the step needs of them, on the CPU: the form a scored
+    Rollout's group takes to move between ranks (plain CPU tensors and lists, cut to the group's longest completion,
     without the device batch that `assemble` rebuilds on arrival)."""
 
     row: dict  # the data row (with its `_prompt_ids`)
@@ -60,10 +50,11 @@ class Group:
 
 
 @dataclass
-class Draw(Scored):
-    """The scored groups a step trains on this rank (its share of the chosen ones; `t_score` is every
-    round's scoring), and what drawing them cost."""
+class Draw:
+    """The groups a step trains on this rank (its share of the chosen ones, scored) and what drawing them
+    cost."""
 
+    roll: Rollout  # the trained groups, with their scores (`t_score`: every round's scoring)
     t_sample: float  # every round's sampling, and the exchange between ranks
     groups_drawn: int  # all rounds, all ranks
     groups_kept: int  # informative groups among the trained ones (at most P)
@@ -90,9 +81,9 @@ def choose_groups(flags: list[list[bool]], P: int) -> list[tuple[int, int]]:
     return sorted(kept + fill)
 
 
-def split_groups(s: Scored) -> list[Group]:
+def split_groups(roll: Rollout) -> list[Group]:
     """A scored rollout cut into its groups (CPU tensors)."""
-    roll, G = s.roll, len(s.roll.texts) // len(s.roll.rows)
+    G = len(roll.texts) // len(roll.rows)
     out = []
     for i, row in enumerate(roll.rows):
         sl = slice(i * G, (i + 1) * G)
@@ -101,18 +92,18 @@ def split_groups(s: Scored) -> list[Group]:
         L = int(last_sampled(roll.batch.mask[sl]).max())
         pieces = (roll.batch.targets, roll.batch.mask, roll.sampler_logp)
         ids, mask, logp = (t[sl, :L].cpu() for t in pieces)  # (G, L)
-        trunc, parts = roll.truncated[sl].cpu(), {k: v[sl] for k, v in s.parts.items()}
-        details = {k: v[sl] for k, v in s.details.items()}
+        trunc, parts = roll.truncated[sl].cpu(), {k: v[sl] for k, v in roll.parts.items()}
+        details = {k: v[sl] for k, v in roll.details.items()}
         eps = None
         if roll.failed is not None:  # each trajectory's own prompt and transcript travel with it
             Tp, p_ids, p_attn = roll.batch.prompt_len, roll.batch.ids[sl], roll.batch.attn[sl]
             prompts = [r[:Tp][a[:Tp] > 0].tolist() for r, a in zip(p_ids, p_attn)]
             eps = (prompts, roll.samples[sl], roll.failed[sl].cpu())
-        out.append(Group(row, roll.texts[sl], ids, mask, logp, trunc, s.reward[sl], parts, details, eps))
+        out.append(Group(row, roll.texts[sl], ids, mask, logp, trunc, roll.reward[sl], parts, details, eps))
     return out
 
 
-def join_groups(groups: list[Group], pad_id: int, device: torch.device) -> Scored:
+def join_groups(groups: list[Group], pad_id: int, device: torch.device) -> Rollout:
     """Groups laid out as one scored rollout again, padded to their longest completion: split_groups'
     inverse."""
     L = max(g.completion_ids.shape[1] for g in groups)
@@ -134,7 +125,8 @@ def join_groups(groups: list[Group], pad_id: int, device: torch.device) -> Score
     gather = lambda name, what: [x for g in groups for x in getattr(g, what).get(name, [None] * G)]
     parts = {k: gather(k, "parts") for k in groups[0].parts}
     details = {k: gather(k, "details") for k in dict.fromkeys(k for g in groups for k in g.details)}
-    return Scored(roll, torch.cat([g.reward for g in groups]), parts, details, 0.0)
+    roll.reward, roll.parts, roll.details = torch.cat([g.reward for g in groups]), parts, details
+    return roll
 
 
 def exchange(own: dict[tuple[int, int], Group], chosen: list[tuple[int, int]]) -> dict:
@@ -145,7 +137,7 @@ def exchange(own: dict[tuple[int, int], Group], chosen: list[tuple[int, int]]) -
     return out
 
 
-def draw_step(sample_round: Callable[[int], Scored], cfg: TrainConfig, pad_id: int, device) -> Draw:
+def draw_step(sample_round: Callable[[int], Rollout], cfg: TrainConfig, pad_id: int, device) -> Draw:
     """The groups this rank trains at a step. `sample_round(r)` samples and scores this rank's slice of
     round r's P prompts (round 0: the step's own; later rounds draw fresh ones from the data order)."""
     g, P, rank = cfg.grpo, cfg.prompts_per_step, dist.rank()
@@ -158,7 +150,7 @@ def draw_step(sample_round: Callable[[int], Scored], cfg: TrainConfig, pad_id: i
         s = sample_round(r)  # this rank's P_local groups of round r
         if r == 0:
             round0 = s  # the step's batch when nothing is dropped
-        t_sample, t_score = t_sample + s.roll.seconds, t_score + s.t_score
+        t_sample, t_score = t_sample + s.seconds, t_score + s.t_score
         valid = ~s.reward.isnan()  # (N,)
         r_sum, r_n = r_sum + float(s.reward[valid].sum()), r_n + float(valid.sum())
         ok = informative_groups(s.reward, g.group_size, g.zero_spread_tol)  # (P_local,)
@@ -176,8 +168,8 @@ def draw_step(sample_round: Callable[[int], Scored], cfg: TrainConfig, pad_id: i
         mine = chosen[rank * P_local : (rank + 1) * P_local]  # this rank's share, in global order
         trained = join_groups([moved[c] for c in mine], pad_id, device)
     t_sample += time.perf_counter() - t0
+    trained.t_score = t_score
     return Draw(
-        trained.roll, trained.reward, trained.parts, trained.details, t_score, t_sample=t_sample,
-        groups_drawn=P * len(flags), groups_kept=min(sum(map(sum, flags)), P), rounds=len(flags) - 1,
-        drawn_reward=(r_sum, r_n),
+        trained, t_sample=t_sample, groups_drawn=P * len(flags), groups_kept=min(sum(map(sum, flags)), P),
+        rounds=len(flags) - 1, drawn_reward=(r_sum, r_n),
     )  # fmt: skip

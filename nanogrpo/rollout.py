@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +28,8 @@ from rewards.rows import prompt_text
 
 @dataclass
 class Rollout:
-    """G completions per prompt; rows i*G .. i*G+G-1 answer prompt i."""
+    """G completions per prompt, laid out as a training batch, and their scores; rows i*G .. i*G+G-1 answer
+    prompt i."""
 
     rows: list[dict]  # (P,) this rank's data rows
     texts: list[str]  # (N,) the completions as the graders read them (a stop string ends one, kept)
@@ -39,6 +40,13 @@ class Rollout:
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens (an episode: ended on a budget, not done)
     seconds: float  # wall time of sampling and decoding
     failed: torch.Tensor | None = None  # (N,) bool: an episode its environment failed (no reward); --env only
+    # the graders' scores, once train.sample_round has scored the rollout
+    reward: torch.Tensor | None = None  # (N,) NaN where no grader applied (or the episode failed)
+    parts: dict[str, list] = field(
+        default_factory=dict
+    )  # each grader's (N,) scores, None where it did not apply
+    details: dict[str, list] = field(default_factory=dict)  # per-completion details (the judge's reasons)
+    t_score: float = 0.0  # wall time of scoring
 
 
 def prompt_seed(seed: int, step: int, index: int, resample: int = 0) -> int:

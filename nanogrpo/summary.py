@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanogrpo import grpo
+from nanogrpo.dynamic import informative_groups
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import last_sampled
 from rewards.diagnostics import hacking_totals
@@ -136,21 +137,33 @@ def episode_summary(roll) -> dict:
     }  # fmt: skip
 
 
-def draw_summary(draw, masked: int | None) -> dict:
-    """What choosing the trained groups cost (dynamic.Draw): groups drawn over all rounds, the informative
-    ones kept, extra rounds, the mean reward of everything drawn; and with --grpo.mask-truncated the
+def draw_summary(roll, draw, masked: int | None, cfg) -> dict:
+    """What choosing the trained groups cost: groups drawn over all rounds, the informative ones kept, extra
+    rounds, the mean reward of everything drawn (with --grpo.dynamic-sampling, dynamic.Draw's; without it the
+    step's one round: `draw` None); the seconds sampling and scoring took; and with --grpo.mask-truncated the
     fraction of the step's completions taken out of the loss (`masked`: this rank's count; None: off)."""
-    r_sum, r_n = draw.drawn_reward
-    rows = float(len(draw.roll.texts))
-    s = Totals({"r": r_sum, "n": r_n, "masked": float(masked or 0), "rows": rows}).reduce().sums
+    if draw is None:  # one round, the step's own prompts: all of them drawn and trained
+        g = cfg.grpo
+        valid = ~roll.reward.isnan()  # (N,)
+        kept = float(informative_groups(roll.reward, g.group_size, g.zero_spread_tol).sum())
+        t = Totals({"kept": kept}).reduce().sums
+        drawn = (float(roll.reward[valid].sum()), float(valid.sum()))
+        groups_drawn, groups_kept, rounds = cfg.prompts_per_step, int(min(t["kept"], cfg.prompts_per_step)), 0
+        t_sample = roll.seconds
+    else:
+        drawn, t_sample = draw.drawn_reward, draw.t_sample
+        groups_drawn, groups_kept, rounds = draw.groups_drawn, draw.groups_kept, draw.rounds
+    rows = float(len(roll.texts))
+    s = Totals({"r": drawn[0], "n": drawn[1], "masked": float(masked or 0), "rows": rows}).reduce().sums
     m = {
-        "groups_drawn": draw.groups_drawn,
-        "groups_kept": draw.groups_kept,
-        "resample_rounds": draw.rounds,
+        "groups_drawn": groups_drawn,
+        "groups_kept": groups_kept,
+        "resample_rounds": rounds,
         "reward_drawn": s["r"] / s["n"] if s["n"] else None,  # reward, entropy, lengths: the trained groups'
     }
     if masked is not None:
         m["frac_masked"] = s["masked"] / s["rows"]
+    m.update(t_sample=t_sample, t_score=roll.t_score)
     return m
 
 
@@ -184,3 +197,8 @@ def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, de
             }
         )
     return groups
+
+
+def grader_metrics(reward_fn) -> dict:
+    """The graders' own numbers of the step over all ranks (judge tokens, seconds, retries, ...), as means."""
+    return mean_metrics(dist.sum_floats(reward_fn.metrics()))

@@ -16,6 +16,7 @@ train.py's, the same for every stage.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -39,4 +40,12 @@ class Run:
     device: torch.device
     order: PromptOrder  # the data order: --grpo.dynamic-sampling draws its extra rounds from it
     data: list[dict]  # the training rows
-    env: object | None = None  # --env: the environment factory (nanogrpo/envs/); None: single completions
+    env: object | None = None  # --env: the EnvSpec (nanogrpo/envs/spec.py); None: single completions
+    held_out: tuple[list[dict], str] | None = None  # the held-out rows and their source (the evaluations')
+    step0: int = 0  # the step the run starts from (--resume: its checkpoint's)
+    evaluator: object | None = None  # --eval-every's held-out scores (eval/during.py HeldOutEval)
+
+
+def step_function(algo: str):
+    """The step function of a stage other than GRPO (whose step is train.py's grpo_step)."""
+    return importlib.import_module(f"nanogrpo.stages.{algo}").step

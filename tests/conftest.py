@@ -1,5 +1,6 @@
-"""Shared pytest fixtures: the offline models (built once into the nanogrpo cache, then reused); the
-header names the CPU capability the run found, since which paths run (bf16 packing) depends on it."""
+"""Shared pytest fixtures: the offline models (built once into the nanogrpo cache, then reused), the tiny
+model with livelier weights, the torchrun runs, a fake judge server and a real llama.cpp one; the header
+names the CPU capability the run found, since which paths run (bf16 packing) depends on it."""
 
 from __future__ import annotations
 
@@ -104,9 +105,9 @@ def dist_runs(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def server():
-    """start(script, **kw): a fake OpenAI-compatible server on 127.0.0.1 (test_judge.FakeServer) answering
+    """start(script, **kw): a fake OpenAI-compatible server on 127.0.0.1 (helpers.FakeServer) answering
     with `script`; every server a test started is closed after it."""
-    from test_judge import FakeServer
+    from helpers import FakeServer
 
     made: list = []
 
@@ -117,3 +118,57 @@ def server():
     yield start
     for s in made:
         s.close()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    """The base URL of scripts/llama_server.sh (llama-cpp-python serving SmolLM2) started on a free port of
+    127.0.0.1 once for the module, waited for (up to 5 minutes), stopped after the module's last test."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from helpers import ROOT, free_port, stop_process_group
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    env = {**os.environ, "PY": sys.executable, "PORT": str(port), "N_CTX": "4096"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "llama_server.sh")], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"llama server did not start: {log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield url
+    finally:
+        stop_process_group(proc)
+
+
+@pytest.fixture(scope="module")
+def lively():
+    """(model, tokenizer, prompt ids of helpers.TEXTS): the tiny model with larger random weights, so its
+    samples vary (as tests/test_sampling.py's own `lively`, which that module keeps)."""
+    from helpers import TEXTS
+    from transformers import AutoTokenizer
+
+    from nanogrpo.model.transformer import Transformer
+
+    path = resolve_model("tiny")
+    model, tok = Transformer.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.ndim == 2:
+                w.normal_(0, 0.15, generator=g)
+    return model, tok, [tok.encode(t) for t in TEXTS]

@@ -1,15 +1,35 @@
-"""Small helpers the test files share: writing JSONL rows, running eval.py."""
+"""Small helpers the test files share: writing JSONL rows, running train.py and eval.py, the tiny preset's
+runs and metrics, a fake OpenAI-compatible judge server, GRPO loss batches, the run page's fake run and
+headless browser, the sampler tests' prompts, and the linear probe's synthetic rows. (The shared pytest
+fixtures are in conftest.py.)"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import random
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from nanogrpo.recipes.presets import PRESETS
+
+if TYPE_CHECKING:
+    from rewards import Sample
+    from rewards.options import JudgeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,3 +156,324 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 20) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# -- train.py on the tiny preset -----------------------------------------------------------------------------
+
+TIMING = ("t_", "tok_per_s")  # the metrics that time a run: they differ between two runs of the same steps
+TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing that uses it reads them
+
+
+def run_train(*args, timeout=600):
+    """`python train.py ARGS` in a new interpreter, in the repository root, output captured."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def metrics(run: Path) -> list[dict]:
+    """A run folder's metrics.jsonl, one dict a step, without the timings (TIMING)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def tiny(tmp_path, **kw):
+    """The tiny preset into tmp_path; without the plots and the run page unless plots=True."""
+    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **{"plots": False, **kw})
+
+
+def saved_run(folder, **kw):
+    """A run folder as a run started with these settings leaves it (config.json only)."""
+    cfg = replace(TINY, out_dir=str(folder), **kw)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return cfg
+
+
+# -- a fake judge server on 127.0.0.1 ------------------------------------------------------------------------
+
+KEY = "sk-test-5f3a9c1e7b2d4e6f"
+ANSWER = re.compile(r'<answer id="(\d+)">\n(.*?)\n</answer>', re.S)
+
+
+def quality(text: str) -> int:
+    """The fake judge's opinion: 'great' 5, 'good' 4, 'meh' 3, 'bad' 1, else 2."""
+    for word, m in (("great", 5), ("good", 4), ("meh", 3), ("bad", 1)):
+        if word in text:
+            return m
+    return 2
+
+
+def shown_answers(payload: dict) -> list[str]:
+    """The answers a judge request shows (in the order shown: shuffled), read from its user message."""
+    user = next(m["content"] for m in payload["messages"] if m["role"] == "user")
+    return [a for _, a in ANSWER.findall(user)]
+
+
+def good_marks(payload: dict) -> dict:
+    """A well-formed group judgment of the answers `payload` shows: each marked by its quality()."""
+    items = [
+        {
+            "answer": k,
+            **{c: quality(a) for c in ("correctness", "helpfulness", "tone", "format")},
+            "reason": f"it is {a}",
+        }
+        for k, a in enumerate(shown_answers(payload), 1)
+    ]
+    return {"answers": items}
+
+
+def chat_body(content: str, logprobs: list | None = None) -> dict:
+    """A chat-completions reply saying `content`, with `logprobs` (per-token entries) when given."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    if logprobs is not None:
+        choice["logprobs"] = {"content": logprobs}
+    return {"choices": [choice], "usage": {"prompt_tokens": 100, "completion_tokens": 20}}
+
+
+class FakeServer:
+    """`script(payload, call_index) -> (status, headers, body, delay_s)`; every request is recorded.
+
+    A callable body writes the raw response itself: `body(wfile)` (status line, headers and all).
+    GET /v1/models (the start-up check) answers `models_status` with `models_headers` and is counted in
+    `gets`."""
+
+    def __init__(self, script, models_status: int = 200, models_headers: dict | None = None):
+        self.script, self.requests, self.lock = script, [], threading.Lock()
+        self.models_status, self.models_headers, self.gets = models_status, models_headers or {}, []
+        self.inflight = self.max_inflight = 0
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+            def do_GET(self):
+                srv.gets.append({"path": self.path, "headers": dict(self.headers)})
+                data = json.dumps(
+                    {"object": "list", "data": [{"id": "fake-judge", "object": "model"}]}
+                ).encode()
+                self.send_response(srv.models_status)
+                for k, v in srv.models_headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with srv.lock:
+                    n = len(srv.requests)
+                    srv.requests.append({"payload": payload, "headers": dict(self.headers), "t": time.time()})
+                    srv.inflight += 1
+                    srv.max_inflight = max(srv.max_inflight, srv.inflight)
+                counted = True  # in flight until its reply starts: the client may send its next request as
+                try:  # soon as it has read this one's, before this thread got back to a `finally`
+                    status, headers, body, delay = srv.script(payload, n)
+                    time.sleep(delay)
+                    with srv.lock:
+                        srv.inflight, counted = srv.inflight - 1, False
+                    if callable(body):
+                        body(self.wfile)
+                        return
+                    data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up on a slow reply (the timeout test)
+                finally:
+                    if counted:
+                        with srv.lock:
+                            srv.inflight -= 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        """Stop serving and free the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def cfg_for(srv: FakeServer, **kw) -> JudgeConfig:
+    """A JudgeConfig pointed at `srv` (quick timeouts and back-off), `kw` overriding."""
+    from rewards.options import JudgeConfig
+
+    base = dict(base_url=srv.url, model="fake-judge", api_key_env="NANOGRPO_TEST_JUDGE_KEY", timeout_s=5.0)
+    base.update(backoff_s=0.01, max_retries=2)
+    return JudgeConfig(**{**base, **kw})
+
+
+def batch_of(groups: list[list[str]], reference: str = "the reference") -> list[Sample]:
+    """Samples for the judge: each group's completions under one prompt, all with `reference`."""
+    from rewards import Sample
+
+    return [
+        Sample(prompt=f"user: question {g}", completion=c, group=g, row={"reference": reference})
+        for g, comps in enumerate(groups)
+        for c in comps
+    ]
+
+
+GROUPS = [["a great answer", "a bad answer", "a good answer", "meh"], ["bad", "great", "good", "other"]]
+EXPECTED = [(quality(c) - 1) / 4 for g in GROUPS for c in g]
+
+
+def tok(text: str, probs: dict[str, float] | None = None) -> dict:
+    """A chat-completions logprobs entry for the token `text`, its top_logprobs `probs` (default: certain)."""
+    top = [{"token": t, "logprob": math.log(p)} for t, p in (probs or {text: 1.0}).items()]
+    return {"token": text, "logprob": top[0]["logprob"], "top_logprobs": top}
+
+
+def entropy_reply(payload: dict) -> dict:
+    """Marks written as {"Answer k": m}, with a distribution over mark tokens at each mark."""
+    toks = [tok("{")]
+    for k, a in enumerate(shown_answers(payload), 1):
+        m = quality(a)
+        dist = {f" {m}": 0.7, f" {m - 1}": 0.2, "4": 0.05, " x": 0.05} if m > 1 else {" 1": 1.0}
+        toks += [tok(", " if k > 1 else ""), tok('"Answer'), tok(f" {k}"), tok('":'), tok(f" {m}", dist)]
+    toks.append(tok("}"))
+    return chat_body("".join(t["token"] for t in toks), toks)
+
+
+def closed_url() -> str:
+    """The base URL of a port of 127.0.0.1 that nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+# -- GRPO loss batches ---------------------------------------------------------------------------------------
+
+
+def batch(N=6, T=5, seed=0):
+    """(logp, old, ref, adv, mask) in float64 for the loss tests: N rows of lengths 5, 3, 1, 4, 2, 5 in T
+    columns, with garbage (-inf, NaN) in the padding."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor([5, 3, 1, 4, 2, 5])[:N]
+    mask = (torch.arange(T)[None] < lens[:, None]).double()  # (N, T)
+    old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 2
+    logp = old + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    ref = old + 0.5 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    # garbage in the padding must not leak into the loss or the gradient
+    logp = torch.where(mask > 0, logp, -math.inf)
+    old = torch.where(mask > 0, old, math.nan)
+    return logp, old, ref, adv, mask
+
+
+# -- the run page: a fake run folder and a headless browser --------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's chromium)"
+)
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]  # fmt: skip
+
+
+def make_fake_run(root: Path) -> Path:
+    """A run folder like train.py writes: 12 steps of metrics (one half-written line at the end, a
+    missing value), 3 logged steps of groups with judge marks on some completions, and a config."""
+    import numpy as np
+
+    run = root / "fake-run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"steps": 12, "grpo": {"group_size": 4}, "reward": {"spec": "rouge_l:1"}})
+    )
+    lines = []
+    for s in range(1, 13):
+        m = {"step": s, "loss": 0.1 / s, "reward": 0.2 + 0.03 * s, "reward_std": 0.1, "reward/rouge_l": 0.2 + 0.03 * s,
+             "reward/exact": 0.1 * (s % 3), "frac_zero_std": 0.25, "kl": 0.001 * s if s != 5 else None,
+             "entropy": 2.0 - 0.05 * s, "clip_low": 0.0, "clip_high": 0.01, "ratio_max": 1.1, "len_mean": 30 - s,
+             "len_max": 64, "trunc_rate": 0.0, "grad_norm": 0.5, "lr": 1e-4, "tok_per_s": 4000.0, "t_sample": 1.0,
+             "t_score": 0.1, "t_train": 0.7, "hack/len_corr/rouge_l": 0.05 * s - 0.2,
+             "hack/len_corr/reward": 0.04 * s if s != 3 else None, "hack/best_is_longest/rouge_l": 0.25}  # fmt: skip
+        lines.append(json.dumps(m))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 13, "loss": 0.0')  # a run in progress
+    rng = np.random.default_rng(0)
+    samples = []
+    for step in (1, 6, 11):
+        groups = []
+        for g in range(2 + step % 2):
+            comps = []
+            for k in range(4):
+                r = float(rng.random())
+                c = {"text": f"answer {k} <b>not bold</b> & <script>alert({k})</script>", "reward": r,
+                     "scores": {"rouge_l": r, "exact": None if k == 0 else float(r > 0.5)},
+                     "advantage": r - 0.5, "length": 5 + k}  # fmt: skip
+                if g == 0:
+                    c["judge"] = {"correctness": 4, "tone": 3, "reason": "close to the reference"}
+                comps.append(c)
+            prompt = [{"role": "user", "content": f"q {g}?"}] if g % 2 else f"question {g}?"
+            groups.append(
+                {
+                    "id": f"s{step}g{g}",
+                    "prompt": prompt,
+                    "reference": None if g == 1 else "ref",
+                    "completions": comps,
+                }
+            )
+        samples.append({"step": step, "groups": groups})
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return run
+
+
+def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    """Headless chromium with ARGS (a fresh profile under `tmp`), output captured."""
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+
+
+# -- the sampler: prompts, EOS ids, equal samples ------------------------------------------------------------
+
+TEXTS = ["The capital of France is", "What is 12 + 35?", "yes", "<think>I add the numbers.</think> answer"]
+LOGP_ATOL = 1e-5  # the static decode loop's log-probs against the eager loop's (float32, 2 layers)
+MANY_EOS = tuple(range(3, 1024, 9))  # rows end at different steps
+
+
+def assert_same(a, b, atol: float = LOGP_ATOL):
+    """Two samplers' Generations: equal tokens, masks and truncations; log-probs within `atol`."""
+    import torch
+
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.mask, b.mask) and torch.equal(a.truncated, b.truncated)
+    diff = (a.logp - b.logp).abs().max().item()
+    print(f"max |logp a - logp b| = {diff:.2e} (bitwise: {torch.equal(a.logp, b.logp)})")
+    assert diff <= atol
+
+
+# -- linear probes -------------------------------------------------------------------------------------------
+
+WORDS = "alpha beta gamma delta sun moon tree river stone cloud fish bird".split()
+
+
+def synthetic(n: int, seed: int) -> list[dict]:
+    """Balanced rows whose label is the last word (red / blue): linearly readable at the last token."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
+        rows.append(
+            {"text": " ".join(words) + (" red" if label else " blue"), "label": label, "group": i // 4}
+        )
+    return rows

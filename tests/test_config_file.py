@@ -7,9 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import run_train_here
-from test_resume import TINY, saved_run
-from test_train import ROOT, metrics, run_train
+from helpers import ROOT, TINY, metrics, run_train, run_train_here, saved_run
 
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import heap

@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import run_train_here
-from test_train import metrics, tiny
+from helpers import metrics, run_train_here, tiny
 
 from nanogrpo.data import PromptOrder, tokenize_prompts
 from nanogrpo.dynamic import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import run_eval, write_rows
+from helpers import FakeServer, chat_body, closed_url, run_eval, write_rows
 
 from nanogrpo.eval import evaluate, generation, pairwise, stats
 
@@ -270,8 +270,6 @@ def test_generate_cli_tiny_model(tmp_path):
 
 def test_openai_elo_judge_sends_a_valid_max_tokens():
     """The pairwise judge asks for a reply of a few sentences: max_tokens >= 1, which servers require."""
-    from test_judge import FakeServer, chat_body
-
     from rewards.options import JudgeConfig
 
     def script(payload, n):  # refuses max_tokens < 1 with a 400, as vLLM and OpenAI do
@@ -291,8 +289,6 @@ def test_openai_elo_judge_sends_a_valid_max_tokens():
 
 
 def test_elo_cli_stops_at_once_when_no_judge_server_answers(tmp_path):
-    from test_judge import closed_url
-
     url = closed_url()
     files = _systems(tmp_path, n=3)
     res = run_eval("elo", files["poor"], files["good"], "--judges", "openai:m", "--server.base-url", url,
@@ -305,8 +301,6 @@ def test_elo_cli_stops_at_once_when_no_judge_server_answers(tmp_path):
 
 
 def test_score_cli_stops_at_once_when_no_judge_server_answers(tmp_path):
-    from test_judge import closed_url
-
     url = closed_url()
     f = write_rows(tmp_path / "gen.jsonl", [{"id": "a", "prompt": "q", "reference": "r", "completion": "c"}])
     res = run_eval("score", f, "--graders", "judge", "--reward.judge.base-url", url,

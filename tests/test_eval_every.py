@@ -6,8 +6,7 @@ import shutil
 from dataclasses import replace
 
 import pytest
-from helpers import run_train_here
-from test_train import metrics, tiny
+from helpers import metrics, run_train_here, tiny
 
 from nanogrpo.data import load_task
 from nanogrpo.eval.during import eval_line, eval_seed, means

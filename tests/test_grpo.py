@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import batch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import (
@@ -21,20 +22,6 @@ AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 def cfg(**kw) -> GRPOConfig:
     return replace(GRPOConfig(), **kw)
-
-
-def batch(N=6, T=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.tensor([5, 3, 1, 4, 2, 5])[:N]
-    mask = (torch.arange(T)[None] < lens[:, None]).double()  # (N, T)
-    old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 2
-    logp = old + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
-    ref = old + 0.5 * torch.randn(N, T, generator=g, dtype=torch.float64)
-    adv = torch.randn(N, generator=g, dtype=torch.float64)
-    # garbage in the padding must not leak into the loss or the gradient
-    logp = torch.where(mask > 0, logp, -math.inf)
-    old = torch.where(mask > 0, old, math.nan)
-    return logp, old, ref, adv, mask
 
 
 def loss_and_grad(c, logp, old, ref, adv, mask, rows, norms):

@@ -1,4 +1,5 @@
-"""The group judge against a real HTTP server on 127.0.0.1 that speaks chat completions.
+"""The group judge against a real HTTP server on 127.0.0.1 that speaks chat completions (tests/helpers.py's
+FakeServer).
 
 The server reads the answers the judge was shown (shuffled) and marks them by their content, so the
 tests also check that marks go back to the right completions. Replies are scripted per call: good,
@@ -12,138 +13,28 @@ import json
 import logging
 import math
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import (
+    EXPECTED,
+    GROUPS,
+    KEY,
+    batch_of,
+    cfg_for,
+    chat_body,
+    closed_url,
+    entropy_reply,
+    good_marks,
+    quality,
+    shown_answers,
+)
 
 from rewards import RewardConfig, Sample, build_reward
 from rewards.judge import Judge, JudgeMix, extract_json, parse_group_marks, with_run_dir
 from rewards.judge_entropy import EntropyJudge, entropy_score, expected_score, mark_distributions
 from rewards.llm_client import JudgeServerError, TokenLogprob
 from rewards.options import JudgeConfig
-
-KEY = "sk-test-5f3a9c1e7b2d4e6f"
-ANSWER = re.compile(r'<answer id="(\d+)">\n(.*?)\n</answer>', re.S)
-
-
-def quality(text: str) -> int:
-    """The fake judge's opinion: 'great' 5, 'good' 4, 'meh' 3, 'bad' 1, else 2."""
-    for word, m in (("great", 5), ("good", 4), ("meh", 3), ("bad", 1)):
-        if word in text:
-            return m
-    return 2
-
-
-def shown_answers(payload: dict) -> list[str]:
-    user = next(m["content"] for m in payload["messages"] if m["role"] == "user")
-    return [a for _, a in ANSWER.findall(user)]
-
-
-def good_marks(payload: dict) -> dict:
-    items = [
-        {
-            "answer": k,
-            **{c: quality(a) for c in ("correctness", "helpfulness", "tone", "format")},
-            "reason": f"it is {a}",
-        }
-        for k, a in enumerate(shown_answers(payload), 1)
-    ]
-    return {"answers": items}
-
-
-def chat_body(content: str, logprobs: list | None = None) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-    if logprobs is not None:
-        choice["logprobs"] = {"content": logprobs}
-    return {"choices": [choice], "usage": {"prompt_tokens": 100, "completion_tokens": 20}}
-
-
-class FakeServer:
-    """`script(payload, call_index) -> (status, headers, body, delay_s)`; every request is recorded.
-
-    A callable body writes the raw response itself: `body(wfile)` (status line, headers and all).
-    GET /v1/models (the start-up check) answers `models_status` with `models_headers` and is counted in
-    `gets`."""
-
-    def __init__(self, script, models_status: int = 200, models_headers: dict | None = None):
-        self.script, self.requests, self.lock = script, [], threading.Lock()
-        self.models_status, self.models_headers, self.gets = models_status, models_headers or {}, []
-        self.inflight = self.max_inflight = 0
-        srv = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep the test output quiet
-                pass
-
-            def do_GET(self):
-                srv.gets.append({"path": self.path, "headers": dict(self.headers)})
-                data = json.dumps(
-                    {"object": "list", "data": [{"id": "fake-judge", "object": "model"}]}
-                ).encode()
-                self.send_response(srv.models_status)
-                for k, v in srv.models_headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with srv.lock:
-                    n = len(srv.requests)
-                    srv.requests.append({"payload": payload, "headers": dict(self.headers), "t": time.time()})
-                    srv.inflight += 1
-                    srv.max_inflight = max(srv.max_inflight, srv.inflight)
-                counted = True  # in flight until its reply starts: the client may send its next request as
-                try:  # soon as it has read this one's, before this thread got back to a `finally`
-                    status, headers, body, delay = srv.script(payload, n)
-                    time.sleep(delay)
-                    with srv.lock:
-                        srv.inflight, counted = srv.inflight - 1, False
-                    if callable(body):
-                        body(self.wfile)
-                        return
-                    data = (body if isinstance(body, str) else json.dumps(body)).encode()
-                    self.send_response(status)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up on a slow reply (the timeout test)
-                finally:
-                    if counted:
-                        with srv.lock:
-                            srv.inflight -= 1
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def cfg_for(srv: FakeServer, **kw) -> JudgeConfig:
-    base = dict(base_url=srv.url, model="fake-judge", api_key_env="NANOGRPO_TEST_JUDGE_KEY", timeout_s=5.0)
-    base.update(backoff_s=0.01, max_retries=2)
-    return JudgeConfig(**{**base, **kw})
-
-
-def batch_of(groups: list[list[str]], reference: str = "the reference") -> list[Sample]:
-    return [
-        Sample(prompt=f"user: question {g}", completion=c, group=g, row={"reference": reference})
-        for g, comps in enumerate(groups)
-        for c in comps
-    ]
-
-
-GROUPS = [["a great answer", "a bad answer", "a good answer", "meh"], ["bad", "great", "good", "other"]]
-EXPECTED = [(quality(c) - 1) / 4 for g in GROUPS for c in g]
 
 
 def test_good_reply_marks_each_answer_and_unshuffles(server):
@@ -438,22 +329,6 @@ def test_composites_and_cli_flags_through_build_reward(server):
 # -- judge_entropy against the fake server ------------------------------------------------------
 
 
-def tok(text: str, probs: dict[str, float] | None = None) -> dict:
-    top = [{"token": t, "logprob": math.log(p)} for t, p in (probs or {text: 1.0}).items()]
-    return {"token": text, "logprob": top[0]["logprob"], "top_logprobs": top}
-
-
-def entropy_reply(payload: dict) -> dict:
-    """Marks written as {"Answer k": m}, with a distribution over mark tokens at each mark."""
-    toks = [tok("{")]
-    for k, a in enumerate(shown_answers(payload), 1):
-        m = quality(a)
-        dist = {f" {m}": 0.7, f" {m - 1}": 0.2, "4": 0.05, " x": 0.05} if m > 1 else {" 1": 1.0}
-        toks += [tok(", " if k > 1 else ""), tok('"Answer'), tok(f" {k}"), tok('":'), tok(f" {m}", dist)]
-    toks.append(tok("}"))
-    return chat_body("".join(t["token"] for t in toks), toks)
-
-
 def test_judge_entropy_reads_top_logprobs(server):
     srv = server(lambda p, n: (200, {}, entropy_reply(p), 0))
     batch = batch_of(GROUPS[:1])
@@ -561,15 +436,6 @@ def test_odd_answers_are_judged_and_clipped(server):
 
 
 # -- the start-up check of the judge server ------------------------------------------------------
-
-
-def closed_url() -> str:
-    """The base URL of a port of 127.0.0.1 that nothing listens on."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
 
 
 ROWS = [{"prompt": "q", "reference": "r"}]

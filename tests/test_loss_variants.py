@@ -8,9 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import run_train_here
-from test_grpo import batch
-from test_train import metrics, tiny
+from helpers import batch, metrics, run_train_here, tiny
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import (

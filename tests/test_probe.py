@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from helpers import synthetic
 
 from rewards.probe import (
     FrozenLM,
@@ -20,21 +21,6 @@ from rewards.probe import (
     read_rows,
     train_probe,
 )
-
-WORDS = "alpha beta gamma delta sun moon tree river stone cloud fish bird".split()
-
-
-def synthetic(n: int, seed: int) -> list[dict]:
-    """Balanced rows whose label is the last word (red / blue): linearly readable at the last token."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        label = i % 2
-        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
-        rows.append(
-            {"text": " ".join(words) + (" red" if label else " blue"), "label": label, "group": i // 4}
-        )
-    return rows
 
 
 def shuffled(rows: list[dict], seed: int) -> list[dict]:

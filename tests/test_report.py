@@ -6,7 +6,6 @@ NANOGRPO_REPORT_RUN=path adds an existing run folder."""
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -14,66 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ROOT, chromium, make_fake_run, needs_chromium
 
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import plots
-
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's chromium)"
-)
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-]  # fmt: skip
-
-
-def make_fake_run(root: Path) -> Path:
-    """A run folder like train.py writes: 12 steps of metrics (one half-written line at the end, a
-    missing value), 3 logged steps of groups with judge marks on some completions, and a config."""
-    run = root / "fake-run"
-    run.mkdir()
-    (run / "config.json").write_text(
-        json.dumps({"steps": 12, "grpo": {"group_size": 4}, "reward": {"spec": "rouge_l:1"}})
-    )
-    lines = []
-    for s in range(1, 13):
-        m = {"step": s, "loss": 0.1 / s, "reward": 0.2 + 0.03 * s, "reward_std": 0.1, "reward/rouge_l": 0.2 + 0.03 * s,
-             "reward/exact": 0.1 * (s % 3), "frac_zero_std": 0.25, "kl": 0.001 * s if s != 5 else None,
-             "entropy": 2.0 - 0.05 * s, "clip_low": 0.0, "clip_high": 0.01, "ratio_max": 1.1, "len_mean": 30 - s,
-             "len_max": 64, "trunc_rate": 0.0, "grad_norm": 0.5, "lr": 1e-4, "tok_per_s": 4000.0, "t_sample": 1.0,
-             "t_score": 0.1, "t_train": 0.7, "hack/len_corr/rouge_l": 0.05 * s - 0.2,
-             "hack/len_corr/reward": 0.04 * s if s != 3 else None, "hack/best_is_longest/rouge_l": 0.25}  # fmt: skip
-        lines.append(json.dumps(m))
-    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 13, "loss": 0.0')  # a run in progress
-    rng = np.random.default_rng(0)
-    samples = []
-    for step in (1, 6, 11):
-        groups = []
-        for g in range(2 + step % 2):
-            comps = []
-            for k in range(4):
-                r = float(rng.random())
-                c = {"text": f"answer {k} <b>not bold</b> & <script>alert({k})</script>", "reward": r,
-                     "scores": {"rouge_l": r, "exact": None if k == 0 else float(r > 0.5)},
-                     "advantage": r - 0.5, "length": 5 + k}  # fmt: skip
-                if g == 0:
-                    c["judge"] = {"correctness": 4, "tone": 3, "reason": "close to the reference"}
-                comps.append(c)
-            prompt = [{"role": "user", "content": f"q {g}?"}] if g % 2 else f"question {g}?"
-            groups.append(
-                {
-                    "id": f"s{step}g{g}",
-                    "prompt": prompt,
-                    "reference": None if g == 1 else "ref",
-                    "completions": comps,
-                }
-            )
-        samples.append({"step": step, "groups": groups})
-    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    return run
-
 
 RUNS = {"fake": make_fake_run}
 if os.environ.get("NANOGRPO_REPORT_RUN"):
@@ -132,11 +75,6 @@ class DomCounter(HTMLParser):
     def handle_data(self, data):
         if self.stack and self.stack[-1] == ("span", "key"):
             self.keys.append(data)
-
-
-def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
 
 
 @needs_chromium

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_report import ROOT, chromium, make_fake_run, needs_chromium
+from helpers import ROOT, chromium, make_fake_run, needs_chromium
 
 from nanogrpo.eval import report
 from nanogrpo.eval.overlay import overlay_lines, write_overlay

@@ -5,24 +5,12 @@ import json
 from dataclasses import asdict, replace
 
 import pytest
-from helpers import run_train_here
-from test_train import metrics, run_train
+from helpers import TINY, metrics, run_train, run_train_here, saved_run
 
 from nanogrpo.config import OptimConfig
 from nanogrpo.infra.config_file import load_config
-from nanogrpo.recipes.presets import PRESETS
 from rewards.options import JudgeConfig, RewardConfig
 from train import cli, main
-
-TINY = replace(PRESETS["tiny"][1], plots=False)  # no PNGs or run page: nothing here reads them
-
-
-def saved_run(folder, **kw):
-    """A run folder as a run started with these settings leaves it (config.json only)."""
-    cfg = replace(TINY, out_dir=str(folder), **kw)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    return cfg
 
 
 def test_config_json_round_trips_nested_options_and_tuples(tmp_path):

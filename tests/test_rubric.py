@@ -7,8 +7,7 @@ import math
 import re
 
 import pytest
-from test_judge import chat_body  # the chat-completions server on 127.0.0.1
-from test_probe import synthetic
+from helpers import chat_body, synthetic  # chat_body: a reply of the fake server on 127.0.0.1
 
 from rewards import RewardConfig, Sample, build_reward
 from rewards.options import JudgeConfig, RubricConfig

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import run_train_here
+from helpers import ROOT, metrics, run_train_here
 from safetensors.torch import load_file
-from test_train import ROOT, metrics
 
 import train
 from nanogrpo.infra import checkpoint as ckpt

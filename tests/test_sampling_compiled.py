@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from test_sampling_static import MANY_EOS, TEXTS, assert_same, lively  # noqa: F401, F811 (a fixture)
+from helpers import MANY_EOS, TEXTS, assert_same
 from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
@@ -146,7 +146,7 @@ def test_a_compiled_step_dispatches_at_most_50_ops_besides_the_matmuls(lora_mode
 @pytest.mark.skipif(
     not cpu_capability().onednn_bf16, reason="bf16 samples in float32 on this CPU: no bf16 units"
 )
-def test_compiled_decode_equals_eager_in_bf16(lively):  # noqa: F811
+def test_compiled_decode_equals_eager_in_bf16(lively):
     """A bf16 model, the CPU's default dtype where it has bf16 units (bf16 packed weights, a float32 cache):
     the same tokens (inductor rounds to bf16 where eager does: emulate_precision_casts), the log-probs within
     LOGP_ATOL_BF16."""
@@ -156,7 +156,7 @@ def test_compiled_decode_equals_eager_in_bf16(lively):  # noqa: F811
     assert_same(sample(bf16, prompts, "eager"), sample(bf16, prompts, "compiled"), LOGP_ATOL_BF16)
 
 
-def test_one_compile_per_number_of_keys_read(lively, monkeypatch):  # noqa: F811
+def test_one_compile_per_number_of_keys_read(lively, monkeypatch):
     """The steps read more of the completions' own keys as they go (static_decode.visible_keys; here 12,
     then 24 of 24): one compiled graph for each, made once, the tokens still the eager sampler's."""
     model, _, prompts = lively

@@ -2,7 +2,7 @@
 
 Tokens must be equal with the same generators; log-probs agree to float32 rounding (the static loop's
 masked softmax over every cache slot and its longer products round differently from the eager loop's
-sliced ones), within LOGP_ATOL.
+sliced ones), within LOGP_ATOL (tests/helpers.py).
 """
 
 import collections
@@ -13,10 +13,10 @@ import typing
 
 import pytest
 import torch
+from helpers import MANY_EOS, assert_same
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from transformers import AutoTokenizer
 
 from nanogrpo.config import SamplingConfig
 from nanogrpo.model import kvcache, lora, sampling, static_decode
@@ -25,37 +25,13 @@ from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode, check_rope
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import random_transformer, resolve_model
 
-TEXTS = ["The capital of France is", "What is 12 + 35?", "yes", "<think>I add the numbers.</think> answer"]
-LOGP_ATOL = 1e-5
-MANY_EOS = tuple(range(3, 1024, 9))  # rows end at different steps
 G, N_NEW = 3, 24
-
-
-@pytest.fixture(scope="module")
-def lively():
-    """The tiny model with larger random weights, so its samples vary (as tests/test_sampling.py's)."""
-    path = resolve_model("tiny")
-    model, tok = Transformer.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for w in model.parameters():
-            if w.ndim == 2:
-                w.normal_(0, 0.15, generator=g)
-    return model, tok, [tok.encode(t) for t in TEXTS]
 
 
 def sample(model, prompts, decode, **kw):
     """G completions per prompt, one generator per prompt (as rollout.py draws them)."""
     gens = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
     return generate(model, prompts, group_size=G, max_new_tokens=N_NEW, generator=gens, decode=decode, **kw)
-
-
-def assert_same(a, b, atol: float = LOGP_ATOL):
-    assert torch.equal(a.completion_ids, b.completion_ids)
-    assert torch.equal(a.mask, b.mask) and torch.equal(a.truncated, b.truncated)
-    diff = (a.logp - b.logp).abs().max().item()
-    print(f"max |logp a - logp b| = {diff:.2e} (bitwise: {torch.equal(a.logp, b.logp)})")
-    assert diff <= atol
 
 
 def stops_from(model, tok, prompts) -> list[str]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_train import metrics
+from helpers import metrics
 
 from nanogrpo.config import DataConfig
 from nanogrpo.stages.cpt import cut_windows, dedup_paragraphs, load_windows, window_batch

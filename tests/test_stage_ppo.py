@@ -6,8 +6,8 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
+from helpers import metrics
 from safetensors.torch import load_file
-from test_train import metrics
 
 from nanogrpo.config import updates_per_step
 from nanogrpo.infra.flag_checks import check_config

@@ -1,45 +1,15 @@
 """train.py end to end on the tiny preset: a subprocess run, exact resume, SFT, and start-up errors."""
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_train_here
+from helpers import metrics, run_train, run_train_here, tiny
 
 from nanogrpo.recipes.presets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("t_", "tok_per_s")
 PRESET = PRESETS["tiny"][1]
-
-
-def run_train(*args, timeout=600):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def metrics(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
-
-
-def tiny(tmp_path, **kw):
-    """The tiny preset into tmp_path; without the plots and the run page unless plots=True."""
-    from nanogrpo.recipes.presets import PRESETS
-
-    return replace(PRESETS["tiny"][1], out_dir=str(tmp_path), **{"plots": False, **kw})
 
 
 def test_tiny_run_from_the_command_line(tmp_path):

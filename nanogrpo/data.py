@@ -15,7 +15,7 @@ import string
 from dataclasses import dataclass
 
 from nanogrpo.formats import load_rows
-from rewards.rows import DataError
+from nanogrpo_base.rows import DataError
 
 
 def column_map(data_cfg) -> dict[str, str]:

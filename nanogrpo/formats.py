@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nanogrpo.infra.metrics import replace_atomically
-from rewards.rows import (
+from nanogrpo_base.rows import (
     MAX_LINE_BYTES,
     DataError,
     check_prompt,
@@ -78,7 +78,7 @@ _NUMBER_CELLS = {"human"}
 def load_rows(path: str | Path, columns: dict[str, str] | None = None) -> list[dict]:
     """Read, rename (`columns`: source column -> field) and validate the rows of `path`, chosen by its form:
     a .csv file (a header row), a .parquet / .pq file, a folder written by datasets' save_to_disk,
-    NAME:SPLIT (or NAME:CONFIG:SPLIT) from the local HF cache, anything else JSONL (rewards.rows.read_rows).
+    NAME:SPLIT (or NAME:CONFIG:SPLIT) from the local HF cache, anything else JSONL (nanogrpo_base's read_rows).
     Each row gets `_line` (its line, spreadsheet row or index) and, when it has none, that as its `id`."""
     columns = columns or {}
     p = Path(path)

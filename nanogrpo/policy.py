@@ -29,13 +29,13 @@ from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.infra.dist import parallel_mode
-from nanogrpo.infra.outputs import save_tensors
 from nanogrpo.model import lora
 from nanogrpo.model.draw import eos_and_pad
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
 from nanogrpo.model.transformer import ModelArgs, Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
+from nanogrpo_base.files import save_tensors
 
 VALUE_HEAD = "value_head.safetensors"  # PPO's value head, next to the adapter or model weights
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nanogrpo_base.rows import turn_text
+
 
 @dataclass
 class Sample:
@@ -51,11 +53,6 @@ def transcript(s: Sample) -> str:
     completion alone for a single-turn sample."""
     turns = episode(s)[2]
     return turn_text(turns[1:]) if turns else s.completion
-
-
-def turn_text(turns: list[dict]) -> str:
-    """Messages as 'role: text' paragraphs: how judges, the run page and the W&B table show an episode."""
-    return "\n\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns)
 
 
 class Grader:

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanogrpo_base.rows import DataError, check_prompt, prompt_text
+from nanogrpo_base.rows import read_rows as read_rows_checked
 from rewards import RewardConfig, Sample, build_reward
 from rewards.agreement import kendall_tau_b, pairwise_accuracy
 from rewards.ranges import GRADE, check_ranges
 from rewards.registry import mean_metrics
-from rewards.rows import DataError, check_prompt, prompt_text
-from rewards.rows import read_rows as read_rows_checked
 
 
 @dataclass

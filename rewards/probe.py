@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nanogrpo_base.files import save_tensors
 from rewards import agreement
-from rewards.rows import umask
 from rewards.text import well_formed
 
 if TYPE_CHECKING:  # torch is imported where it is used: `import rewards` stays light
@@ -273,7 +273,6 @@ class Probe:
         umask's mode (safetensors alone writes 0600). probe.json is strict JSON: a non-finite number in the
         metadata is written as null; non-finite weights are refused (train_probe refuses them first)."""
         import torch
-        from safetensors.torch import save_file
 
         out = Path(out)
         t = {"weight": self.w, "bias": torch.tensor([self.b]), "mean": self.mean, "std": self.std}
@@ -281,10 +280,8 @@ class Probe:
         if not all(bool(torch.isfinite(v).all()) for v in t.values()):
             raise ValueError(f"the probe's weights are not finite; nothing written to {out}")
         out.mkdir(parents=True, exist_ok=True)
-        mode = 0o666 & ~umask()
         weights, tmp = out / "probe.safetensors", out / f".probe.safetensors.tmp-{os.getpid()}"
-        save_file(t, str(tmp))
-        os.chmod(tmp, mode)
+        save_tensors(t, tmp)  # the umask's mode, as every weights file
         os.replace(tmp, weights)
         meta = out / f".probe.json.tmp-{os.getpid()}"
         meta.write_text(json.dumps(_finite(self.meta), indent=2, allow_nan=False) + "\n")

@@ -29,14 +29,14 @@ Your code cannot end or stall the run without a word:
   same one-line error, never a quiet exit with your status; Ctrl-C (KeyboardInterrupt) still stops the
   run as Ctrl-C does.
 - each call has a time limit, --reward.user-timeout-s (DEFAULT_TIMEOUT_S; 0 = none): past it the run
-  stops with the one line, naming the rows of the call. On the main thread (train.py, eval.py) a timer
-  signal interrupts your function where it is (a BaseException, so `except Exception` in your code does
-  not swallow it); elsewhere (another thread, or a SIGALRM timer already in use) the call runs in a
-  thread of its own and is abandoned at the limit: a Python thread cannot be killed, so a hung call
-  keeps its thread (a daemon thread, gone when the process exits) while the run stops with the error.
-  A call stuck inside C code that never releases the GIL (a catastrophic regular expression) can be
-  stopped by neither: keep such work bounded in your code. The import itself is not limited: it runs
-  once, at start-up, and may load a model.
+  stops with the one line, naming the rows of the call (nanogrpo_base/limits.py's call_with_limit). On
+  the main thread (train.py, eval.py) a timer signal interrupts your function where it is (a
+  BaseException, so `except Exception` in your code does not swallow it); elsewhere (another thread, or
+  a SIGALRM timer already in use) the call runs in a thread of its own and is abandoned at the limit: a
+  Python thread cannot be killed, so a hung call keeps its thread (a daemon thread, gone when the process
+  exits) while the run stops with the error. A call stuck inside C code that never releases the GIL (a
+  catastrophic regular expression) can be stopped by neither: keep such work bounded in your code. The
+  import itself is not limited: it runs once, at start-up, and may load a model.
 """
 
 from __future__ import annotations
@@ -48,13 +48,12 @@ import math
 import numbers
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nanogrpo_base.limits import Overtime, call_with_limit
 from rewards.base import Grader, Sample
 from rewards.options import RewardConfig
 
@@ -71,72 +70,6 @@ batch that calls a service or runs tests, short enough that a hung grader stops 
 class UserGraderError(ValueError):
     """A user grader failed: raised, exited, took too long, or returned something that is not one score
     per completion. A ValueError, so train.py prints it as one line and exits 2."""
-
-
-class _Overtime(BaseException):
-    """Raised inside a user grader at its time limit: a BaseException, so the grader's own
-    `except Exception` does not swallow it."""
-
-
-def _can_alarm() -> bool:
-    """A SIGALRM timer can interrupt the call: on the main thread, where nobody else's timer runs."""
-    return (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
-    )
-
-
-def _with_alarm(fn: Callable[[], Any], limit_s: float) -> Any:
-    fired = []
-
-    def alarm(signum: int, frame: Any) -> None:
-        fired.append(signum)
-        raise _Overtime
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    # the timer repeats: a grader whose bare `except:` swallows one _Overtime gets another a second later
-    signal.setitimer(signal.ITIMER_REAL, limit_s, min(1.0, limit_s))
-    try:
-        value = fn()
-    finally:
-        while True:  # the timer may fire once more before it is stopped: stop it whatever happens
-            try:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, old)
-                break
-            except _Overtime:
-                continue
-    if fired:  # it caught the signal and went on: it still took longer than its limit
-        raise _Overtime
-    return value
-
-
-def _in_thread(fn: Callable[[], Any], limit_s: float) -> Any:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # SystemExit too: it must reach the caller, not end this thread quietly
-            box["error"] = e
-
-    worker = threading.Thread(target=run, name="nanogrpo-user-grader", daemon=True)
-    worker.start()
-    worker.join(limit_s)
-    if worker.is_alive():
-        raise _Overtime  # abandoned: a Python thread cannot be killed (see the module docstring)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def call_with_limit(fn: Callable[[], Any], limit_s: float) -> Any:
-    """fn() stopped at `limit_s` seconds (0: no limit) by raising _Overtime; see the module docstring."""
-    if limit_s <= 0:
-        return fn()
-    return _with_alarm(fn, limit_s) if _can_alarm() else _in_thread(fn, limit_s)
 
 
 def _raised(e: BaseException) -> str:
@@ -245,7 +178,7 @@ class UserGrader(Grader):
         self.requires = tuple(p.name for p in named if p.default is kinds.empty)
 
     def _call(self, batch: list[Sample]) -> Any:
-        return call_with_limit(lambda: self._call_unlimited(batch), self.timeout_s)
+        return call_with_limit(lambda: self._call_unlimited(batch), self.timeout_s, "nanogrpo-user-grader")
 
     def _call_unlimited(self, batch: list[Sample]) -> Any:
         if self.batch_style:
@@ -266,7 +199,7 @@ class UserGrader(Grader):
     def score(self, batch: list[Sample]) -> list[float | None]:
         try:
             out = self._call(batch)
-        except _Overtime:  # not run again row by row: each try of a hung grader costs the whole limit
+        except Overtime:  # not run again row by row: each try of a hung grader costs the whole limit
             raise self._fail(
                 f"took longer than {self.timeout_s:g} s ({_rows(batch)}); make it faster, or raise "
                 "--reward.user-timeout-s (0 = no limit)"
@@ -310,7 +243,7 @@ class UserGrader(Grader):
                     self._call([s])
                 except KeyboardInterrupt:
                     raise
-                except BaseException:  # _Overtime and SystemExit too: that row fails alone
+                except BaseException:  # Overtime and SystemExit too: that row fails alone
                     return "on " + _row_label(s, i)
         return _rows(batch)
 

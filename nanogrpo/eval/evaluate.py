@@ -25,7 +25,7 @@ from nanogrpo.eval.generation import generate_completions
 from nanogrpo.eval.provenance import meta_path
 from nanogrpo.formats import write_jsonl
 from nanogrpo.model import judge_backend
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 
 judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model.transformer
 
@@ -47,10 +47,10 @@ def references(row: dict, target: str = "reference") -> list[str]:
 
 
 def read_jsonl(path: str | Path, require: Sequence[str] = ("completion",)) -> list[dict]:
-    """Rows of a JSONL file (rewards.rows.read_rows: blank lines skipped, bad lines refused with the file and
-    the line); a row without a `require`d field is a ValueError naming it. Rows without an id get their
+    """Rows of a JSONL file (nanogrpo_base's read_rows: blank lines skipped, bad lines refused with the file
+    and the line); a row without a `require`d field is a ValueError naming it. Rows without an id get their
     line number."""
-    from rewards.rows import DataError, read_rows
+    from nanogrpo_base.rows import DataError, read_rows
 
     def check(row: dict, where: str) -> None:
         for name in require:

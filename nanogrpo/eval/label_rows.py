@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 
 SPLITS = ("train", "dev", "test")
 

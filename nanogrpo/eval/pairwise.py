@@ -32,7 +32,7 @@ import numpy as np
 
 from nanogrpo.eval import stats
 from nanogrpo.eval.evaluate import ANSWER_METRICS, grade, references
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 
 Judge = Callable[[str, "str | None", str, str], str]
 
@@ -242,7 +242,7 @@ def load_verdicts(paths: Sequence[str | Path]) -> list[dict]:
     kept as raw_verdict. A judge found in more than one file is one judge per file, 'JUDGE#N' for the
     N-th file, so repeated judging runs give their own ratings and widen the min-max bars.
     """
-    from rewards.rows import DataError, read_rows
+    from nanogrpo_base.rows import DataError, read_rows
 
     def check(row: dict, where: str) -> None:
         for name in ("id", "judge", "first", "second"):

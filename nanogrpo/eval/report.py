@@ -28,7 +28,7 @@ from nanogrpo.infra import plots
 from nanogrpo.infra.config_file import flat_config
 from nanogrpo.infra.metrics import TITLES, read_jsonl, replace_atomically
 from nanogrpo.infra.sample_table import completion_text
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 from rewards.spec import parse_spec
 
 

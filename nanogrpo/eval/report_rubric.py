@@ -10,7 +10,7 @@ from typing import Any
 
 from nanogrpo.eval.cells import figure_html, fmt, latest, num, score_cell, verdict_text
 from nanogrpo.infra import plots
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 
 
 def rubric_cell(r: Any) -> str:

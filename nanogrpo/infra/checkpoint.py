@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file
 
 from nanogrpo.infra.metrics import fsync_path, open_run_file, replace_atomically, sha256_file
-from nanogrpo.infra.outputs import save_tensors
+from nanogrpo_base.files import save_tensors
 
 FORMAT = "nanogrpo.trainer_state/2"  # 1 (unversioned) was a pickle of Python and numpy objects
 STATE = "trainer_state.pt"

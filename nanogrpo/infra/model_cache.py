@@ -29,7 +29,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from nanogrpo.infra.metrics import replace_atomically, sha256_file
-from nanogrpo.infra.outputs import file_mode, umask
+from nanogrpo_base.files import file_mode, umask
 
 MANIFEST = "manifest.json"  # {"files": {name: {"size", "sha256", "mtime_ns"}}}
 # storage faults that the user fixes by freeing space or choosing another folder, not bugs

@@ -1,5 +1,4 @@
-"""Where the side commands write: their output flags checked before any work, and files written whole, with the
-user's umask.
+"""Where the side commands write: their output flags checked before any work, and results files written whole.
 
 `output_folder` and `output_file` check an output flag before a model loads or a run starts, so a mistyped flag
 costs nothing: '' is refused (it would write into the current folder), so is a file where a folder goes and a
@@ -8,48 +7,18 @@ that already holds anything else (a checkout, a home folder: its results would b
 files). A folder of the command's own names is its earlier run, which the command continues as it always has.
 train.py's --out-dir has its own checks (nanogrpo/infra/run_dir.py).
 
-`save_tensors` is every weights file's write: safetensors writes through a temporary file it creates mode 0600,
-which a copied run folder or a cache shared by a group could not read; the file gets 0o666 & ~umask, the mode of
-any other file, and safetensors' I/O errors come back as the OSError they are (a full disk is then a storage
-error, not a SafetensorError traceback). `write_or_keep` replaces a results file whole and, when that fails
-late, keeps what was computed under a new name beside it.
+Weights files are written by nanogrpo_base/files.py's `save_tensors` (the umask's mode, I/O errors as
+OSError). `write_or_keep` replaces a results file whole and, when that fails late, keeps what was computed
+under a new name beside it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-
-from rewards.rows import umask
-
-
-def file_mode() -> int:
-    """The mode a new file gets from open(): 0o666 less the umask (0o644 under umask 022)."""
-    return 0o666 & ~umask()
-
-
-_OS_ERROR = re.compile(r"\(os error (\d+)\)")
-
-
-def save_tensors(tensors: dict, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """safetensors' save_file, then the file's mode set by the umask; an I/O error (a full disk, a read-only
-    folder) raised as OSError with its errno."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(tensors, str(path), metadata=metadata)
-    except SafetensorError as e:
-        m = _OS_ERROR.search(str(e))
-        if m is None:
-            raise
-        code = int(m.group(1))
-        raise OSError(code, os.strerror(code), str(path)) from e
-    os.chmod(path, file_mode())
 
 
 def output_file(path: str, flag: str) -> Path:

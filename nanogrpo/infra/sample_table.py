@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from nanogrpo.infra.metrics import json_safe
-from rewards.base import turn_text
+from nanogrpo_base.rows import turn_text
 
 
 def completion_text(c: dict) -> str:

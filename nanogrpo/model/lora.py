@@ -218,7 +218,7 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
     }
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.contiguous().cpu() for k, v in adapter_state_dict(model).items()}
-    from nanogrpo.infra.outputs import save_tensors  # here, as safetensors in read_adapter
+    from nanogrpo_base.files import save_tensors  # here, as safetensors in read_adapter
 
     save_tensors(tensors, out / WEIGHTS_NAME, metadata={"format": "pt"})  # mode by the umask, not 0600
     return out
@@ -294,7 +294,7 @@ def stack_adapters(first: Path, folder: Path) -> None:
     only one of the two adapts gets zeros in the other's rows. Exact in float32; with a bf16 base, the
     training saw base + SFT rounded to bf16 once, the stacked adapter the unrounded sum.
     """
-    from nanogrpo.infra.outputs import save_tensors
+    from nanogrpo_base.files import save_tensors
 
     (cfg1, sd1), (cfg2, sd2) = read_adapter(first), read_adapter(folder)
     r1, r2 = int(cfg1["r"]), int(cfg2["r"])

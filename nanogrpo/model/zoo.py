@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from nanogrpo.infra.model_cache import build_once
-from nanogrpo.infra.outputs import save_tensors
+from nanogrpo_base.files import save_tensors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tyro
+from rewards.ranges import check_or_exit
 
 from nanogrpo.data import correct_option, preference_texts
 from nanogrpo.formats import validate_row, write_jsonl
 from nanogrpo.infra.flag_checks import REWARD_DATA
 from nanogrpo.infra.outputs import output_file, output_folder
-from rewards.ranges import check_or_exit
-from rewards.rows import DataError, read_rows
+from nanogrpo_base.rows import DataError, read_rows
 
 Positional = tyro.conf.Positional
 

@@ -21,8 +21,8 @@ from typing import Any, Literal
 import tyro
 
 from nanogrpo.reward_data import rows as io
+from nanogrpo_base.rows import prompt_text
 from rewards import RewardConfig, Sample, build_reward
-from rewards.rows import prompt_text
 
 
 @dataclass(frozen=True)

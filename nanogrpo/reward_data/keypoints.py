@@ -25,8 +25,8 @@ from typing import Any
 
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo_base.rows import prompt_text
 from rewards.keywords import first_positions, spaced_words
-from rewards.rows import prompt_text
 from rewards.text import words
 
 NOWHERE = 1 << 62  # first_positions' position of a keyword that does not occur

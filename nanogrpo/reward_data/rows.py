@@ -1,6 +1,6 @@
 """The build's rows: reading the input, the references of a row, writing the output and the rows left out.
 
-Input rows are read with the trainer's reader (rewards.rows.read_rows: a bad line stops with file and
+Input rows are read with the trainer's reader (nanogrpo_base.rows.read_rows: a bad line stops with file and
 line). Output rows are the input rows with the build's field added and nothing else changed, except
 that a row without an `id` gets its input line number as one, so every output row traces back to the
 line it came from. A row the build cannot make good is never written half-made: it goes to the
@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from nanogrpo.formats import write_jsonl
 from nanogrpo.infra.outputs import output_file
-from rewards.rows import read_rows
+from nanogrpo_base.rows import read_rows
 
 
 def load(path: str, limit: int = 0) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 from rewards.rubric import parse_rubric
 
 SYSTEM = "You write and apply grading rubrics for answers to user requests. You reply in JSON only."

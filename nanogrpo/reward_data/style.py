@@ -25,7 +25,7 @@ from typing import Any
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data import sandbox
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
-from rewards.rows import prompt_text
+from nanogrpo_base.rows import prompt_text
 from rewards.style import ELEMENTS, parse_style_spec, spec_scores, text_style
 from rewards.text import words
 

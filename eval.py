@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -28,12 +28,11 @@ from nanogrpo.config import EnvConfig
 from nanogrpo.envs.spec import check_start, resolve_env
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import jsonl_text, write_jsonl
-from nanogrpo.infra import flag_checks
 from nanogrpo.infra.outputs import output_file, write_or_keep
+from nanogrpo_base.ranges import above, at_least, check_ranges, within
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
 from rewards.options import JudgeConfig, RewardConfig
-from rewards.ranges import check_ranges
 
 Positional = tyro.conf.Positional
 
@@ -50,26 +49,26 @@ class Generate:
     """LoRA adapter folder in PEFT's layout (adapter_config.json + adapter_model.safetensors), merged on load."""
     out: str = "completions.jsonl"
     """Where the completions go."""
-    batch_size: int = 8
+    batch_size: Annotated[int, at_least(1)] = 8
     """Prompts per generation batch."""
-    num_samples: int = 1
+    num_samples: Annotated[int, at_least(1)] = 1
     """Completions per prompt (rows then carry `sample`; score adds best@k and Self-BLEU; compare/elo want 1)."""
-    max_new_tokens: int = 256
+    max_new_tokens: Annotated[int, at_least(1)] = 256
     """Most tokens per completion."""
-    temperature: float = 0.0
+    temperature: Annotated[float, at_least(0, "0 = greedy")] = 0.0
     """0 is greedy decoding (the usual choice for evaluation)."""
-    top_p: float = 1.0
+    top_p: Annotated[float, within(0, 1, "1 = off", lo_open=True)] = 1.0
     """Nucleus sampling threshold (1.0 = off)."""
-    top_k: int = 0
+    top_k: Annotated[int, at_least(0, "0 = off")] = 0
     """Keep the k most likely tokens (0 = off)."""
     stop: tuple[str, ...] = ()
     """Stop strings: a completion ends right after the first one it produces (the stop string kept, as in
     training; text its last token carries past it is dropped)."""
     system_prompt: str = ""
     """System message for chat prompts (use the one you trained with)."""
-    limit: int = 0
+    limit: Annotated[int, at_least(0, "0 = all")] = 0
     """Only the first N rows (0 = all)."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Sampling seed."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """'auto': bfloat16 on a GPU or a CPU with bf16 units where oneDNN's bf16 path runs, float32 otherwise."""
@@ -96,9 +95,9 @@ class Score:
     """Per-row scores JSONL ('' = FILE with .scored.jsonl)."""
     json: str = ""
     """Write the summary as JSON to this path ('-' = print it instead of the table)."""
-    resamples: int = 10_000
+    resamples: Annotated[int, at_least(1)] = 10_000
     """Bootstrap resamples for the CIs."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Bootstrap seed."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Grader options (answer tag, judge server, ...)."""
@@ -116,9 +115,9 @@ class Compare:
     """Graders added to EM/F1/SeqM when a file has no `scores` (from eval.py score)."""
     target: str = "reference"
     """Row field EM/F1/SeqM compare against."""
-    resamples: int = 10_000
+    resamples: Annotated[int, at_least(1)] = 10_000
     """Bootstrap resamples."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Bootstrap seed (the same indices for every metric)."""
     json: str = ""
     """Write the result as JSON to this path ('-' = print it instead of the table)."""
@@ -151,11 +150,11 @@ class Elo:
     out: str = "elo"
     """Output prefix: OUT.json (ratings), OUT.png (bars), OUT_comparisons.jsonl (every verdict),
     OUT_accuracy.png (with accuracies)."""
-    resamples: int = 1000
+    resamples: Annotated[int, at_least(1)] = 1000
     """Bootstrap resamples over items for the intervals."""
-    prior: float = 1.0
+    prior: Annotated[float, above(0, "virtual tied games per pair: keeps every rating finite")] = 1.0
     """Virtual tied games per pair (keeps ratings finite when one system always wins)."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Bootstrap seed."""
     json: str = ""
     """'-' prints the ratings JSON instead of the table."""
@@ -172,7 +171,7 @@ class Report:
 
     runs: Positional[tuple[str, ...]]
     """Run folder(s) (config.json, metrics.jsonl, samples.jsonl)."""
-    max_sample_steps: int = 60
+    max_sample_steps: Annotated[int, at_least(2, "the first logged step and the latest")] = 60
     """Most logged steps of samples on the page (the first and the latest are kept)."""
     out: str = ""
     """Where to write the page: RUN/index.html by default for one run; needed for several runs."""
@@ -437,10 +436,10 @@ RUNNERS = {
 
 def run(argv: list[str] | None = None) -> int:
     """`python eval.py COMMAND ARGS`: 0 when it ends; bad data or flags: one clear line on stderr (no
-    traceback) and 2, as train.py (a number outside its range too: nanogrpo/infra/flag_checks.py's EVAL)."""
+    traceback) and 2, as train.py (a number outside the range on its field too)."""
     args = tyro.extras.subcommand_cli_from_dict(COMMANDS, description=__doc__.split("\n\n")[0], args=argv)
     try:
-        check_ranges(args, flag_checks.EVAL[type(args).__name__])
+        check_ranges(args)
         RUNNERS[type(args)](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,15 +1,18 @@
 """Every dataclass that tyro turns into flags (the presets are in nanogrpo/recipes/presets.py).
 
-`python train.py [PRESET] --section.field value`: each field's docstring is its --help line. Configs are
-frozen; derived values are properties. The resolved config is saved as config.json in the run folder.
+`python train.py [PRESET] --section.field value`: each field's docstring is its --help line, and a numeric
+field's Range (its `Annotated` metadata, which tyro ignores: `steps: Annotated[int, at_least(1)]`) the numbers
+it allows, checked before any model loads (infra/flag_checks.py). Configs are frozen; derived values are
+properties. The resolved config is saved as config.json in the run folder.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Annotated, Literal
 
+from nanogrpo_base.ranges import ANY, Range, above, at_least, within
 from rewards.options import RewardConfig
 
 
@@ -43,11 +46,11 @@ class ModelConfig:
 class LoraConfig:
     """LoRA adapters (nanogrpo/model/lora.py); r=0 trains every weight (full fine-tuning)."""
 
-    r: int = 16
+    r: Annotated[int, at_least(0, "0 = full fine-tune")] = 16
     """Rank of the adapters; 0 means full fine-tuning."""
-    alpha: float = 32.0
+    alpha: Annotated[float, above(0)] = 32.0
     """Scale numerator: the update is (alpha / r) * B @ A."""
-    dropout: float = 0.0
+    dropout: Annotated[float, within(0, 1, hi_open=True)] = 0.0
     """Dropout on the adapter's input."""
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Names of the linear layers that get an adapter."""
@@ -61,13 +64,13 @@ class LoraConfig:
 class SamplingConfig:
     """Generation of the G completions per prompt (nanogrpo/model/sampling.py)."""
 
-    max_new_tokens: int = 64
+    max_new_tokens: Annotated[int, at_least(1)] = 64
     """Most tokens a completion may have; longer ones are truncated (and counted)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, at_least(0, "0 = greedy")] = 1.0
     """Sampling temperature; the trainer's log-probs use the same temperature."""
-    top_p: float = 1.0
+    top_p: Annotated[float, within(0, 1, "1 = off", lo_open=True)] = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
-    top_k: int = 0
+    top_k: Annotated[int, at_least(0, "0 = off")] = 0
     """Keep the k most likely tokens (0 = off)."""
     stop: tuple[str, ...] = ()
     """Stop strings: a completion ends at the token that completes the first one; its text (what the graders
@@ -85,40 +88,42 @@ class SamplingConfig:
 class GRPOConfig:
     """Advantages, policy loss, KL (nanogrpo/grpo.py)."""
 
-    group_size: int = 8
+    group_size: Annotated[int, at_least(2, "GRPO compares the completions of one prompt")] = 8
     """G: completions sampled per prompt; advantages compare completions within a group."""
     adv_estimator: Literal["grpo", "rloo"] = "grpo"
     """'grpo': r - mean(group) [/ std]; 'rloo': r - mean of the other G-1 completions."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Divide advantages by the std (+adv_eps) of the group's rewards, of the whole step's rewards (all
     ranks; TRL's 'batch'), or not at all ('none': Dr. GRPO). See docs/STABILITY.md."""
-    adv_eps: float = 1e-4
+    adv_eps: Annotated[float, at_least(0)] = 1e-4
     """Added to the std before dividing."""
-    eps_low: float = 0.2
+    eps_low: Annotated[float, within(0, 1, "the ratio's lower clip is 1 - eps-low")] = 0.2
     """Lower clip: the ratio is clipped at 1 - eps_low."""
-    eps_high: float = 0.2
+    eps_high: Annotated[float, at_least(0)] = 0.2
     """Upper clip: the ratio is clipped at 1 + eps_high (0.28 is DAPO's clip-higher)."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (GRPO) or per sequence as the geometric mean over tokens (GSPO)."""
     policy_loss: Literal["clip", "cispo"] = "clip"
     """'clip': PPO's clipped surrogate; 'cispo' (MiniMax-M1): -sg(clip(ratio, 1-eps_low, 1+eps_high)) * adv *
     logp, a clipped, detached importance weight, so that every token keeps a gradient."""
-    dual_clip: float = 0.0
+    dual_clip: Annotated[
+        float, Range(1, lo_open=True, also=0, note="C of the bound -C * adv, e.g. 3; 0 = off")
+    ] = 0.0
     """Dual-clip PPO (verl's clip_ratio_c): the loss of a negative-advantage token is at most -C * adv, so a
     token whose ratio ran past C stops pushing; C > 1 (e.g. 3), 0 = off. With --grpo.policy-loss clip."""
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, at_least(0, "0 = off")] = 0.0
     """Entropy bonus: loss -= coef * entropy, averaged over the step's tokens with the policy term's token
     weights (--grpo.loss-agg); 0 = off (no extra work)."""
-    top_entropy_quantile: float = 1.0
+    top_entropy_quantile: Annotated[float, within(0, 1, "1 = every token", lo_open=True)] = 1.0
     """Only the step's top-q fraction of tokens by entropy (all ranks) get the policy gradient (0.2 in
     "Beyond the 80/20 rule"); the KL and entropy terms keep every token. 1.0 = all. Costs a no-grad forward."""
-    num_iterations: int = 1
+    num_iterations: Annotated[int, at_least(1)] = 1
     """mu: optimizer passes over the same samples; passes after the first are off-policy."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator on l = logp - ref_logp: k1 = l, k2 = l^2/2, k3 = exp(-l) - 1 + l."""
     kl_placement: Literal["none", "loss", "reward"] = "none"
     """Where the KL goes: nowhere, added to the loss per token, or subtracted from the reward (detached)."""
-    beta: float = 0.04
+    beta: Annotated[float, at_least(0)] = 0.04
     """KL coefficient."""
     kl_is_weight: bool = False
     """Multiply the in-loss KL term by pi/pi_old (as in DeepSeek-V3.2); per token it corrects the token, not
@@ -135,15 +140,15 @@ class GRPOConfig:
     is still logged every step as sampler_*)."""
     is_level: Literal["token", "sequence"] = "token"
     """w per token, or one w per sequence (the product of its tokens' ratios: unbiased, higher variance)."""
-    is_cap: float = 2.0
+    is_cap: Annotated[float, at_least(1, "--grpo.is-correction tis|mis needs > 1")] = 2.0
     """C of --grpo.is-correction: the truncation (tis) or the acceptance band [1/C, C] (mis); > 1."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: drop groups whose rewards have no spread (max - min <= zero_spread_tol) and
     sample fresh prompts until the step holds prompts_per_step informative groups (docs/STABILITY.md)."""
-    zero_spread_tol: float = 1e-6
+    zero_spread_tol: Annotated[float, at_least(0)] = 1e-6
     """--grpo.dynamic-sampling: a group whose rewards differ by at most this has no spread (continuous
     graders rarely tie exactly)."""
-    max_resample_rounds: int = 3
+    max_resample_rounds: Annotated[int, at_least(0, "0 = no extra rounds")] = 3
     """--grpo.dynamic-sampling: extra rounds of prompts_per_step fresh prompts at most; when they run out the
     step is filled up with groups without spread (logged as groups_kept < prompts_per_step)."""
     mask_truncated: bool = False
@@ -158,19 +163,19 @@ class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
     """'adamw', or 'muon' for the hidden layers' 2-D matrices (LoRA A/B included) with AdamW for the embeddings,
     the LM head, norms and biases; Muon's update is matched to AdamW's RMS, so --optim.lr carries over."""
-    lr: float = 1e-4
+    lr: Annotated[float, above(0)] = 1e-4
     """Peak learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, at_least(0)] = 0.0
     """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: Annotated[tuple[float, float], within(0, 1, hi_open=True)] = (0.9, 0.99)
     """AdamW betas."""
     schedule: Literal["cosine", "constant"] = "constant"
     """After warmup: cosine decay to lr_min_ratio * lr, or constant."""
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, at_least(0)] = 0
     """Linear warmup steps."""
-    lr_min_ratio: float = 0.1
+    lr_min_ratio: Annotated[float, within(0, 1)] = 0.1
     """End of the cosine as a fraction of lr."""
-    grad_clip: float = 1.0
+    grad_clip: Annotated[float, at_least(0, "0 = off")] = 1.0
     """Clip the global grad norm to this (0 = off)."""
 
 
@@ -197,7 +202,9 @@ class DataConfig:
     """System message prepended to chat prompts ('' = none)."""
     shuffle: bool = True
     """Shuffle the rows each epoch (seeded)."""
-    max_prompt_tokens: int = 0
+    max_prompt_tokens: Annotated[
+        int, at_least(0, "0 = the model's positions less --sampling.max-new-tokens")
+    ] = 0
     """Longest prompt in tokens (chat template included); 0 = the model's positions less
     --sampling.max-new-tokens. Checked for every row at start-up, before the model loads."""
     long_prompts: Literal["refuse", "truncate"] = "refuse"
@@ -206,12 +213,12 @@ class DataConfig:
     template: str = ""
     """--algo sft: the target rendered from each row's fields, e.g. '<risposta>{answer}</risposta>' (Python
     str.format; write a literal brace as {{ or }}); '' = the row's 'reference'. The loss covers the target."""
-    max_len: int = 0
+    max_len: Annotated[int, at_least(0, "0 = no limit")] = 0
     """--algo sft: most target tokens (EOS included); a longer target is cut and counted (logged as
     'truncated', the fraction of the step's rows cut); 0 = no limit."""
-    seq_len: int = 512
+    seq_len: Annotated[int, at_least(2)] = 512
     """--algo cpt: tokens per training window (the seed paper's CPT used 4,096); at most the model's positions."""
-    overlap: int = 0
+    overlap: Annotated[int, at_least(0)] = 0
     """--algo cpt: tokens a window shares with the one before it; they are its context, not trained on
     again, so every token of the text is trained on exactly once."""
     dedup: bool = False
@@ -223,7 +230,7 @@ class DataConfig:
 class DPOConfig:
     """Direct preference optimisation (--algo dpo, nanogrpo/stages/dpo.py)."""
 
-    beta: float = 0.1
+    beta: Annotated[float, above(0, "the paper's is 0.1")] = 0.1
     """beta of the DPO loss -log sigmoid(beta * (margin of the policy - margin of the reference))."""
 
 
@@ -233,19 +240,19 @@ class PPOConfig:
     loss options from --grpo.* (eps-low/eps-high, loss-agg, policy-loss, dual-clip, is-correction,
     entropy-coef); --grpo.group-size is not used (see samples-per-prompt)."""
 
-    gamma: float = 1.0
+    gamma: Annotated[float, within(0, 1, "GAE's; 1 is the usual")] = 1.0
     """Discount of GAE over completion tokens."""
-    lam: float = 0.95
+    lam: Annotated[float, within(0, 1, "GAE's; 0.95 is the usual")] = 0.95
     """lambda of GAE."""
-    value_clip: float = 0.2
+    value_clip: Annotated[float, at_least(0, "0 = no clipping")] = 0.2
     """Clip of the value loss: the new value stays within this of the old one (0 = no clipping)."""
-    vf_coef: float = 0.1
+    vf_coef: Annotated[float, above(0, "the value head learns only from it")] = 0.1
     """Weight of the value loss in the total loss."""
-    kl_coef: float = 0.05
+    kl_coef: Annotated[float, at_least(0, "0 = none")] = 0.05
     """Per-token KL penalty to the reference, subtracted from the reward (InstructGPT); 0 = none."""
-    samples_per_prompt: int = 1
+    samples_per_prompt: Annotated[int, at_least(1)] = 1
     """Completions sampled per prompt (classic PPO: 1); each is its own episode, with no group baseline."""
-    epochs: int = 4
+    epochs: Annotated[int, at_least(1)] = 4
     """Optimizer passes over each step's samples (TRL's num_ppo_epochs); passes after the first are
     off-policy, where the clips act."""
 
@@ -265,13 +272,15 @@ class EnvConfig:
     reasoning_gym:TASK). '' = none: one completion per prompt, as always."""
     spec: str = ""
     """Your own environment class, 'path/to/file.py:ClassName' (runs your code: needs --reward.allow-user-code)."""
-    max_turns: int = 0
+    max_turns: Annotated[int, at_least(0, "0 = the environment's own")] = 0
     """Assistant turns an episode may take at most (0: the environment's own max_turns)."""
-    max_tokens: int = 0
+    max_tokens: Annotated[int, at_least(0, "0 = from the environment's max_turns")] = 0
     """An episode's token budget, sampled plus observation tokens, after the prompt (0: the environment's
     max_turns x (--sampling.max-new-tokens + 64)). The prompt-length check, the memory plan, Dr. GRPO's
     length constant and --grpo.mask-truncated read it in place of --sampling.max-new-tokens."""
-    step_timeout_s: float = 10.0
+    step_timeout_s: Annotated[
+        float, Range(MIN_STEP_TIMEOUT_S, also=0, note="0 = no limit; below it a call cannot return")
+    ] = 10.0
     """Seconds one call of an environment (building an instance, reset, step) may take, whatever it does: past
     it the episode ends with no reward and its worker process is killed (0 = no limit; at least 0.01)."""
     format: Literal["auto", "chat", "plain"] = "auto"
@@ -291,14 +300,14 @@ class TrainConfig:
     """The training stage (same model, LoRA, logging, checkpoints and resume for each): 'grpo'; 'sft' on the
     references; 'cpt', continued pre-training on raw text; 'dpo' on preference pairs; 'ppo' with a value head
     (the baseline GRPO replaces). docs/STAGES.md chains them."""
-    steps: int = 20
+    steps: Annotated[int, at_least(1)] = 20
     """Optimizer steps (GRPO: one batch of prompts per step)."""
-    epochs: float = 0.0
+    epochs: Annotated[float, at_least(0, "0 = use --steps")] = 0.0
     """Instead of --steps: passes over the training rows (CPT: windows), steps = ceil(epochs * rows /
     prompts_per_step); 0 = use --steps."""
-    prompts_per_step: int = 4
+    prompts_per_step: Annotated[int, at_least(1)] = 4
     """P: prompts per step (SFT, DPO: rows; CPT: windows); a GRPO step sees P x G completions."""
-    micro_batch: int = 0
+    micro_batch: Annotated[int, at_least(0, "0 = all at once")] = 0
     """Completions per forward/backward (0 = all at once); the loss does not depend on it."""
     memory_check: Literal["fit", "refuse", "off"] = "fit"
     """Before the model loads, the memory plan of a GRPO, PPO or CPT step (nanogrpo/model/memory.py) against the
@@ -306,31 +315,31 @@ class TrainConfig:
     largest --micro-batch of whole groups that fits (only when it is 0: one given is kept) and, if needed,
     --model.activation-checkpointing, printed in one line and saved in config.json; 'refuse': stop, naming
     the flags that fit; 'off': no check. SFT and DPO are not planned; --resume changes nothing."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Seed for data order, sampling and initialisation."""
     out_dir: str = "runs/demo"
     """Run folder: config.json, metrics.jsonl, samples.jsonl, plots, checkpoints, index.html."""
     resume: bool = False
     """Continue from the last checkpoint in out_dir, exactly."""
-    save_every: int = 0
+    save_every: Annotated[int, at_least(0, "0 = only at the end")] = 0
     """Checkpoint every k steps (0 = only at the end)."""
-    log_samples_every: int = 5
+    log_samples_every: Annotated[int, at_least(0, "0 = never")] = 5
     """Write the step's groups to samples.jsonl every k steps."""
     plots: bool = True
     """At the end, draw the PNG plots and the run page (index.html); --no-plots skips both (metrics.jsonl has
     everything: `python eval.py report RUN` draws them later)."""
-    eval_prompts: int = 0
+    eval_prompts: Annotated[int, at_least(0, "0 = skip")] = 0
     """Held-out prompts for the final base-vs-trained comparison, and for --eval-every (0 = skip)."""
-    eval_every: int = 0
+    eval_every: Annotated[int, at_least(0, "0 = off")] = 0
     """Held-out evaluation during training: at step 0 (before any update: for a full fine-tune, the base
     model), every K steps and after the last one, greedy answers to --eval-prompts rows of --data.eval (or
     the demo task's held-out split) scored with the training graders, logged as eval/* in metrics.jsonl
     (docs/EVAL.md). 0 = off."""
-    eval_samples: int = 0
+    eval_samples: Annotated[int, at_least(0, "0 = greedy only")] = 0
     """With --eval-every: also k sampled completions per held-out prompt at --sampling.temperature, logged
     as eval/pass@k (the fraction of prompts with a completion whose reward is >= --eval-pass-threshold) and
     eval/avg@k (the mean reward). 0 = greedy only."""
-    eval_pass_threshold: float = 1.0
+    eval_pass_threshold: Annotated[float, ANY] = 1.0
     """The reward at or above which a sampled completion passes, for eval/pass@k (1.0: a perfect score when
     the reward's weights sum to 1, e.g. an exact-match grader alone)."""
     wandb: str = ""

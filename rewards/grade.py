@@ -25,13 +25,13 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from nanogrpo_base.ranges import at_least, check_ranges
 from nanogrpo_base.rows import DataError, check_prompt, prompt_text
 from nanogrpo_base.rows import read_rows as read_rows_checked
 from rewards import RewardConfig, Sample, build_reward
 from rewards.agreement import kendall_tau_b, pairwise_accuracy
-from rewards.ranges import GRADE, check_ranges
 from rewards.registry import mean_metrics
 
 
@@ -45,9 +45,9 @@ class GradeArgs:
     """Grader name or weighted mix, e.g. 'rouge_l' or 'judge:0.7,rouge_l:0.3'; '' uses --reward.spec."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Grader options (the same --reward.* flags as train.py)."""
-    batch_size: int = 64
+    batch_size: Annotated[int, at_least(1)] = 64
     """Completions per grader call (whole groups are kept together)."""
-    top: int = 5
+    top: Annotated[int, at_least(0)] = 5
     """How many of the rows where grader and human disagree most to list."""
     json: str = ""
     """Also write the agreement with `human` (n, kendall_tau, pairwise_accuracy, pairs, disagreements) to this JSON file."""
@@ -173,7 +173,7 @@ def run(args: GradeArgs) -> int:
     """Grade `args.data`; print rows to stdout and the report to stderr. Returns the exit status."""
     cfg = dataclasses.replace(args.reward, spec=args.grader) if args.grader else args.reward
     try:
-        check_ranges(args, GRADE)  # each number in its range (rewards/ranges.py)
+        check_ranges(args)  # each number in the range on its field (nanogrpo_base/ranges.py)
         reward = build_reward(cfg)
         rows = read_rows(Path(args.data))
         reward.validate(rows, str(args.data))

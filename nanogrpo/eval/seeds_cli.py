@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import tyro
 
 from nanogrpo.eval.seeds import DEFAULT_SEEDS, format_markdown, run_seeds, table, write_table
+from nanogrpo_base.ranges import at_least
 
 
 @dataclass(frozen=True)
@@ -26,13 +28,13 @@ class SeedsArgs:
     train_args: tyro.conf.Positional[tuple[str, ...]] = ()
     """train.py's preset and flags, after `--` (e.g. `-- tiny --steps 4 --eval-prompts 8`); the runs need
     --eval-prompts N and LoRA. Not --seed, --out-dir or --resume: the seeds command sets those."""
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    seeds: Annotated[tuple[int, ...], at_least(0)] = DEFAULT_SEEDS
     """Seeds, one run each (Concept Overlap's by default)."""
     baseline: str = ""
     """Another run set (e.g. SFT over the same seeds) to compare the trained models with."""
-    resamples: int = 10_000
+    resamples: Annotated[int, at_least(1)] = 10_000
     """Paired bootstrap resamples (the comparison with --baseline)."""
-    bootstrap_seed: int = 0
+    bootstrap_seed: Annotated[int, at_least(0)] = 0
     """Seed of the bootstrap resamples."""
     json: str = ""
     """'-' prints the JSON instead of the Markdown (both are written to OUT either way)."""
@@ -44,13 +46,13 @@ class TableArgs:
 
     runs: tyro.conf.Positional[str]
     """The run set's folder (seed<N>/ run folders)."""
-    seeds: tuple[int, ...] = ()
+    seeds: Annotated[tuple[int, ...], at_least(0)] = ()
     """Only these seeds (default: every finished run in the folder)."""
     baseline: str = ""
     """Another run set to compare the trained models with, on pairs matched by seed and prompt id."""
-    resamples: int = 10_000
+    resamples: Annotated[int, at_least(1)] = 10_000
     """Paired bootstrap resamples."""
-    bootstrap_seed: int = 0
+    bootstrap_seed: Annotated[int, at_least(0)] = 0
     """Seed of the bootstrap resamples."""
     json: str = ""
     """'-' prints the JSON instead of the Markdown (both are written to RUNS either way)."""

@@ -38,7 +38,7 @@ from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.infra.metrics import replace_atomically
 from nanogrpo.infra.outputs import folder_or_exit
 from nanogrpo.lab.toy import ToySettings, toy_optimum, train_toy
-from rewards.ranges import check_or_exit
+from nanogrpo_base.ranges import check_or_exit
 
 # name -> GRPOConfig fields; the names are what tables and plots show
 VARIANTS: dict[str, dict] = {

@@ -33,7 +33,7 @@ from nanogrpo.grpo import compute_advantages, grpo_loss
 from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.kl import kl_penalty
 from nanogrpo.lab.toy import TabularPolicy
-from rewards.ranges import check_or_exit
+from nanogrpo_base.ranges import check_or_exit
 
 TARGETS = ("rev", "fwd", "tok_rev", "tok_fwd", "rev-tokfwd", "away")
 MATCH_TOL = 1e-6  # relative error under which a row "matches" a target

@@ -33,7 +33,7 @@ from nanogrpo.infra.flag_checks import LAB
 from nanogrpo.infra.metrics import read_jsonl, replace_atomically
 from nanogrpo.infra.outputs import folder_or_exit
 from nanogrpo.lab.ablate_lm import train_logged
-from rewards.ranges import check_or_exit
+from nanogrpo_base.ranges import check_or_exit
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 SEED_002_LOSS = 28.9  # Concept Overlap's PPO loss "exceeded 28.9 by step 31"

@@ -36,16 +36,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import tyro
 
 from nanogrpo.eval import seeds as seedruns
-from nanogrpo.infra.flag_checks import RLVRR
 from nanogrpo.infra.metrics import replace_atomically
 from nanogrpo.infra.outputs import output_folder
 from nanogrpo.recipes import recipe_path
 from nanogrpo.reward_data import baselines
-from rewards.ranges import check_ranges
+from nanogrpo_base.ranges import at_least, check_ranges
 
 CONTENT_SPEC = "keywords:0.5,style:0.5,rouge_l:0"  # the preset's average; rouge_l scored for the table only
 STYLE_SPEC = "keywords:0,style:1,rouge_l:0"  # no content reward: keywords scored for the table only
@@ -121,17 +121,17 @@ class TableArgs:
     """Output folder: data/ (each arm's training rows, the held-out rows), <arm>/seed<N>/ runs, table.md/json."""
     model: str = "tiny"
     """'tiny', 'smollm2', or a model folder (trained with smollm2's sizes)."""
-    seeds: int = 3
+    seeds: Annotated[int, at_least(1, "2 for a std")] = 3
     """How many seeds each arm trains with: 42, 123, 456 (Concept Overlap's), then 1000, 1001, ..."""
     arms: tuple[str, ...] = DEFAULT_ARMS
     """Arms to train: chains, tfidf15, tfidf30, random15, random30, no-content (chains is always one)."""
-    steps: int = 0
+    steps: Annotated[int, at_least(0, "0 = the model's default")] = 0
     """GRPO steps per run (0 = the model's default: tiny 2, smollm2 6)."""
-    eval_prompts: int = 8
+    eval_prompts: Annotated[int, at_least(1)] = 8
     """Held-out open-ended rows each run is evaluated on (the recipe has 8)."""
-    threads: int = 1
+    threads: Annotated[int, at_least(1)] = 1
     """OMP_NUM_THREADS of each train.py (one thread is faster on a CPU that other work shares)."""
-    resamples: int = 10_000
+    resamples: Annotated[int, at_least(1)] = 10_000
     """Paired bootstrap resamples of each CI."""
     train_args: tyro.conf.Positional[tuple[str, ...]] = ()
     """More train.py flags, after `--` (they come last, so they override the arm's); not --seed/--out-dir."""
@@ -286,7 +286,7 @@ def run(a: TableArgs) -> dict:
 def main(argv: Sequence[str] | None = None) -> None:
     args = tyro.cli(TableArgs, args=argv, description=__doc__.split("\n\n")[0])
     try:
-        check_ranges(args, RLVRR)  # each number in its range (nanogrpo/infra/flag_checks.py)
+        check_ranges(args)  # each number in the range on its field
         run(args)
     except ValueError as e:  # bad flags, or a train.py run that failed (its output is above): one line
         print(f"error: {e}", file=sys.stderr)

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 
 import tyro
 
-from nanogrpo.infra.flag_checks import REWARD_DATA
 from nanogrpo.model import judge_backend
 from nanogrpo.reward_data import baselines, keypoints, rubric, style
 from nanogrpo.reward_data import filter as row_filter  # not `filter`: the builtin
-from rewards.ranges import check_ranges
+from nanogrpo_base.ranges import check_ranges
 
 COMMANDS = {
     "keypoints": (keypoints.KeypointsArgs, keypoints.run),
@@ -40,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     judge_backend.register()  # a --llm.backend local model runs on nanogrpo's model and sampler
     runner = next(run for cls, run in COMMANDS.values() if isinstance(args, cls))
     try:
-        check_ranges(args, REWARD_DATA[type(args).__name__])  # each number in its range
+        check_ranges(args)  # each number in the range on its field
         runner(args)
     except ValueError as e:  # bad data or flags (and a judge server that refuses): one clear line
         print(f"error: {e}", file=sys.stderr)

@@ -24,11 +24,12 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
 from nanogrpo.reward_data import rows as io
+from nanogrpo_base.ranges import at_least, within
 from rewards.text import words
 
 
@@ -42,11 +43,11 @@ class BaselineArgs:
     """Output JSONL: the rows with `key_points`."""
     method: Literal["tfidf", "random"] = "tfidf"
     """How the keywords are picked."""
-    share: float = 0.15
+    share: Annotated[float, within(0, 1, lo_open=True)] = 0.15
     """Keywords per reference word (RLVRR's ablations: 0.15 and 0.30)."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Seed of the random picks."""
-    limit: int = 0
+    limit: Annotated[int, at_least(0, "0 = all")] = 0
     """Only the first N rows (0 = all)."""
     stop_words: bool = True
     """tfidf: English function words (STOP_WORDS) rank after every content word."""

@@ -29,14 +29,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import tyro
-from rewards.ranges import check_or_exit
 
 from nanogrpo.data import correct_option, preference_texts
 from nanogrpo.formats import validate_row, write_jsonl
-from nanogrpo.infra.flag_checks import REWARD_DATA
 from nanogrpo.infra.outputs import output_file, output_folder
+from nanogrpo_base.ranges import at_least, check_or_exit, within
 from nanogrpo_base.rows import DataError, read_rows
 
 Positional = tyro.conf.Positional
@@ -273,11 +273,11 @@ class Split:
     """The field to stratify by (e.g. meta_info, answer); '' = a plain random split."""
     out_dir: str
     """Folder of the split files, NAME.jsonl for each --names."""
-    ratios: tuple[float, ...] = (0.8, 0.1, 0.1)
+    ratios: Annotated[tuple[float, ...], within(0, 1)] = (0.8, 0.1, 0.1)
     """Share of each split; they sum to 1."""
     names: tuple[str, ...] = ("train", "val", "test")
     """The split files' names, one per ratio."""
-    seed: int = 0
+    seed: Annotated[int, at_least(0)] = 0
     """Shuffle seed: the same file and seed give the same split."""
     overwrite: bool = False
     """Replace split files that exist."""
@@ -318,7 +318,7 @@ if __name__ == "__main__":
     args = tyro.extras.subcommand_cli_from_dict(
         COMMANDS, prog="python -m nanogrpo.reward_data.convert", description=__doc__.split("\n\n")[0]
     )
-    check_or_exit(args, REWARD_DATA[type(args).__name__])  # each number in its range: else one line, exit 2
+    check_or_exit(args)  # each number in the range on its field: else one line, exit 2
     try:
         RUNNERS[type(args)](args)
     except ValueError as e:  # bad data or flags: one line that says what to fix, exit 2 as train.py's

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
 from nanogrpo.reward_data import rows as io
+from nanogrpo_base.ranges import ANY, at_least
 from nanogrpo_base.rows import prompt_text
 from rewards import RewardConfig, Sample, build_reward
 
@@ -35,13 +36,13 @@ class FilterArgs:
     """Output JSONL: the rows kept, unchanged."""
     reward: RewardConfig = field(default_factory=lambda: RewardConfig(spec="keywords:1,style:1"))
     """The graders (--reward.spec, default 'keywords:1,style:1') and their options, as train.py takes them."""
-    threshold: float = 0.7
+    threshold: Annotated[float, ANY] = 0.7
     """A grader's score of the reference below this counts as failing (RLVRR: 0.7)."""
     drop_if: Literal["all-below", "any-below"] = "all-below"
     """Drop a row when every grader fails (RLVRR's 'both ... fall below 0.7') or when any one does."""
-    batch_size: int = 64
+    batch_size: Annotated[int, at_least(1)] = 64
     """References scored per grader call."""
-    limit: int = 0
+    limit: Annotated[int, at_least(0, "0 = all")] = 0
     """Only the first N rows (0 = all)."""
 
 

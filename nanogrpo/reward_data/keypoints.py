@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo_base.ranges import at_least, within
 from nanogrpo_base.rows import prompt_text
 from rewards.keywords import first_positions, spaced_words
 from rewards.text import words
@@ -111,15 +112,15 @@ class KeypointsArgs(DraftArgs):
 
     one_level: bool = False
     """Ask for keywords directly, without key points (one request per row; the row gets one key point)."""
-    share: float = 0.15
+    share: Annotated[float, within(0, 1, lo_open=True)] = 0.15
     """Keywords' share of the reference's words asked for (RLVRR: about 15%)."""
-    max_words: int = 3
+    max_words: Annotated[int, at_least(1)] = 3
     """Most words in one keyword."""
-    max_points: int = 8
+    max_points: Annotated[int, at_least(1)] = 8
     """Most key points asked for per row."""
     order: bool = True
     """Check that a key point's keywords occur in a reference in the order listed."""
-    max_ref_chars: int = 6000
+    max_ref_chars: Annotated[int, at_least(1)] = 6000
     """Each reference is cut to this many characters in the prompt (the keywords are checked on the whole)."""
 
 

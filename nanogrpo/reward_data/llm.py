@@ -22,11 +22,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import tyro
 
 from nanogrpo.reward_data import rows as io
+from nanogrpo_base.ranges import at_least
 from rewards.judge import JudgeCache, extract_json
 from rewards.llm_client import ChatRequest, Reply, check_endpoint, make_client
 from rewards.options import JudgeConfig
@@ -201,13 +202,13 @@ class DraftArgs:
     """The drafting LLM (--llm.base-url, --llm.model, --llm.concurrency, --llm.max-retries, ...); --llm.cache
     is the reply cache (default: OUT with the suffix .cache.jsonl; a rerun asks only what is not in it);
     --llm.max-tokens 0 leaves each request its subcommand's default (1024 or 2048)."""
-    price_in: float = 0.0
+    price_in: Annotated[float, at_least(0, "dollars per 1M tokens")] = 0.0
     """Dollars per 1M prompt tokens, for the cost estimate."""
-    price_out: float = 0.0
+    price_out: Annotated[float, at_least(0, "dollars per 1M tokens")] = 0.0
     """Dollars per 1M completion tokens, for the cost estimate."""
-    limit: int = 0
+    limit: Annotated[int, at_least(0, "0 = all")] = 0
     """Only the first N rows (0 = all)."""
-    chunk: int = 0
+    chunk: Annotated[int, at_least(0, "0 = 4 x --llm.concurrency")] = 0
     """Rows whose requests go out together (0 = 4 x --llm.concurrency); the progress bar moves by chunks."""
 
 

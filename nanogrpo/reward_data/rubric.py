@@ -20,10 +20,11 @@ reported and left out; the response's other labels are kept (each label stands o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo_base.ranges import above, at_least
 from nanogrpo_base.rows import prompt_text
 from rewards.rubric import parse_rubric
 
@@ -99,13 +100,13 @@ LABEL_SCHEMA = {
 class RubricArgs(DraftArgs):
     """Draft `rubric` (criteria with weights, hard and soft) for each row from its prompt and reference."""
 
-    hard: int = 2
+    hard: Annotated[int, at_least(0)] = 2
     """Hard criteria per row (Small-LM Judges: 2)."""
-    soft: int = 4
+    soft: Annotated[int, at_least(0)] = 4
     """Soft criteria per row (Small-LM Judges: 4)."""
-    max_weight: float = 5.0
+    max_weight: Annotated[float, above(0)] = 5.0
     """Largest weight a criterion may have."""
-    max_ref_chars: int = 6000
+    max_ref_chars: Annotated[int, at_least(1)] = 6000
     """The reference is cut to this many characters in the prompt."""
 
 
@@ -113,7 +114,7 @@ class RubricArgs(DraftArgs):
 class LabelArgs(DraftArgs):
     """Label whether each response meets each criterion of its row's rubric: the input of `rewards.probe train`."""
 
-    max_response_chars: int = 6000
+    max_response_chars: Annotated[int, at_least(1)] = 6000
     """Each response is cut to this many characters in the prompt (the label row keeps it whole)."""
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from nanogrpo.reward_data import rows as io
 from nanogrpo.reward_data import sandbox
 from nanogrpo.reward_data.llm import DraftArgs, Drafter, draft_file, messages, read_json_object
+from nanogrpo_base.ranges import above, at_least
 from nanogrpo_base.rows import prompt_text
 from rewards.style import ELEMENTS, parse_style_spec, spec_scores, text_style
 from rewards.text import words
@@ -99,16 +100,16 @@ class StyleArgs(DraftArgs):
     """Also ask for free-form Python checks (`style_code`), validated in the sandbox: LLM-written code, run in a
     child process only (CPU, memory, file and process limits, no network; see
     nanogrpo/reward_data/sandbox.py)."""
-    max_code_checks: int = 4
+    max_code_checks: Annotated[int, at_least(1)] = 4
     """Most Python checks asked for per row."""
-    check_seconds: float = 2.0
+    check_seconds: Annotated[float, above(0)] = 2.0
     """Sandbox: CPU seconds per check call."""
-    check_memory_mb: int = 256
+    check_memory_mb: Annotated[int, at_least(1)] = 256
     """Sandbox: address space of the child, in MB."""
     check_network: str = "auto"
     """Sandbox: 'namespace' (no network interfaces at all, needs `unshare -rn`), 'python' (socket modules
     blocked at the Python level) or 'auto' (namespace where it works)."""
-    max_ref_chars: int = 6000
+    max_ref_chars: Annotated[int, at_least(1)] = 6000
     """The reference is cut to this many characters in the prompt (the checks are tested on the whole)."""
 
 

@@ -1,26 +1,32 @@
 """The allowed range of every numeric flag, and the one check that holds a command's flags to them.
 
-A table maps each numeric field, by its dotted path as the config spells it ('lora.r',
-'reward.judge.timeout_s'), to its Range. `check_ranges(args, table)` walks a command's parsed flags (a
-dataclass with its nested ones, an argparse Namespace, or a dict of a function's arguments) and raises
-FlagRangeError, a ValueError, for the first number outside its range, naming the flag as it is typed:
+A flag's Range sits on its own field, as `typing.Annotated` metadata that tyro ignores:
+
+    steps: Annotated[int, at_least(1)] = 20
+    r: Annotated[int, at_least(0, "0 = full fine-tune")] = 16
+
+`check_ranges(cfg)` walks a command's parsed flags (a dataclass with its nested ones: each field's Range is
+read from `typing.get_type_hints(cls, include_extras=True)`) and raises FlagRangeError, a ValueError, for the
+first number outside its range, naming the flag as it is typed:
 
     --lora.r -1: must be >= 0 (0 = full fine-tune)
     --optim.lr nan: must be a finite number > 0
 
-Every float must be finite. Every numeric field needs a row: a number the table lacks is a bug, raised as
-LookupError, and tests/test_flag_ranges.py walks every command's fields (and tries a value just outside
-each range) so that a new flag cannot go without one. This module holds the checker (rewards/ imports
-nothing of nanogrpo, and its own commands need it) and the tables of rewards' options and commands;
-nanogrpo's tables are in nanogrpo/infra/flag_checks.py.
+A command without a dataclass (an argparse Namespace, or a dict of a function's arguments) passes a table,
+{dotted path: Range}: `check_ranges(args, TABLE)`. Every float must be finite. Every numeric flag needs a
+range: a number without one is a bug, raised as LookupError, and tests/test_flag_ranges.py walks every
+command's fields (and tries a value just outside each range) so that a new flag cannot go without one.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
+from types import MappingProxyType
 from typing import Any
 
 
@@ -88,11 +94,6 @@ ANY = Range()
 """Any finite number (a reward threshold, say)."""
 
 
-def nested(prefix: str, table: Mapping[str, Range]) -> dict[str, Range]:
-    """`table` under a nested section: {'r': ...} -> {'lora.r': ...}."""
-    return {f"{prefix}.{k}": r for k, r in table.items()}
-
-
 def flag_name(path: str) -> str:
     """'grpo.eps_low' -> '--grpo.eps-low', as tyro and argparse spell it."""
     return "--" + path.replace("_", "-")
@@ -104,6 +105,22 @@ def _show(v: Any) -> str:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@functools.cache
+def field_ranges(cls: type, prefix: str = "") -> Mapping[str, Range]:
+    """{dotted path: Range} of a dataclass's fields, nested dataclasses included: each field's Range is its
+    `Annotated` metadata. A field without one is left out (check_ranges refuses its number)."""
+    out: dict[str, Range] = {}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in fields(cls):
+        hint = hints[f.name]
+        bare = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+        if is_dataclass(bare):
+            out.update(field_ranges(bare, f"{prefix}{f.name}."))
+        elif rng := next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)), None):
+            out[prefix + f.name] = rng
+    return MappingProxyType(out)  # read-only: the answer is cached
 
 
 def numbers(args: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -120,63 +137,30 @@ def numbers(args: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield path, v
 
 
-def check_ranges(args: Any, table: Mapping[str, Range]) -> None:
-    """FlagRangeError naming the first flag of `args` whose number is outside its range in `table`."""
+def check_ranges(args: Any, table: Mapping[str, Range] | None = None) -> None:
+    """FlagRangeError naming the first flag of `args` whose number is outside its range: the ranges on the
+    fields of a dataclass `args`, or `table`'s for a command without one (a Namespace, a dict)."""
+    if table is None:
+        if not is_dataclass(args) or isinstance(args, type):
+            raise TypeError(
+                f"check_ranges: a {type(args).__name__} has no fields to read ranges from; pass a table"
+            )
+        table = field_ranges(type(args))
+        fix = "annotate its field with its Range, e.g. Annotated[int, at_least(0)]"
+    else:
+        fix = "add {path!r} to its command's table"
     for path, value in numbers(args):
         rng = table.get(path)
         if rng is None:
-            raise LookupError(f"{flag_name(path)} has no declared range: add {path!r} to its command's table")
+            raise LookupError(f"{flag_name(path)} has no declared range: {fix.format(path=path)}")
         if not all(rng.allows(v) for v in (value if isinstance(value, (tuple, list)) else (value,))):
             raise FlagRangeError(rng.message(flag_name(path), value))
 
 
-def check_or_exit(args: Any, table: Mapping[str, Range]) -> None:
+def check_or_exit(args: Any, table: Mapping[str, Range] | None = None) -> None:
     """check_ranges for a command without a one-line error of its own: the line on stderr, exit 2."""
     try:
         check_ranges(args, table)
     except FlagRangeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-
-
-# ----------------------------------------------------------------------------- rewards' own options
-
-JUDGE = {  # JudgeConfig: --reward.judge.*, and --llm.* / --server.* where a command drafts or judges
-    "concurrency": at_least(1),
-    "timeout_s": above(0),
-    "max_retries": at_least(0, "0 = no retry"),
-    "backoff_s": at_least(0),
-    "max_backoff_s": at_least(0),
-    "temperature": at_least(0, "0 = greedy"),
-    "max_tokens": at_least(0, "0 = enough for the group"),
-    "top_logprobs": at_least(1),
-    "max_answer_chars": at_least(1),
-    "seed": at_least(0),
-}
-RUBRIC = {"batch_size": at_least(1)}
-REWARD = {  # RewardConfig: --reward.*
-    "numbers_full": at_least(0, "a relative error"),
-    "numbers_half": at_least(0, "a relative error"),
-    "semantic_batch_size": at_least(1),
-    "semantic_scale": above(0),
-    "semantic_baseline_samples": at_least(1),
-    "semantic_seed": at_least(0),
-    "consistency_n": at_least(1),
-    "style_length_tolerance": at_least(0),
-    "user_timeout_s": at_least(0, "0 = no limit"),
-    "overlong_buffer": at_least(0, "0 = a quarter of the limit"),
-    "overlong_max_tokens": at_least(0, "0 = --sampling.max-new-tokens"),
-    "random_seed": at_least(0),
-    "max_empty_steps": at_least(0, "0 = never stop"),
-    **nested("judge", JUDGE),
-    **nested("rubric", RUBRIC),
-}
-GRADE = {"batch_size": at_least(1), "top": at_least(0), **nested("reward", REWARD)}  # rewards.grade
-PROBE_TRAIN = {  # python -m rewards.probe train (and nanogrpo.probe)
-    "dev_frac": within(0, 1, "the share of questions held out", lo_open=True, hi_open=True),
-    "seed": at_least(0),
-    "l2": at_least(0, "0 = no penalty"),
-    "batch_size": at_least(1),
-    "max_len": at_least(1),
-}
-PROBE_EVAL = {"batch_size": at_least(1)}

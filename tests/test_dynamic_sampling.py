@@ -11,7 +11,6 @@ from helpers import metrics, run_train_here, tiny
 
 from nanogrpo.data import PromptOrder, tokenize_prompts
 from nanogrpo.dynamic import (
-    Scored,
     choose_groups,
     draw_step,
     informative_groups,
@@ -23,7 +22,7 @@ from nanogrpo.model.logprobs import make_batch
 from nanogrpo.policy import load_policy, prompt_budget
 from nanogrpo.recipes.demo import demo_rows
 from nanogrpo.recipes.presets import PRESETS
-from nanogrpo.rollout import assemble, loss_rows, prompt_seed, rollout
+from nanogrpo.rollout import Rollout, assemble, loss_rows, prompt_seed, rollout
 from train import grpo_update as update
 
 TINY = PRESETS["tiny"][1]
@@ -67,7 +66,7 @@ def data_rows(n: int, spread: set[int]) -> list[dict]:
     ]
 
 
-def fake_scored(rows: list[dict], seed: int = 0) -> Scored:
+def fake_scored(rows: list[dict], seed: int = 0) -> Rollout:
     """G completions per row of random tokens and lengths; rewards with spread only for rows marked so."""
     gen = torch.Generator().manual_seed(seed)
     N, T = len(rows) * G, 6
@@ -81,8 +80,9 @@ def fake_scored(rows: list[dict], seed: int = 0) -> Scored:
     reward = torch.tensor(
         [v for r in rows for v in ([0.0, 1.0, 0.5, nan] if r["spread"] else [0.3, 0.3, nan, 0.3])]
     )
-    parts = {"a": [None if x != x else float(x) for x in reward.tolist()]}
-    return Scored(roll, reward, parts, {"judge": [f"why {t}" for t in texts]}, 0.5)
+    roll.reward, roll.parts = reward, {"a": [None if x != x else float(x) for x in reward.tolist()]}
+    roll.details, roll.t_score = {"judge": [f"why {t}" for t in texts]}, 0.5
+    return roll
 
 
 def draw(spread: set[int], P=4, rounds=3, on=True, tol=1e-6):
@@ -112,22 +112,22 @@ def test_rounds_stop_once_the_step_holds_P_informative_groups():
     d, drawn, order = draw({1, 2, 5, 6, 7, 9})
     assert ids(d) == [1, 2, 5, 6]  # round 0 had 1 and 2; round 1's 7 is past P: discarded
     assert (d.groups_drawn, d.groups_kept, d.rounds, len(drawn), order.pos) == (8, 4, 1, 2, 8)
-    assert informative_groups(d.reward, G, 1e-6).all()  # every trained group has spread
-    assert 2.0 <= d.t_sample < 2.5 and d.t_score == 1.0  # both rounds (and the regrouping)
+    assert informative_groups(d.roll.reward, G, 1e-6).all()  # every trained group has spread
+    assert 2.0 <= d.t_sample < 2.5 and d.roll.t_score == 1.0  # both rounds (and the regrouping)
     # the trained groups' pieces, from the round that sampled them
-    src = {r["id"]: (s, i) for s in drawn for i, r in enumerate(s.roll.rows)}
+    src = {r["id"]: (s, i) for s in drawn for i, r in enumerate(s.rows)}
     for k, row_id in enumerate(ids(d)):
         s, i = src[row_id]
-        assert d.roll.texts[k * G : (k + 1) * G] == s.roll.texts[i * G : (i + 1) * G]
-        assert d.details["judge"][k * G : (k + 1) * G] == s.details["judge"][i * G : (i + 1) * G]
+        assert d.roll.texts[k * G : (k + 1) * G] == s.texts[i * G : (i + 1) * G]
+        assert d.roll.details["judge"][k * G : (k + 1) * G] == s.details["judge"][i * G : (i + 1) * G]
         torch.testing.assert_close(
-            d.reward[k * G : (k + 1) * G], s.reward[i * G : (i + 1) * G], equal_nan=True
+            d.roll.reward[k * G : (k + 1) * G], s.reward[i * G : (i + 1) * G], equal_nan=True
         )
-        L = int(s.roll.lengths[i * G : (i + 1) * G].max())
+        L = int(s.lengths[i * G : (i + 1) * G].max())
         assert torch.equal(
-            d.roll.batch.targets[k * G : (k + 1) * G, :L], s.roll.batch.targets[i * G : (i + 1) * G, :L]
+            d.roll.batch.targets[k * G : (k + 1) * G, :L], s.batch.targets[i * G : (i + 1) * G, :L]
         )
-        assert torch.equal(d.roll.truncated[k * G : (k + 1) * G], s.roll.truncated[i * G : (i + 1) * G])
+        assert torch.equal(d.roll.truncated[k * G : (k + 1) * G], s.truncated[i * G : (i + 1) * G])
     drawn_valid = torch.cat([s.reward for s in drawn])
     assert d.drawn_reward == (float(drawn_valid.nansum()), float((~drawn_valid.isnan()).sum()))
 
@@ -135,24 +135,24 @@ def test_rounds_stop_once_the_step_holds_P_informative_groups():
 def test_when_the_rounds_run_out_the_earliest_groups_without_spread_fill_the_step():
     d, drawn, order = draw({9}, rounds=2)  # one informative group, in round 2
     assert ids(d) == [0, 1, 2, 9] and (d.groups_drawn, d.groups_kept, d.rounds, order.pos) == (12, 1, 2, 12)
-    assert informative_groups(d.reward, G, 1e-6).tolist() == [False, False, False, True]
+    assert informative_groups(d.roll.reward, G, 1e-6).tolist() == [False, False, False, True]
     d, drawn, _ = draw({1}, rounds=2)  # the fill is round 0 as drawn: no regrouping
-    assert ids(d) == [0, 1, 2, 3] and d.roll is drawn[0].roll and d.groups_kept == 1
+    assert ids(d) == [0, 1, 2, 3] and d.roll is drawn[0] and d.groups_kept == 1
 
 
 def test_tolerance_and_the_flag_off():
     d, drawn, _ = draw({1, 2, 3, 4, 5, 6, 7}, tol=1.0)  # a spread of 1 is not above a tolerance of 1
     assert d.groups_kept == 0 and d.rounds == 3 and ids(d) == [0, 1, 2, 3]
     d, drawn, order = draw(set(), on=False)  # off: round 0 as it was sampled, whatever its spread
-    assert len(drawn) == 1 and d.roll is drawn[0].roll and order.pos == 4
+    assert len(drawn) == 1 and d.roll is drawn[0] and order.pos == 4
     assert (d.groups_drawn, d.groups_kept, d.rounds) == (4, 0, 0)
 
 
 def test_split_then_join_is_the_identity():
     s = fake_scored(data_rows(3, {1}), seed=3)
     back = join_groups(split_groups(s), 0, torch.device("cpu"))
-    a, b = s.roll.batch, back.roll.batch
-    L = int(s.roll.lengths.max())
+    a, b = s.batch, back.batch
+    L = int(s.lengths.max())
     assert b.targets.shape[1] == L  # cut to the longest completion
     for x, y in [
         (a.ids[:, : a.prompt_len + L], b.ids),
@@ -161,13 +161,11 @@ def test_split_then_join_is_the_identity():
     ]:
         assert torch.equal(x, y)
     assert torch.equal(a.mask[:, :L], b.mask) and torch.equal(a.group, b.group)
-    assert torch.equal(s.roll.sampler_logp[:, :L], back.roll.sampler_logp)
-    assert torch.equal(s.roll.truncated, back.roll.truncated) and torch.equal(
-        s.roll.lengths, back.roll.lengths
-    )
-    assert s.roll.texts == back.roll.texts and s.parts == back.parts and s.details == back.details
-    assert [x.completion for x in s.roll.samples] == [x.completion for x in back.roll.samples]
-    assert [x.tokens for x in back.roll.samples] == s.roll.lengths.long().tolist()  # for the overlong grader
+    assert torch.equal(s.sampler_logp[:, :L], back.sampler_logp)
+    assert torch.equal(s.truncated, back.truncated) and torch.equal(s.lengths, back.lengths)
+    assert s.texts == back.texts and s.parts == back.parts and s.details == back.details
+    assert [x.completion for x in s.samples] == [x.completion for x in back.samples]
+    assert [x.tokens for x in back.samples] == s.lengths.long().tolist()  # for the overlong grader
     torch.testing.assert_close(s.reward, back.reward, equal_nan=True)
 
 
@@ -228,9 +226,9 @@ def test_the_loss_on_the_kept_groups_is_the_loss_of_those_groups_fed_directly(ti
     cfg = replace(cfg, grpo=replace(cfg.grpo, loss_agg=agg))
     adv = torch.randn(len(roll.texts), generator=torch.Generator().manual_seed(1))  # (N,)
     reward = torch.rand(len(roll.texts))
-    s = Scored(roll, reward, {}, {}, 0.0)
-    groups = split_groups(s)
-    joined = join_groups([groups[1], groups[3]], policy.pad_id, torch.device("cpu")).roll
+    roll.reward, roll.parts, roll.details = reward, {}, {}
+    groups = split_groups(roll)
+    joined = join_groups([groups[1], groups[3]], policy.pad_id, torch.device("cpu"))
     rows = torch.tensor([4, 5, 6, 7, 12, 13, 14, 15])  # groups 1 and 3
     got, upd = step_delta(policy, joined.batch, adv[rows], joined.sampler_logp, cfg)
     want, upd_direct = step_delta(policy, direct_batch(roll, rows), adv[rows], roll.sampler_logp[rows], cfg)

@@ -16,7 +16,7 @@ from helpers import ROOT, run_eval, run_train_here, write_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import train
+from nanogrpo import startup
 from nanogrpo.config import ModelConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.builtin import Calc, Search, arith
@@ -141,7 +141,7 @@ def nothing_loads(*a, **k):
 
 @pytest.mark.parametrize("device", ["tpu", "foo", "meta", "mps", "cuda:x", "CPU", ""])
 def test_a_device_this_build_cannot_use_is_one_line(device, monkeypatch, tmp_path):
-    monkeypatch.setattr(train, "load_policy", nothing_loads)
+    monkeypatch.setattr(startup, "load_policy", nothing_loads)
     res = run_train_here(
         "tiny", "--steps", "1", "--model.device", device, "--out-dir", tmp_path / "run", cwd=tmp_path
     )

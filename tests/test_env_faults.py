@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, run_eval, run_train_here
 
+from nanogrpo import startup
+
 HOSTILE = str(Path(__file__).with_name("hostile_envs.py"))
 FAIR = 0.5  # a fair episode: two steps of 0.25
 
@@ -223,12 +225,11 @@ def test_a_constructor_that_fails_or_hangs_later_ends_those_episodes_only(env, t
 def test_an_environment_that_cannot_run_is_refused_in_one_line_before_the_model_loads(
     env, flags, message, tmp_path, monkeypatch
 ) -> None:
-    import train
 
     def no_model(*a, **k):
         raise AssertionError("the model loaded")
 
-    monkeypatch.setattr(train, "load_policy", no_model)
+    monkeypatch.setattr(startup, "load_policy", no_model)
     data = rows_file(tmp_path / "rows.jsonl", [""])
     flags = [
         str(rows_file(tmp_path / "bad.jsonl", ["reset_raises", ""])) if f == "FIRST_FAILS" else f
@@ -245,9 +246,8 @@ def test_a_first_message_past_the_prompt_limit_is_refused_before_the_model_loads
     """TextArena's first message is longer than the prompt room the default 10-turn budget leaves a
     1,024-position model: refused at start-up, naming the budgets and the model's positions."""
     pytest.importorskip("textarena")
-    import train
 
-    monkeypatch.setattr(train, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(startup, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
     r = run_train_here("tiny", "--env.name", "textarena:GuessTheNumber-v0", "--reward.spec", "env",
                        "--out-dir", "/nonexistent/never-written")  # fmt: skip
     lines = r.stderr.strip().splitlines()

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from helpers import metrics, run_train_here, tiny
 
+from nanogrpo import startup
 from nanogrpo.data import load_task
 from nanogrpo.eval.during import eval_line, eval_seed, means
 from nanogrpo.eval.evaluate import pass_and_mean
@@ -114,7 +115,6 @@ def test_a_held_out_file_enables_it_beside_any_training_data(tmp_path):
 def test_the_held_out_file_is_read_once_at_start_up(tmp_path, monkeypatch):
     """The evaluations during training and the final table score the rows read and checked before the model
     loaded: the file removed right after that read, the run still evaluates at steps 0 and 2 and at its end."""
-    import train
 
     rows, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"q{i}", "reference": "a"}) + "\n" for i in range(4)))
@@ -128,7 +128,7 @@ def test_the_held_out_file_is_read_once_at_start_up(tmp_path, monkeypatch):
             held.unlink()
         return out
 
-    monkeypatch.setattr(train, "load_task", read_then_remove)
+    monkeypatch.setattr(startup, "load_task", read_then_remove)
     cfg = cli(["tiny", "--data.train", str(rows), "--data.eval", str(held), "--eval-every", "2"])
     main(replace(cfg, out_dir=str(tmp_path / "run"), eval_prompts=2, steps=2))
     assert reads.count("eval") == 1 and not held.exists()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nanogrpo import startup
 from nanogrpo.model import memory, memory_fit
 from nanogrpo.recipes.presets import PRESETS
 
@@ -79,12 +80,11 @@ def mock_meminfo(monkeypatch, tmp_path, available: int) -> None:
 
 
 def no_model_load(monkeypatch) -> None:
-    import train
 
     def refuse(*a, **k):
         raise AssertionError("the model loaded before the memory check refused the run")
 
-    monkeypatch.setattr(train, "load_policy", refuse)
+    monkeypatch.setattr(startup, "load_policy", refuse)
 
 
 def tiny(tmp_path, **kw):
@@ -93,7 +93,7 @@ def tiny(tmp_path, **kw):
 
 def tiny_plans(cfg, device: str) -> dict[tuple[int, bool], int]:
     """Peak bytes of cfg's run per (micro-batch, checkpointing), as the check plans it."""
-    from train import training_data
+    from nanogrpo.startup import training_data
 
     rows = training_data(cfg)[0]
     prompt_len, new_tokens = memory_fit.lengths(cfg, rows)

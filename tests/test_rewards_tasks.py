@@ -10,6 +10,7 @@ import pytest
 from helpers import write_rows
 
 import train
+from nanogrpo import startup
 from rewards import Grader, RewardConfig, RewardFunction, Sample, build_reward
 from rewards.tasks import parse_tasks
 
@@ -277,7 +278,7 @@ def test_train_refuses_a_bad_row_before_the_model_loads(tmp_path, monkeypatch):
     def no_model(*a, **k):
         raise AssertionError("the model loaded before the data was checked")
 
-    monkeypatch.setattr(train, "load_policy", no_model)
+    monkeypatch.setattr(startup, "load_policy", no_model)
     flags = ["--reward.spec", "rouge_l:1", "--reward.tasks", "math=exact:1;open=rouge_l:1"]
     bad = str(write_rows(tmp_path / "bad.jsonl", [MIXED[1], {"prompt": "What is 3 + 3?", "task": "math"}]))
     with pytest.raises(ValueError, match=f"{bad}:2: field 'answer' is missing, and grader 'exact' needs it"):

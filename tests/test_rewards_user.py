@@ -17,6 +17,7 @@ import pytest
 from helpers import run_train_here
 
 import train
+from nanogrpo import startup
 from rewards import RewardConfig, Sample, build_reward
 from rewards.spec import parse_spec, spec_entries
 from rewards.user import DEFAULT_TIMEOUT_S, UserGraderError
@@ -339,7 +340,7 @@ def test_train_refuses_user_code_without_the_flag(tmp_path, monkeypatch):
     def no_model(*a, **k):
         raise AssertionError("the model loaded before the reward was checked")
 
-    monkeypatch.setattr(train, "load_policy", no_model)
+    monkeypatch.setattr(startup, "load_policy", no_model)
     path = user_file(tmp_path, TRL)
     with pytest.raises(ValueError, match="add --reward.allow-user-code to allow it"):
         train.main(

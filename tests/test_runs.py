@@ -21,6 +21,7 @@ from helpers import ROOT, metrics, run_train_here
 from safetensors.torch import load_file
 
 import train
+from nanogrpo import startup
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra.metrics import JsonlWriter, read_jsonl
 from nanogrpo.recipes.presets import PRESETS
@@ -113,7 +114,7 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(train, "load_policy", refuse)
+    monkeypatch.setattr(startup, "load_policy", refuse)
 
 
 def test_an_out_dir_that_cannot_be_created_is_refused_before_the_model_loads(tmp_path, no_model):

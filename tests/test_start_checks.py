@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nanogrpo import startup
 from nanogrpo.recipes.presets import PRESETS
 from train import NonFiniteStep, cli, main
 
@@ -112,9 +113,8 @@ def test_a_non_finite_run_exits_3_from_the_command_line(tmp_path):
 
 
 def test_the_eval_file_is_checked_before_the_model_loads(tmp_path, monkeypatch):
-    import train
 
-    monkeypatch.setattr(train, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(startup, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
     with pytest.raises(ValueError, match="missing.jsonl"):
         main(cli(["tiny", "--data.eval", str(tmp_path / "missing.jsonl"), "--out-dir", str(tmp_path / "a")]))
     rows = tmp_path / "no_reference.jsonl"  # the graders (rouge_l) need a reference: refused, naming the line

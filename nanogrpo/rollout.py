@@ -22,8 +22,8 @@ import torch
 from nanogrpo.config import TrainConfig
 from nanogrpo.model.logprobs import Batch, make_batch, pad_left
 from nanogrpo.model.sampling import generate
+from nanogrpo_base.rows import prompt_text
 from rewards import Sample
-from rewards.rows import prompt_text
 
 
 @dataclass

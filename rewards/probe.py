@@ -7,7 +7,7 @@ P(criterion met) = sigmoid(w . (h - mean) / std + b). The LM stays frozen; only 
 
     python -m rewards.probe train --data labels.jsonl --model /models/lm --out probes/science
     python -m rewards.probe eval --data test.jsonl --probe probes/science
-    python -m nanogrpo.probe train --data labels.jsonl --model smollm2 --out probes/science   # a name
+    python -m nanogrpo.eval.probe train --data labels.jsonl --model smollm2 --out probes/science   # a name
 
 labels.jsonl rows: {"prompt", "response", "criterion", "label": 0|1} (or {"text", "label"} for any
 text), optional "split" ("train" / "dev"; otherwise a seeded split by question) and "group" (rows
@@ -16,13 +16,13 @@ compared by pairwise accuracy; default: same prompt and criterion).
 As in Small-LM Judges, the layer and the decision threshold are chosen on the dev split (layer: lowest dev
 log-loss; threshold: highest dev macro-F1); `fit_probe` does this on hidden states already extracted.
 `pool='mean'` averages the hidden states over the text instead of taking the last token (the paper's
-weaker variant; `python -m nanogrpo.probe compare` sets such variants side by side). Departures:
+weaker variant; `python -m nanogrpo.eval.probe compare` sets such variants side by side). Departures:
 features are standardised with the training mean and std, and the fit is a full-batch L-BFGS with a
 small L2 penalty (float64) rather than SGD.
 Hidden states come from transformers (`output_hidden_states`) on the same model folder the local
 judge loads, since a judge's model returns only the last layer. A model name ('tiny', 'smollm2') is
 resolved by the backend registered in rewards.local_client: nanogrpo registers one in train.py, eval.py
-and `python -m nanogrpo.probe` (the same command line as `python -m rewards.probe`, rewards/probe_cli.py);
+and `python -m nanogrpo.eval.probe` (the same command line as `python -m rewards.probe`, rewards/probe_cli.py);
 without one a model is a folder.
 """
 

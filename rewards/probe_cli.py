@@ -1,8 +1,8 @@
 """Command line of the probes: `train` and `eval`, run by `python -m rewards.probe` (model folders) and
-`python -m nanogrpo.probe` (also nanogrpo's model names).
+`python -m nanogrpo.eval.probe` (also nanogrpo's model names).
 
 rewards/ imports nothing of nanogrpo, so a model name such as 'tiny' or 'smollm2' resolves only through
-the backend registered in rewards.local_client; `python -m nanogrpo.probe` registers nanogrpo's and then
+the backend registered in rewards.local_client; `python -m nanogrpo.eval.probe` registers nanogrpo's and then
 runs `main` below, with the same subcommands and flags. Without a backend `--model` must be a folder,
 and a name is refused with that fix before anything loads.
 """
@@ -19,7 +19,7 @@ import tyro
 from nanogrpo_base.ranges import at_least, check_ranges, within
 from rewards.probe import Probe, evaluate_probe, read_rows, train_probe
 
-NAMES = "python -m nanogrpo.probe takes the same flags and the model names train.py takes ('tiny', 'smollm2')"
+NAMES = "python -m nanogrpo.eval.probe takes the same flags and the model names train.py takes ('tiny', 'smollm2')"
 
 
 def check_model(model: str, flag: str) -> None:
@@ -80,7 +80,7 @@ def check_out(out: str, overwrite: bool) -> None:
         )
 
 
-PROBE_TRAIN = {  # train's arguments (and nanogrpo.probe's): a function has no fields to carry its ranges
+PROBE_TRAIN = {  # train's arguments (and nanogrpo.eval.probe's): a function has no fields to carry its ranges
     "dev_frac": within(0, 1, "the share of questions held out", lo_open=True, hi_open=True),
     "seed": at_least(0),
     "l2": at_least(0, "0 = no penalty"),
@@ -98,7 +98,7 @@ def train(
 
     Args:
         data: labels.jsonl: {"prompt", "response", "criterion", "label"} (or {"text", "label"}) per line.
-        model: HF model folder of the frozen LM; through `python -m nanogrpo.probe` also 'tiny' or 'smollm2'.
+        model: HF model folder of the frozen LM; through `python -m nanogrpo.eval.probe` also 'tiny' or 'smollm2'.
         out: Folder to write probe.safetensors and probe.json into.
         dev_frac: Share of the questions held out to choose the layer and the threshold (rows without 'split').
         seed: Seed of the train/dev split.

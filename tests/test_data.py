@@ -119,7 +119,7 @@ def test_train_and_grade_refuse_hostile_files_with_file_and_line(tmp_path):
 
 
 def test_a_line_over_the_size_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
-    from rewards import rows
+    from nanogrpo_base import rows
 
     p = tmp_path / "huge.jsonl"
     p.write_text('{"prompt": "q"}\n{"prompt": "' + "x" * 200_000 + '"}\n')

@@ -12,7 +12,7 @@ from helpers import write_rows
 from nanogrpo.config import DataConfig
 from nanogrpo.data import column_map, load_task
 from nanogrpo.recipes.presets import PRESETS
-from rewards.rows import DataError
+from nanogrpo_base.rows import DataError
 
 ROWS = [
     {"id": "a", "prompt": "What is the capital of France?", "reference": "Paris", "answer": "Paris"},

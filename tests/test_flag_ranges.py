@@ -23,7 +23,7 @@ import pytest
 from helpers import _in_process, run_eval, run_train_here, write_rows
 
 import eval as eval_py
-from nanogrpo import probe as nanogrpo_probe
+from nanogrpo.eval import probe as nanogrpo_probe
 from nanogrpo.config import TrainConfig
 from nanogrpo.eval import readouts
 from nanogrpo.infra import flag_checks
@@ -68,7 +68,7 @@ COMMANDS = [
     ("rewards.grade", grade.GradeArgs, field_ranges(grade.GradeArgs), "rewards/grade.py"),
     ("probe train", probe_cli.train, probe_cli.PROBE_TRAIN, "rewards/probe_cli.py"),
     ("probe eval", probe_cli.eval, probe_cli.PROBE_EVAL, "rewards/probe_cli.py"),
-    ("probe compare", readouts.compare, flag_checks.PROBE_COMPARE, "nanogrpo/probe.py"),
+    ("probe compare", readouts.compare, flag_checks.PROBE_COMPARE, "nanogrpo/eval/probe.py"),
     ("lab.rlvrr", rlvrr.TableArgs, field_ranges(rlvrr.TableArgs), "nanogrpo/lab/rlvrr.py"),
     *[
         (f"reward_data {n}", c, field_ranges(c), "nanogrpo/reward_data/__main__.py")

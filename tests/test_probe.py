@@ -127,7 +127,7 @@ def test_command_line_train_and_eval(tiny_model_dir, tmp_path):
 
 
 def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, capsys):
-    from nanogrpo import probe as nanogrpo_probe
+    from nanogrpo.eval import probe as nanogrpo_probe
     from rewards import local_client
     from rewards.probe_cli import main as rewards_main
 
@@ -141,7 +141,7 @@ def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, 
         rewards_main(["train", "--data", str(data), "--model", "tiny", "--out", str(out)])
     assert e.value.code == 2 and not out.exists()
     err = capsys.readouterr().err
-    assert "--model 'tiny'" in err and "python -m nanogrpo.probe" in err and len(err.splitlines()) == 1
+    assert "--model 'tiny'" in err and "python -m nanogrpo.eval.probe" in err and len(err.splitlines()) == 1
 
     nanogrpo_probe.main(
         ["train", "--data", str(data), "--model", "tiny", "--out", str(out), "--batch-size", "32"]
@@ -155,4 +155,4 @@ def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, 
     monkeypatch.setattr(local_client, "_backend", None)  # the probe names 'tiny': rewards alone says how
     with pytest.raises(SystemExit):
         rewards_main(["eval", "--data", str(test), "--probe", str(out)])
-    assert "python -m nanogrpo.probe" in capsys.readouterr().err
+    assert "python -m nanogrpo.eval.probe" in capsys.readouterr().err

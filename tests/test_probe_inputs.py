@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.probe` on bad input that is not a number out of range (those are rewards/ranges.py's,
+"""`python -m nanogrpo.eval.probe` on bad input that is not a number out of range (those are nanogrpo_base/ranges.py's,
 tests/test_flag_ranges.py): a missing --data file, a device this machine does not have or torch does not know,
 --out '' or a file or an existing probe, a split that --dev-frac left with one label, a damaged probe.json
 or probe.safetensors. Each is one line naming the flag or the file, exit status 2, before any model loads
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from nanogrpo import probe as nanogrpo_probe
+from nanogrpo.eval import probe as nanogrpo_probe
 from rewards import probe as rewards_probe
 from rewards.probe import Probe
 

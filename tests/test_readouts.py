@@ -1,4 +1,4 @@
-"""Small-LM Judges's readout comparison (python -m nanogrpo.probe compare): metrics by hand, the paired bootstrap,
+"""Small-LM Judges's readout comparison (python -m nanogrpo.eval.probe compare): metrics by hand, the paired bootstrap,
 the splits, and the command end to end on the tiny model with labels the probe can read."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_mean_pooling_leaves_padding_out():
 
 
 def test_compare_end_to_end_on_the_tiny_model(tmp_path, capsys):
-    from nanogrpo import probe
+    from nanogrpo.eval import probe
 
     rows = [{**r, "weight": 2 if r["criterion"] == CRITERIA[0] else 1} for r in labelled(6)]
     data, out = write(tmp_path / "labels.jsonl", rows), tmp_path / "cmp"

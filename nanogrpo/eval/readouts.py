@@ -1,7 +1,7 @@
 """Small-LM Judges's comparison of three readouts of one frozen LM as a rubric judge, side by side on labels.
 
-    python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
-    python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --folds 5 --rubrics rubrics.jsonl \
+    python -m nanogrpo.eval.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
+    python -m nanogrpo.eval.probe compare --data labels.jsonl --model smollm2 --folds 5 --rubrics rubrics.jsonl \
         --probe-pool mean --out runs/readouts-mean
 
 Input: the rows `python -m nanogrpo.reward_data label` writes, {"prompt", "response", "criterion",

@@ -108,7 +108,7 @@ def _check_loss_variants(g: GRPOConfig) -> None:
 # ----------------------------------------------------------------------------- commands without a dataclass
 # (a function's arguments; argparse's Namespace, by dest): their tables
 
-PROBE_COMPARE = {  # python -m nanogrpo.probe compare
+PROBE_COMPARE = {  # python -m nanogrpo.eval.probe compare
     "folds": Range(2, also=0, note="0 = one train/dev/test split"),
     "test_frac": within(0, 1, lo_open=True, hi_open=True),
     "dev_frac": within(0, 1, "the share of questions held out", lo_open=True, hi_open=True),

@@ -43,7 +43,7 @@ def shard(head: nn.Module, compute_dtype: torch.dtype | None = None, frozen: boo
     """
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     # every rank must run its blocks as many times (each run all-gathers them): one group of completion
-    # rows per forward, not as many as this rank's lengths call for (logprobs.length_buckets)
+    # rows per forward, not as many as this rank's lengths call for (shared_prompt.length_buckets)
     head.bucket_lengths = False
     for block in head.model.model.layers:
         fully_shard(block, mp_policy=mp)

@@ -61,7 +61,7 @@ from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch, make_batch, pad_left
 from nanogrpo.stages import Run
 from nanogrpo.stages.sft import pad_right, sft_update
-from rewards.rows import DataError, read_rows
+from nanogrpo_base.rows import DataError, read_rows
 
 INPUTS = "a .txt file, a folder of .txt files, or a .jsonl file with a 'text' field per row"
 _BLANK_LINE = re.compile(r"\n\s*\n")  # paragraphs are separated by blank lines (spaces on them allowed)

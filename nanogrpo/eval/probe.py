@@ -1,4 +1,4 @@
-"""`python -m nanogrpo.probe {train,eval,compare}`: the rubric probes' command line with nanogrpo's model names.
+"""`python -m nanogrpo.eval.probe {train,eval,compare}`: the rubric probes' command line with nanogrpo's model names.
 
 rewards/ imports nothing of nanogrpo, so `python -m rewards.probe` takes a model folder only. This entry
 registers nanogrpo as the model backend first (nanogrpo.model.judge_backend), then runs the same command line
@@ -8,9 +8,9 @@ registers nanogrpo as the model backend first (nanogrpo.model.judge_backend), th
 side on labelled rows (Small-LM Judges's comparison; nanogrpo/eval/readouts.py), and needs the local judge
 backend, which only nanogrpo provides.
 
-    python -m nanogrpo.probe train --data labels.jsonl --model smollm2 --out probes/mytask
-    python -m nanogrpo.probe eval --data test.jsonl --probe probes/mytask
-    python -m nanogrpo.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
+    python -m nanogrpo.eval.probe train --data labels.jsonl --model smollm2 --out probes/mytask
+    python -m nanogrpo.eval.probe eval --data test.jsonl --probe probes/mytask
+    python -m nanogrpo.eval.probe compare --data labels.jsonl --model smollm2 --out runs/readouts
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from nanogrpo.eval.readouts import compare
 
     judge_backend.register()
-    probe_main(argv, prog="python -m nanogrpo.probe", extra={"compare": compare})
+    probe_main(argv, prog="python -m nanogrpo.eval.probe", extra={"compare": compare})
 
 
 if __name__ == "__main__":

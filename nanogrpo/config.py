@@ -286,6 +286,11 @@ class EnvConfig:
     format: Literal["auto", "chat", "plain"] = "auto"
     """How observations join the conversation: the chat template (checked to keep earlier turns unchanged),
     plain 'role: text' lines, or auto (the template when the tokenizer has one)."""
+    tool_format: Literal["auto", "plain"] = "auto"
+    """How an environment's tools are called (one with tools: TRL-style classes): auto, the chat template's own
+    format where it renders tools (Hermes-style <tool_call> JSON for Qwen2.5 / Qwen3, bare JSON for Llama 3.x;
+    the tools passed to it as tools=), else plain; plain, <tool>{json}</tool> with the tool list in the first
+    message, for any model."""
 
     @property
     def on(self) -> bool:

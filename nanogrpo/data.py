@@ -163,15 +163,16 @@ def check_sft_rows(rows: list[dict], template: str, source: str) -> None:
                 )
 
 
-def render_prompt(tokenizer, row: dict, system_prompt: str = "") -> list[int]:
-    """Token ids of the prompt: chat messages go through the tokenizer's chat template; text is used as is."""
+def render_prompt(tokenizer, row: dict, system_prompt: str = "", tools: list | None = None) -> list[int]:
+    """Token ids of the prompt: chat messages go through the tokenizer's chat template (with `tools`, JSON
+    schemas an episode's model may call, as tools=); text is used as is."""
     p = row["prompt"]
     if isinstance(p, str) and getattr(tokenizer, "chat_template", None) is None:
         return tokenizer(system_prompt + p, add_special_tokens=False)["input_ids"]
     messages = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -477,3 +477,46 @@ def synthetic(n: int, seed: int) -> list[dict]:
             {"text": " ".join(words) + (" red" if label else " blue"), "label": label, "group": i // 4}
         )
     return rows
+
+
+# -- real chat templates: TRL's files, on local tokenizers ----------------------------------------------------
+
+TRL_PIN = "1.16.0"  # the trl version make install puts in (--no-deps: only its files are read)
+
+
+def trl_template(name: str) -> str:
+    """The text of one of the real chat templates TRL ships (trl/chat_templates/NAME.jinja: qwen2_5, qwen3,
+    llama3_2, ...), read without importing trl (its dependencies are heavy); the test is skipped, saying how
+    to install it, when trl is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"trl is not installed (make install does: pip install --no-deps trl=={TRL_PIN})")
+    return (Path(spec.submodule_search_locations[0]) / "chat_templates" / f"{name}.jinja").read_text()
+
+
+# the tokens each family's template writes, as its tokenizer holds them: Llama 3's control tokens are special
+# (decoding drops them), Qwen's <tool_call> and <think> are plain added tokens (decoding keeps their text)
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+                   "<|python_tag|>"]  # fmt: skip
+QWEN_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def template_tokenizer(name: str, tokens: bool = True):
+    """The tiny model's tokenizer (ChatML's <|im_start|> and <|im_end|> among its 1,024 ids) with TRL's real
+    chat template NAME, and with `tokens` the tokens that template writes added as its family's tokenizer
+    has them (ids past the tiny model's vocabulary: for tests that run no model). Llama 3 templates get
+    <|eot_id|> as EOS and <|begin_of_text|> as BOS. Nothing is downloaded."""
+    from transformers import AutoTokenizer
+
+    from nanogrpo.model.zoo import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny"))
+    tok.chat_template = trl_template(name)
+    if tokens and name.startswith("llama3"):
+        tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+        tok.add_tokens(LLAMA3_SPECIALS, special_tokens=True)
+    elif tokens:
+        tok.add_tokens(QWEN_TOKENS)
+    return tok

@@ -22,7 +22,8 @@ from nanogrpo.data import load_task
 from nanogrpo.envs import Step, make_factory, protocol_attrs
 from nanogrpo.envs.openenv import observation_text, text_field
 from nanogrpo.envs.textarena import observation_delta
-from nanogrpo.envs.tools import ToolCallError, parse_tool_call, tool_prompt
+from nanogrpo.envs.tool_calls import ToolCallError, parse_tool_call
+from nanogrpo.envs.tools import tool_prompt
 
 TOOLS = '''
 class Adder:
@@ -261,13 +262,14 @@ def test_parse_tool_call():
     assert parse_tool_call('<tool>{"name": "add", "arguments": "{\\"a\\": 3}"}</tool>') == ("add", {"a": 3})
     assert parse_tool_call('<tool>```json\n{"name": "now"}\n```</tool>') == ("now", {})
     assert parse_tool_call("The answer is 3.") is None
+    form = '; write the call as <tool>{"name": "TOOL", "arguments": {...}}</tool>'
     cases = {
-        '<tool>{"name": "add"': "the tool call has no closing </tool>",
-        "<tool>add(1, 2)</tool>": "the tool call is not JSON (Expecting value at character 0)",
-        '<tool>["add"]</tool>': 'write the call as {"name": "TOOL", "arguments": {...}}',
-        '<tool>{"arguments": {}}</tool>': 'write the call as {"name": "TOOL", "arguments": {...}}',
-        '<tool>{"name": "add", "arguments": [1, 2]}</tool>': "the arguments must be a JSON object, got list",
-        '<tool>{"name": "add", "arguments": "{a: 1}"}</tool>': "the arguments are not JSON (Expecting property name enclosed in double quotes)",
+        '<tool>{"name": "add"': "the tool call has no closing </tool>" + form,
+        "<tool>add(1, 2)</tool>": "the tool call is not JSON (Expecting value at character 0)" + form,
+        '<tool>["add"]</tool>': "the tool call needs a name" + form,
+        '<tool>{"arguments": {}}</tool>': "the tool call needs a name" + form,
+        '<tool>{"name": "add", "arguments": [1, 2]}</tool>': "the arguments must be a JSON object, got list" + form,
+        '<tool>{"name": "add", "arguments": "{a: 1}"}</tool>': "the arguments are not JSON (Expecting property name enclosed in double quotes)" + form,
     }  # fmt: skip
     for text, message in cases.items():
         with pytest.raises(ToolCallError) as e:
@@ -292,12 +294,10 @@ back in the next message. When you are done, answer without a tool call."""
 def test_a_trl_style_class_plays_an_episode(files):
     factory = make_factory(spec=f"{files / 'tools.py'}:Adder", allow_user_code=True)
     env = factory()
-    assert protocol_attrs(env) == {
-        "max_turns": 3,
-        "stop": ("</tool>",),
-        "role": "tool",
-        "reward_range": (0.0, 1.0),
-    }
+    attrs, names = protocol_attrs(env), [t["function"]["name"] for t in env.tools]
+    assert attrs.pop("tools") == tuple(env.tools) and names == ["add", "fail"]
+    # no stop string of its own: the run adds the call format's closing tag (</tool> in the plain format)
+    assert attrs == {"max_turns": 3, "stop": (), "role": "tool", "reward_range": (0.0, 1.0)}
     row = {"prompt": "What is 2 + 3?", "answer": "5", "_prompt_ids": [1, 2]}
     assert env.reset(dict(row), 7) == FIRST
     assert factory().reset(dict(row), 8) == FIRST  # the same for every episode of the row
@@ -307,14 +307,15 @@ def test_a_trl_style_class_plays_an_episode(files):
         '<tool>{"name": "mul", "arguments": {}}</tool>', '<tool>{"name": "add", "arguments": {"a": 2}}</tool>',
         '<tool>{"name": "fail", "arguments": {"why": "no"}}</tool>', "It is 5.",
     )]  # fmt: skip
-    assert [(s.observation, s.reward, s.done, s.info) for s in steps] == [
-        ("4", 0.0, False, {"tool": "add"}),
-        ("5", 1.0, False, {"tool": "add"}),
-        ('{"error": "no tool \'mul\'; the tools are add, fail"}', 0.0, False, {"invalid": True}),
-        ('{"error": "add: missing a required argument: \'b\'"}', 0.0, False, {"invalid": True}),
-        ('{"error": "failed: no"}', 0.0, False, {"invalid": True}),
-        (None, 0.0, True, {}),
-    ]
+    want = [
+        ("4", 0.0, False, {"tool": "add", "tool_calls": 1}),
+        ("5", 1.0, False, {"tool": "add", "tool_calls": 1}),
+        ('{"error": "no tool \'mul\'; the tools are add, fail"}', 0.0, False, {"invalid": True, "tool": "mul", "tool_calls": 1}),
+        ('{"error": "add: missing a required argument: \'b\'"}', 0.0, False, {"invalid": True, "tool": "add", "tool_calls": 1}),
+        ('{"error": "failed: no"}', 0.0, False, {"invalid": True, "tool": "fail", "tool_calls": 1}),
+        (None, 0.0, True, {"tool_calls": 0}),
+    ]  # fmt: skip
+    assert [(s.observation, s.reward, s.done, s.info) for s in steps] == want
 
 
 def test_get_reward_is_the_episodes_reward_however_it_ends(files):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -63,6 +64,12 @@ class Environment:
     """The role observations are rendered with: 'user' or 'tool'."""
     reward_range: tuple[float, float] = (0.0, 1.0)
     """The episode reward's range, which the `env` grader maps onto [0, 1]."""
+    tools: tuple[dict, ...] = ()
+    """Tools the model calls, as JSON schemas ({"type": "function", "function": {"name", "description",
+    "parameters"}}): given, they go to the chat template as tools= where it renders them, and the run sets
+    `tool_format` before reset (envs/tool_calls.py reads a call: parse_tool_call(text, FORMATS[tool_format]))."""
+    tool_format: str = "plain"
+    """How this run's model writes a call: 'plain', 'hermes' or 'llama3' (set by the run; envs/tool_calls.py)."""
 
     def reset(self, row: dict, seed: int) -> str | None:
         return None
@@ -198,4 +205,13 @@ def protocol_attrs(env: Any) -> dict[str, Any]:
         raise ValueError(f"reward_range {span!r} must be two numbers (low, high)") from None
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ValueError(f"reward_range {(lo, hi)} must be two finite numbers, low < high")
-    return {"max_turns": turns, "stop": tuple(stop), "role": role, "reward_range": (lo, hi)}
+    tools = getattr(env, "tools", d.tools) or ()
+    try:  # plain data, as the chat template and the trainer's process take it, each tool a named function
+        tools = json.loads(json.dumps(list(tools)))
+        named = all(isinstance(t["function"]["name"], str) for t in tools)
+    except (TypeError, ValueError, KeyError):
+        named = False
+    if not named:
+        raise ValueError('tools must be JSON schemas, each {"type": "function", "function": {"name": ...}}')
+    return {"max_turns": turns, "stop": tuple(stop), "role": role, "reward_range": (lo, hi),
+            "tools": tuple(tools)}  # fmt: skip

@@ -165,8 +165,6 @@ def _reset(env: EnvSpec, rows: list[dict], group_seeds: list[int], G: int, tok, 
     """One Trajectory per episode, its instance built and reset with its group's seed in its worker; an
     instance that cannot be built, a reset that fails or returns what is not text, or a first message past
     the prompt limit fails its episode."""
-    from nanogrpo.data import render_prompt
-
     workers, n = env.workers, len(rows) * G
     made = workers.call({k: ("make", None) for k in range(n)})
     firsts = workers.call({
@@ -176,11 +174,7 @@ def _reset(env: EnvSpec, rows: list[dict], group_seeds: list[int], G: int, tok, 
     for k in range(n):
         row = rows[k // G]
         message, err = firsts[k] if k in firsts else made[k]
-        ids = (
-            row["_prompt_ids"]
-            if err or message is None
-            else render_prompt(tok, {"prompt": message}, system_prompt)
-        )
+        ids = row["_prompt_ids"] if err else env.first_ids(tok, row, message, system_prompt)
         if not err and len(ids) > env.prompt_limit:
             err = (
                 f"reset: a first message of {len(ids)} tokens, over the prompt limit of {env.prompt_limit} "

@@ -4,16 +4,34 @@ would render the next message, so the sampler and the trainer read the conversat
 A trajectory is never re-rendered from its messages: the sampled ids stay exactly as sampled, and each
 observation appends the template's suffix (the assistant turn's closing, the message, the next assistant
 header). That is only right for a template that keeps earlier turns as they were, which `TurnFormat.of`
-checks at start-up on a made-up conversation; a template that rewrites them (one that drops earlier
-<think> blocks, say) is refused with the way out (--env.format plain), and a tokenizer without a template
-gets plain 'role: text' lines.
+checks at start-up on a made-up conversation; a template that rewrites them is refused with the way out
+(--env.format plain), and a tokenizer without a template gets plain 'role: text' lines.
+
+One rewrite is accepted on purpose: a thinking template (Qwen3's) that drops the <think> blocks of earlier
+assistant turns. The made-up conversation holds a <think> block to find it; the history then keeps the
+sampled thinking (what the model wrote is what it reads next and what is trained), and the run says so at
+start-up: a deployment that re-renders the history through the template shows the model a context without
+its earlier thinking, which it was not trained on.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 _A, _B, _C, _D, _E = "PROMPT-7f3a", "REPLY-1c9e", "OBSERVATION-5d2b", "REPLY-8e4f", "OBSERVATION-2a6c"
+_THINK = "<think>\nTHOUGHT-6e1b\n</think>\n\n"  # a thinking turn's block, as Qwen3's template writes one
+_Q = ' QUOTED-3f8a "x"\n\\ '  # an observation with what templates trim or escape
+WAYS = ("", "trim", "json", "trim json")
+"""How a template writes a message's text: as it is, trimmed (Llama 3's user messages), as the inside of a JSON
+string (Llama 3's tool messages: `content | tojson`), or both."""
+
+
+def written(text: str, way: str) -> str:
+    """`text` as a template writes it the way `way` (one of WAYS)."""
+    if "trim" in way:
+        text = text.strip()
+    return json.dumps(text, ensure_ascii=False)[1:-1] if "json" in way else text
 
 
 @dataclass(frozen=True)
@@ -26,10 +44,15 @@ class TurnFormat:
     after: str
     eos_text: str  # the EOS token's text, which a turn that ended on EOS already holds
     specials: tuple[str, ...] = ()  # the control tokens' texts, which stay text inside an observation
+    thinking: str = ""  # what the template does to earlier turns' <think> blocks: '' (keeps them), 'drops'
+    way: str = ""  # how the template writes the observation's text (WAYS): '' as it is
 
     @classmethod
-    def of(cls, tokenizer, role: str, fmt: str = "auto", system: str = "") -> TurnFormat:
-        """The format for `role` ('user' or 'tool'): the chat template's (checked) or plain lines."""
+    def of(
+        cls, tokenizer, role: str, fmt: str = "auto", system: str = "", tools: list[dict] | None = None
+    ) -> TurnFormat:
+        """The format for `role` ('user' or 'tool'): the chat template's (checked, rendered with `tools`
+        as the first message is) or plain lines."""
         eos = tokenizer.eos_token or ""
         specials = special_texts(tokenizer)
         has_template = getattr(tokenizer, "chat_template", None) is not None
@@ -39,13 +62,11 @@ class TurnFormat:
             raise ValueError("--env.format chat: the tokenizer has no chat template; use --env.format plain")
         sys_msg = [{"role": "system", "content": system}] if system else []
 
-        def render(
-            *texts: str,
-        ) -> str:  # user, assistant, role, assistant, ...; ends on a header after a message
+        def render(*texts: str) -> str:  # user, assistant, role, assistant, ...: a header ends an odd count
             roles = ["user"] + ["assistant" if i % 2 else role for i in range(1, len(texts))]
             msgs = sys_msg + [{"role": r, "content": t} for r, t in zip(roles, texts)]
             return tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=len(texts) % 2 == 1
+                msgs, tools=tools or None, tokenize=False, add_generation_prompt=len(texts) % 2 == 1
             )
 
         first, second, third = render(_A), render(_A, _B, _C), render(_A, _B, _C, _D, _E)
@@ -61,32 +82,51 @@ class TurnFormat:
         if third[len(second + _D) :] != mid.replace(_C, _E):  # the same suffix for every turn
             raise ValueError(refuse)
         # where the closing ends and the message begins: the template's closing of an assistant turn alone
-        closing = render(_A, _B)[len(first + _B) :]
+        # (read after the reply: a template may write more before the last turn's reply, as Qwen3 an empty
+        # <think> block)
+        alone = render(_A, _B)
+        closing = alone[alone.rfind(_B) + len(_B) :] if _B in alone else ""
         k = len(closing) if close_open.startswith(closing) and closing else 0
-        close, open_ = close_open[:k], close_open[k:]
-        return cls(close=close, open=open_, after=after, eos_text=eos, specials=specials)
+        quoted = render(_A, _B, _Q)[len(first + _B) :]
+        way = next((w for w in WAYS if quoted == close_open + written(_Q, w) + after), "")
+        return cls(close=close_open[:k], open=close_open[k:], after=after, eos_text=eos, specials=specials,
+                   thinking=_thinking(render, first, refuse), way=way)  # fmt: skip
 
     def observation_text(self, observation: str, ended_on_eos: bool) -> str:
-        """What follows an assistant turn's sampled tokens: its closing, the observation, the next header."""
+        """What follows an assistant turn's sampled tokens: its closing, the observation (as the template
+        writes it), the next header."""
         close = self.close
         if ended_on_eos and self.eos_text and close.startswith(self.eos_text):
             close = close[len(self.eos_text) :]  # the sampled EOS token is that text
-        return close + self.open + observation + self.after
+        return close + self.open + written(observation, self.way) + self.after
 
     def observation_ids(self, tokenizer, observation: str, ended_on_eos: bool) -> list[int]:
         """The token ids of observation_text. The observation stays text: a control token's text in it (an
         environment echoing '<|im_end|>\\n<|im_start|>assistant') is tokenized as plain characters, never as
         the control token, so no environment can forge the turn structure. An observation without such text
         is tokenized in one piece with the template's text around it, as it always was."""
-        text = self.observation_text(observation, ended_on_eos)
-        if not any(s in observation for s in self.specials):
+        text, shown = self.observation_text(observation, ended_on_eos), written(observation, self.way)
+        if not any(s in shown for s in self.specials):
             return tokenizer(text, add_special_tokens=False)["input_ids"]
-        head = text[: len(text) - len(observation) - len(self.after)]
+        head = text[: len(text) - len(shown) - len(self.after)]
 
         def ids(s: str, **kw) -> list[int]:
             return tokenizer(s, add_special_tokens=False, **kw)["input_ids"]
 
-        return ids(head) + ids(observation, split_special_tokens=True) + ids(self.after)
+        return ids(head) + ids(shown, split_special_tokens=True) + ids(self.after)
+
+
+def _thinking(render, first: str, refuse: str) -> str:
+    """What a template does to the <think> blocks of earlier assistant turns, on the made-up conversation with
+    thinking turns: '' (keeps them) or 'drops' (Qwen3's, once a user message follows: accepted, and said at
+    start-up, envs/spec.py); a template that rewrites them otherwise is refused (`refuse`)."""
+    second = render(_A, _THINK + _B, _C)
+    third = render(_A, _THINK + _B, _C, _THINK + _D, _E)
+    if second.startswith(first + _THINK + _B) and third.startswith(second + _THINK + _D):
+        return ""
+    if "THOUGHT-6e1b" in second:  # kept, but not as it was written
+        raise ValueError(refuse)
+    return "drops"
 
 
 def special_texts(tokenizer) -> tuple[str, ...]:

@@ -10,15 +10,20 @@ name or a file that does not import; an instance that cannot be built without ar
 are wrong (read once, here: an instance that changes them later changes nothing); a chat template that
 rewrites earlier turns; a reset that fails on the first row; a first message that does not fit the prompt limit
 the budgets leave (the model's positions less --env.max-tokens).
+
+Two things are said in one line each: how an environment's tools are called (envs/tool_calls.py: the chat
+template's own format, or the plain one), and a thinking template that drops earlier <think> blocks from the
+history it renders (envs/render.py: the history keeps the sampled thinking).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nanogrpo.envs import make_factory
+from nanogrpo.envs import make_factory, tool_calls
 from nanogrpo.envs.render import TurnFormat
 from nanogrpo.envs.workers import Workers
 
@@ -54,8 +59,30 @@ class EnvSpec:
     """The text around an observation (check_start sets it from the tokenizer)."""
     prompt_limit: int = 1 << 30
     """The longest first message, in tokens (check_start sets it)."""
+    tools: tuple[dict, ...] = ()
+    """The environment's tools, as JSON schemas (its `tools` attribute); () for an environment without."""
+    tool_format: str = "auto"
+    """--env.tool-format: 'auto' (the chat template's own call format) or 'plain'."""
+    calls: str = ""
+    """The call format the run uses, a name of tool_calls.FORMATS (check_start sets it; '' without tools)."""
     workers: Workers | None = field(default=None, repr=False, compare=False)
     """The worker processes its instances run in."""
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools the chat template renders into the first message (tools=): a native call format's."""
+        native = self.calls and tool_calls.FORMATS[self.calls].native
+        return list(self.tools) if native else None
+
+    def first_ids(self, tok, row: dict, message: str | None, system_prompt: str) -> list[int]:
+        """The token ids of an episode's first message: reset's text, or (None) the row's prompt, rendered
+        once at start-up and here again only when the template renders the tools with it."""
+        from nanogrpo.data import render_prompt
+
+        if message is None and self.template_tools is None:
+            return row["_prompt_ids"]
+        prompt = row if message is None else {"prompt": message}
+        return render_prompt(tok, prompt, system_prompt, tools=self.template_tools)
 
     @property
     def max_chars(self) -> int:
@@ -97,6 +124,7 @@ def build_spec(factory: Callable[[], Any], label: str, e, max_new_tokens: int) -
     return EnvSpec(
         label, factory, turns, tokens, attrs["stop"], attrs["role"], attrs["reward_range"], e.step_timeout_s,
         e.format, workers=workers,
+        tools=attrs["tools"], tool_format=e.tool_format,
     )  # fmt: skip
 
 
@@ -122,7 +150,6 @@ def check_start(
     the prompt limit `limit` (of the model's `positions`). Forks the `episodes` workers a rollout uses, while
     the process is small. `decode` (--sampling.decode): a mode whose grouped cache cannot continue an
     episode's rows says so in one line."""
-    from nanogrpo.data import render_prompt
     from nanogrpo.infra import dist
 
     if decode in ("eager", "static") and dist.is_main():
@@ -130,8 +157,11 @@ def check_start(
             f"note: episodes sample with the plain cache, a row of its own continued from turn to turn (the grouped "
             f"cache of --sampling.decode {decode} shares a prompt's keys among rows that part after turn 1)"
         )
-
-    fmt = TurnFormat.of(tok, env.role, env.format, system_prompt)
+    if env.tools:
+        env = with_calls(env, tok)
+    fmt = TurnFormat.of(tok, env.role, env.format, system_prompt, env.template_tools)
+    if fmt.thinking and dist.is_main():
+        print(THINKING_LINE)
     assert env.workers is not None
     _first_call(env.workers, "make", None, env.label)
     message = _first_call(
@@ -142,8 +172,8 @@ def check_start(
         " (on the data's first row: reset reads what the rows hold)",
     )
     env.workers.call({0: ("end", None)})
-    if message is not None:
-        n = len(render_prompt(tok, {"prompt": message}, system_prompt))
+    if message is not None or env.template_tools is not None:
+        n = len(env.first_ids(tok, dict(rows[0]), message, system_prompt))
         if n > limit:
             env.workers.close()
             room = positions - env.max_tokens
@@ -159,3 +189,36 @@ def check_start(
             )
     env.workers.grow(episodes)
     return replace(env, turns=fmt, prompt_limit=limit)
+
+
+THINKING_LINE = (
+    "note: the chat template drops the <think> blocks of earlier assistant turns; episodes keep the sampled "
+    "thinking in their history (what the model wrote is what it reads next and is trained on), so a deployment "
+    "that re-renders the history through this template shows the model a context without its earlier thinking, "
+    "one it was not trained on (docs/ENVS.md)"
+)
+
+
+def _with_format(factory: Callable[[], Any], name: str):
+    """An instance of `factory` that writes its tool calls in the format `name` (set before reset)."""
+    env = factory()
+    env.tool_format = name
+    return env
+
+
+def with_calls(env: EnvSpec, tok) -> EnvSpec:
+    """The spec with its call format chosen from the tokenizer (said in one line): each instance told the
+    format (its worker forked anew with that factory) and the format's closing tag among the stop strings."""
+    from nanogrpo.infra import dist
+
+    forced_by = next((f"{flag} plain" for flag, v in (("--env.format", env.format), ("--env.tool-format", env.tool_format))
+                      if v == "plain"), "")  # fmt: skip
+    calls = tool_calls.choose(tok, "plain" if forced_by else "auto")
+    if dist.is_main():
+        print(tool_calls.startup_line(calls, forced_by))
+    assert env.workers is not None
+    env.workers.close()
+    factory = functools.partial(_with_format, env.factory, calls.name)
+    stop = tuple(dict.fromkeys((*env.stop, *calls.stop)))
+    workers = Workers(factory, env.timeout_s)
+    return replace(env, factory=factory, stop=stop, calls=calls.name, workers=workers)

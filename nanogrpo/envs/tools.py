@@ -11,13 +11,19 @@ get_json_schema (type hints and the docstring's Args:, which TRL requires too); 
 {"error": "..."}; the reward is `get_reward()`, else the `reward` attribute, else 0 (then grade the last answer
 with --reward.spec as TRL's reward_funcs would). Optional class attributes: max_turns (8), reward_range ((0, 1)).
 
+The calls are in the model's own format where its chat template has one (envs/tool_calls.py: Hermes-style
+<tool_call> JSON for Qwen2.5 / Qwen3, bare JSON for Llama 3.x; the tools go to the template as tools=), else
+in the plain one, <tool>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool>, with the tool list and that form
+written into the first message. The run sets `tool_format` on each instance before reset (envs/spec.py).
+Each step's info says how many calls the turn held (`tool_calls`) and, for one that did not parse, why
+(`tool_parse_error`, also the observation the model reads).
+
 Where this departs from TRL:
-  - the call is plain text for every model, not the chat template's tool format, and one call a turn (the
-    turn stops at </tool>): <tool>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool>; "parameters" is read
-    as "arguments", and arguments sent as a JSON string are decoded;
+  - one call a turn (the turn stops at the format's closing tag); "parameters" is read as "arguments", and
+    arguments sent as a JSON string are decoded;
   - the first message is the row's prompt (of a chat prompt, its last message's text), reset's text after a
-    blank line (TRL appends it to the last user message as is), then the tool list and the call format: the
-    same for every episode of a row;
+    blank line (TRL appends it to the last user message as is), and in the plain format the tool list and the
+    call form: the same for every episode of a row;
   - reset gets the row fields its signature names (all of them with **kwargs), and `seed` if it names one;
   - the reward is read after every turn and each step returns its change, so an episode's reward is the
     class's reward when the episode ends, on a budget too (TRL reads it once, at the end);
@@ -35,6 +41,7 @@ import json
 from typing import Any
 
 from nanogrpo.envs import Environment, Step, accepted, import_class, register
+from nanogrpo.envs.tool_calls import FORMATS, PLAIN, ToolCallError, parse_tool_call
 
 
 def call_maybe_async(fn, *args, **kwargs):
@@ -44,40 +51,6 @@ def call_maybe_async(fn, *args, **kwargs):
 
 
 # -- TRL-style tool classes --------------------------------------------------------------------------------
-
-TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
-
-
-class ToolCallError(ValueError):
-    """A tool call the model wrote that cannot run; its message is what the model reads."""
-
-
-def parse_tool_call(text: str) -> tuple[str, dict] | None:
-    """(tool name, arguments) of the first <tool>...</tool> in a turn; None when it has no <tool>;
-    ToolCallError saying what is wrong when the call is not {"name": str, "arguments": {...}}."""
-    start = text.find(TOOL_OPEN)
-    if start < 0:
-        return None
-    end = text.find(TOOL_CLOSE, start)
-    if end < 0:
-        raise ToolCallError(f"the tool call has no closing {TOOL_CLOSE}")
-    body = text[start + len(TOOL_OPEN) : end].strip().strip("`").strip()
-    body = body.removeprefix("json").strip()
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ToolCallError(f"the tool call is not JSON ({e.msg} at character {e.pos})") from e
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        raise ToolCallError('write the call as {"name": "TOOL", "arguments": {...}}')
-    args = call.get("arguments", call.get("parameters", {}))
-    if isinstance(args, str):  # arguments sent as a JSON string, as OpenAI's API does
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ToolCallError(f"the arguments are not JSON ({e.msg})") from e
-    if not isinstance(args, dict):
-        raise ToolCallError(f"the arguments must be a JSON object, got {type(args).__name__}")
-    return call["name"], args
 
 
 def tool_methods(obj: Any) -> dict[str, Any]:
@@ -106,9 +79,8 @@ def tool_prompt(schemas: list[dict]) -> str:
     args = {
         k: values.get(p.get("type"), "text") for k, p in first["parameters"].get("properties", {}).items()
     }
-    example = json.dumps({"name": first["name"], "arguments": args})  # placeholder values by type
-    lines.append(
-        f"To call a tool, write {TOOL_OPEN}{example}{TOOL_CLOSE} and stop; its result comes back in the next "
+    lines.append(  # placeholder values by type
+        f"To call a tool, write {PLAIN.write(first['name'], args)} and stop; its result comes back in the next "
         "message. When you are done, answer without a tool call."
     )
     return "\n".join(lines)
@@ -124,10 +96,11 @@ def _prompt_text(prompt: Any) -> str:
 class ToolEnv(Environment):
     """One trajectory of a TRL-style class: an instance of it, its tools called from the model's text."""
 
-    stop, role = (TOOL_CLOSE,), "tool"
+    stop, role = (), "tool"  # the run adds the call format's closing tag to the stop strings
+    tool_format = PLAIN.name  # the run sets the model's own format (envs/spec.py) before reset
 
     def __init__(self, cls: type, schemas: list[dict]):
-        self.obj, self.schemas = cls(), schemas
+        self.obj, self.tools = cls(), schemas
         self.max_turns = int(getattr(cls, "max_turns", 8))
         self.reward_range = tuple(getattr(cls, "reward_range", (0.0, 1.0)))
         self.total = 0.0
@@ -142,11 +115,9 @@ class ToolEnv(Environment):
         if "seed" in inspect.signature(self.obj.reset).parameters and "seed" not in fields:
             fields["seed"] = seed
         extra = call_maybe_async(self.obj.reset, **accepted(self.obj.reset, fields))
-        parts = [
-            _prompt_text(row.get("prompt")),
-            "" if extra is None else str(extra),
-            tool_prompt(self.schemas),
-        ]
+        parts = [_prompt_text(row.get("prompt")), "" if extra is None else str(extra)]
+        if not FORMATS[self.tool_format].native:  # a native format's tools are the chat template's to render
+            parts.append(tool_prompt(self.tools))
         self.total = 0.0  # the steps' changes sum to the class's reward, as TRL reads it at the end
         return "\n\n".join(p for p in parts if p.strip())
 
@@ -155,33 +126,60 @@ class ToolEnv(Environment):
         change, self.total = now - self.total, now
         return change
 
+    def _run(self, name: str, args: dict) -> str:
+        """The result of one call, as text; ToolCallError when it cannot run or the tool raised."""
+        tools = tool_methods(self.obj)
+        if name not in tools:
+            raise ToolCallError(f"no tool {name!r}; the tools are {', '.join(tools)}")
+        try:
+            inspect.signature(tools[name]).bind(**args)
+        except TypeError as e:
+            raise ToolCallError(f"{name}: {e}") from e
+        try:
+            result = call_maybe_async(tools[name], **args)
+        except Exception as e:  # the tool raised: the model reads the error, as in TRL
+            raise ToolCallError(str(e) or type(e).__name__) from e
+        return result if isinstance(result, str) else json.dumps(result, default=str)
+
     def step(self, text: str) -> Step:
         try:
-            call = parse_tool_call(text)
-            if call is None:  # no tool call: the model's answer ends the episode
-                return Step(None, self._change(), True, {})
-            name, args = call
-            tools = tool_methods(self.obj)
-            if name not in tools:
-                raise ToolCallError(f"no tool {name!r}; the tools are {', '.join(tools)}")
-            try:
-                inspect.signature(tools[name]).bind(**args)
-            except TypeError as e:
-                raise ToolCallError(f"{name}: {e}") from e
-            try:
-                result = call_maybe_async(tools[name], **args)
-            except Exception as e:  # the tool raised: the model reads the error, as in TRL
-                raise ToolCallError(str(e) or type(e).__name__) from e
-        except ToolCallError as e:
-            return Step(json.dumps({"error": str(e)}), self._change(), False, {"invalid": True})
-        obs = result if isinstance(result, str) else json.dumps(result, default=str)
-        return Step(obs, self._change(), False, {"tool": name})
+            call = parse_tool_call(text, FORMATS[self.tool_format])
+        except ToolCallError as e:  # a call that does not parse: the model reads what is wrong and the form
+            info = {"invalid": True, "tool_calls": 0, "tool_parse_error": str(e)}
+            return Step(json.dumps({"error": str(e)}), self._change(), False, info)
+        if call is None:  # no tool call: the model's answer ends the episode
+            return Step(None, self._change(), True, {"tool_calls": 0})
+        name, args = call
+        try:
+            obs = self._run(name, args)
+        except (
+            ToolCallError
+        ) as e:  # a call that parsed but cannot run: no such tool, bad arguments, it raised
+            obs, info = json.dumps({"error": str(e)}), {"invalid": True}
+        else:
+            info = {}
+        return Step(obs, self._change(), False, {**info, "tool": name, "tool_calls": 1})
+
+
+def tool_schemas(tools: dict[str, Any], label: str) -> list[dict]:
+    """The JSON schemas of tools by name (OpenAI's function format: name, description, parameters with their
+    types, descriptions and which are required), from their type hints and docstrings' Args: sections by
+    transformers' get_json_schema; a ValueError naming the tool it cannot describe."""
+    from transformers.utils import get_json_schema
+
+    schemas = []
+    for name, fn in tools.items():
+        try:
+            schemas.append(get_json_schema(fn))
+        except Exception as e:  # no docstring, an argument without a type hint or description
+            raise ValueError(
+                f"{label}: tool {name}: {e} (a tool needs type hints and a docstring with Args:)"
+            ) from e
+    return schemas
 
 
 def tool_class_factory(cls: type):
     """The factory of a TRL-style class's trajectories; its tools' schemas are made (and checked) now."""
-    from transformers.utils import get_json_schema
-
     label = f"tool class {cls.__name__}"
     if not callable(getattr(cls, "reset", None)):
         raise ValueError(f"{label}: define reset(self, **row) (it may return text for the first message)")
@@ -194,15 +192,7 @@ def tool_class_factory(cls: type):
     tools = tool_methods(probe)
     if not tools:
         raise ValueError(f"{label} has no tool: each public method but reset and get_reward is one")
-    schemas = []
-    for name, method in tools.items():
-        try:
-            schemas.append(get_json_schema(method))
-        except Exception as e:  # no docstring, an argument without a type hint or description
-            raise ValueError(
-                f"{label}: tool {name}: {e} (a tool needs type hints and a docstring with Args:)"
-            ) from e
-    return functools.partial(ToolEnv, cls, schemas)
+    return functools.partial(ToolEnv, cls, tool_schemas(tools, label))
 
 
 @register("trl")

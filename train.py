@@ -93,16 +93,23 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
         score = reward - g.beta * kl_pen  # (N,)
     moments = dist.sum_floats(grpo.reward_moments(score)) if g.scale_rewards == "batch" else None  # all ranks
     adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)
+    # no group of the step (on any rank) has reward spread: no signal, and the entropy bonus alone would only
+    # push the entropy up, step after step: it is paused until a group's rewards differ
+    paused = g.entropy_coef > 0 and dist.sum_floats({"n": float((~zero_std).sum())})["n"] == 0
     # 5. the loss's rows: all, or --grpo.mask-truncated: not the truncated ones (their rewards counted above)
     batch, adv_b, ref_b, sampler_b, masked = loss_rows(roll, adv.to(run.device), ref_logp, g.mask_truncated)
-    upd = grpo_update(policy, run.opt, run.sched, batch, adv_b, ref_b, sampler_b, cfg)  # 6. the passes
+    step_cfg = replace(cfg, grpo=replace(g, entropy_coef=0.0)) if paused else cfg
+    upd = grpo_update(policy, run.opt, run.sched, batch, adv_b, ref_b, sampler_b, step_cfg)  # 6. the passes
     # ---------------------------------------------------------------- machinery: the step's numbers, samples
     m = {"step": step + 1, **grpo_summary(roll, reward, parts, zero_std, upd, kl_pen, ref_logp is not None)}
+    if g.entropy_coef > 0:  # a paused bonus: 0, and said (StepNotes)
+        m.update(entropy_bonus=m.get("entropy_bonus", 0.0), entropy_paused=float(paused))
     m.update(draw_summary(roll, draw, masked if g.mask_truncated else None, cfg))  # groups drawn and kept
     m.update(grader_metrics(run.reward_fn))  # judge tokens, seconds, retries, ...
     m.update(grad_norm=upd.grad_norm, t_train=time.perf_counter() - t2)
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
-        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, roll.details))
+        trained = ~roll.truncated if masked else None  # --grpo.mask-truncated: the rows left out are marked
+        run.logger.log_samples(step + 1, sample_groups(roll, reward, parts, adv, roll.details, trained))
     return m
 
 
@@ -189,8 +196,13 @@ def empty_step(run: Run, step: int, roll: Rollout, draw) -> dict:
     m.update(grader_metrics(run.reward_fn))
     cfg = run.cfg
     if dist.is_main() and cfg.log_samples_every and (step + 1) % cfg.log_samples_every == 0:
-        adv = torch.zeros(len(roll.texts))  # (N,) nothing trained
-        run.logger.log_samples(step + 1, sample_groups(roll, roll.reward, roll.parts, adv, roll.details))
+        adv, none = (
+            torch.zeros(len(roll.texts)),
+            torch.zeros(len(roll.texts), dtype=torch.bool),
+        )  # nothing trained
+        run.logger.log_samples(
+            step + 1, sample_groups(roll, roll.reward, roll.parts, adv, roll.details, none)
+        )
     return m
 
 

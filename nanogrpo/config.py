@@ -291,6 +291,13 @@ class EnvConfig:
     format where it renders tools (Hermes-style <tool_call> JSON for Qwen2.5 / Qwen3, bare JSON for Llama 3.x;
     the tools passed to it as tools=), else plain; plain, <tool>{json}</tool> with the tool list in the first
     message, for any model."""
+    truncated_score: Annotated[
+        float, Range(0, 1, also=-1, note="0 = the lowest reward, 1 = the highest, -1 = the episode's own")
+    ] = 0.0
+    """The reward of an episode cut by a budget (--env.max-turns, --env.max-tokens) before the environment said
+    done, as a place in the environment's reward_range: 0 (the default) is its lowest reward, so a cut episode
+    never outscores a finished one (a cut game is not a draw), 1 its highest; -1 keeps the sum of the rewards
+    its steps returned."""
 
     @property
     def on(self) -> bool:

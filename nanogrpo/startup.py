@@ -1,7 +1,7 @@
 """A run's start and end, around train.py's loop: one call each, so that the loop reads as the algorithm.
 
     run = start(cfg)              # every check that needs no model, then the model, the optimizer, --resume
-    after_step(run, step, m, bar) # the step's line printed, a non-finite step stopped, a checkpoint saved
+    after_step(run, step, m, bar) # the step's line (and a note when it learns nothing), a checkpoint saved
     summary = finish(run)         # the final adapter or model, the held-out table, the plots, the run page
 
 `start` refuses, before any model loads and in one line that says what to fix (docs/RUNS.md): the flags among
@@ -42,6 +42,7 @@ from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
 from nanogrpo.stages import Run, cpt, dpo
+from nanogrpo.summary import StepNotes
 from rewards import RewardFunction, build_reward
 from rewards.judge import with_run_dir
 from rewards.options import with_max_tokens
@@ -96,6 +97,7 @@ def start(cfg: TrainConfig) -> Run:
     run.step0 = resume(run) if cfg.resume else 0  # --resume: its step
     run.evaluator = HeldOutEval(cfg, policy, device, held_out, env)  # --eval-every (eval/during.py)
     run.evaluator.start(logger, run.step0)  # step 0, before any update: a metrics.jsonl line of its own
+    run.notes = StepNotes(cfg)  # a paused entropy bonus, no tool call, episodes cut by a budget: said once
     return run
 
 
@@ -188,8 +190,9 @@ class NonFiniteStep(RuntimeError):
 
 def after_step(run: Run, step: int, m: dict, bar: tqdm) -> None:
     """After step `step` (0-based) was logged: stop on a loss or gradient that is not finite (NonFiniteStep,
-    before its weights are saved), print its line, and save a checkpoint every --save-every steps and at the
-    end."""
+    before its weights are saved), print its line (and the notes of summary.StepNotes: the entropy bonus paused
+    in a step without reward spread, episodes that make no tool call, episodes cut by a budget), and save a
+    checkpoint every --save-every steps and at the end."""
     cfg, out = run.cfg, Path(run.cfg.out_dir)
     if bad := {k: m[k] for k in ("loss", "grad_norm") if m.get(k) is not None and not math.isfinite(m[k])}:
         run.logger.close()
@@ -199,6 +202,8 @@ def after_step(run: Run, step: int, m: dict, bar: tqdm) -> None:
         line = console_line(m)
         bar.set_postfix_str(line.split(" | ")[1])  # the reward (or the SFT loss)
         tqdm.write(line)
+        for note in run.notes(m) if run.notes is not None else ():  # once when a condition begins
+            tqdm.write(note)
     if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
         save(run, step + 1)
 

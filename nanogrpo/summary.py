@@ -118,23 +118,38 @@ def grpo_summary(
 
 def episode_summary(roll) -> dict:
     """--env: the step's episodes over all ranks: turns and observation tokens per episode, the share
-    truncated by a budget, the share with an invalid action, and the episodes their environment failed
-    (raised, timed out, or a reward that is not finite: no reward); {} without an environment."""
+    truncated by a budget (and by the turn budget), the share with an invalid action, and the episodes their
+    environment failed (raised, timed out, or a reward that is not finite: no reward); {} without an
+    environment. Over the episodes with a reward: a tool environment's calls and parse failures per episode
+    and the share with no call (its steps count their calls: info "tool_calls"), and a game's win rate (its
+    info says "won")."""
     if getattr(roll, "failed", None) is None:
         return {}
     infos = [s.env_info for s in roll.samples]
+    ok = [i for i in infos if not i.get("error")]  # the episodes with a reward
     # observation tokens: inside each trajectory, at mask 0
     obs = float(last_sampled(roll.batch.mask).sum().cpu() - roll.lengths.sum().cpu())
     t = Totals({
         "turns": float(sum(i.get("turns", 0) for i in infos)), "obs": obs,
         "invalid": float(sum(bool(i.get("invalid")) for i in infos)), "failed": float(roll.failed.sum()),
-        "trunc": float(roll.truncated.sum()), "n": float(len(infos)),
+        "trunc": float(roll.truncated.sum()), "n": float(len(infos)), "ok": float(len(ok)),
+        "out_of_turns": float(sum(bool(i.get("truncated")) and i["turns"] >= i["max_turns"] for i in infos)),
+        "tools": float(sum("tool_calls" in i for i in ok)), "calls": float(sum(i.get("tool_calls", 0) for i in ok)),
+        "parse": float(sum(i.get("tool_parse_errors", 0) for i in ok)), "no_call": float(sum(not i.get("tool_calls") for i in ok)),
+        "games": float(sum("won" in i for i in ok)), "won": float(sum(i.get("won") is True for i in ok)),
     }).reduce().sums  # fmt: skip
-    n = t["n"]
-    return {
+    n, ok_n = t["n"], max(t["ok"], 1.0)
+    m = {
         "env/turns": t["turns"] / n, "env/obs_tokens": t["obs"] / n, "env/truncated": t["trunc"] / n,
+        "env/truncated_turns": t["out_of_turns"] / n,
         "env/invalid": t["invalid"] / n, "env/failed": t["failed"], "env/failed_frac": t["failed"] / n,
     }  # fmt: skip
+    if t["tools"]:  # a tool environment
+        m.update({"env/tool_calls": t["calls"] / ok_n, "env/tool_parse_errors": t["parse"] / ok_n,
+                  "env/no_tool_call": t["no_call"] / ok_n})  # fmt: skip
+    if t["games"]:  # a game that says who won: an episode that ended otherwise (a budget) is not a win
+        m["env/win_rate"] = t["won"] / ok_n
+    return m
 
 
 def draw_summary(roll, draw, masked: int | None, cfg) -> dict:
@@ -167,8 +182,19 @@ def draw_summary(roll, draw, masked: int | None, cfg) -> dict:
     return m
 
 
-def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, details: dict) -> list[dict]:
-    """The step's groups for samples.jsonl and the run page: each completion with its scores and advantage."""
+def sample_groups(
+    roll,
+    reward: torch.Tensor,
+    parts: dict,
+    adv: torch.Tensor,
+    details: dict,
+    trained: torch.Tensor | None = None,
+) -> list[dict]:
+    """The step's groups for samples.jsonl and the run page: each completion with its scores and advantage.
+
+    What was trained on: `trained` (N,) bool marks the completions in the loss (None: all of them); one left
+    out (--grpo.mask-truncated, a step that trained nothing) says "trained": false. An episode's turns each
+    say whether they were: the model's turns of a trained episode are, the environment's messages never."""
     G = len(roll.texts) // len(roll.rows)
     groups = []
     for i, r in enumerate(roll.rows):
@@ -182,8 +208,12 @@ def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, de
                 "advantage": float(adv[k]),
                 "length": int(roll.lengths[k]),
             }
+            on = trained is None or bool(trained[k])
+            if not on:
+                c["trained"] = False
             if (smp := roll.samples[k]).turns is not None:  # an episode: its transcript, turn by turn
-                c.update(turns=smp.turns[1:], env_reward=smp.env_reward, env_error=smp.env_info.get("error"))
+                turns = [{**t, "trained": on and t["role"] == "assistant"} for t in smp.turns[1:]]
+                c.update(turns=turns, env_reward=smp.env_reward, env_error=smp.env_info.get("error"))
             for name, vals in details.items():
                 if vals[k] is not None:
                     c[name] = vals[k]
@@ -202,3 +232,66 @@ def sample_groups(roll, reward: torch.Tensor, parts: dict, adv: torch.Tensor, de
 def grader_metrics(reward_fn) -> dict:
     """The graders' own numbers of the step over all ranks (judge tokens, seconds, retries, ...), as means."""
     return mean_metrics(dist.sum_floats(reward_fn.metrics()))
+
+
+class StepNotes:
+    """The lines a run prints when a step's numbers say it learns nothing, or less than it could: each once when
+    its condition starts (again only after it has ended, and at most once in `gap` steps), after the step's
+    line. Read from the logged metrics, over all ranks; the main rank prints them (startup.after_step)."""
+
+    def __init__(self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10):
+        self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
+        self.no_call = 0  # steps in a row whose episodes made no tool call
+        self.holding: set[str] = set()  # the conditions that hold now (each said when it began)
+        self.said: dict[str, int] = {}  # the step each was last said at
+
+    def __call__(self, m: dict) -> list[str]:
+        step = m.get("step", 0)
+        if "env/no_tool_call" in m:
+            self.no_call = self.no_call + 1 if m["env/no_tool_call"] >= 1.0 else 0
+        checks = {
+            self.entropy_line: bool(m.get("entropy_paused")),
+            self.no_call_line: self.no_call >= self.no_call_steps,
+            self.cut_line: (m.get("env/truncated") or 0.0) > self.cut_share,
+        }
+        lines = []
+        for line, holds in checks.items():
+            name = line.__name__
+            if not holds:
+                self.holding.discard(name)
+            elif name not in self.holding:
+                self.holding.add(name)
+                if step - self.said.get(name, -self.gap) >= self.gap:
+                    self.said[name] = step
+                    lines.append(f"note: step {step}: {line(m)}")
+        return lines
+
+    def entropy_line(self, m: dict) -> str:
+        return (
+            "every group's completions scored the same (frac_zero_std 1.00), so the step has no learning "
+            f"signal, and the entropy bonus (--grpo.entropy-coef {self.cfg.grpo.entropy_coef:g}) is paused until "
+            "a group's rewards differ: alone it would only push the entropy up, into gibberish (entropy_paused "
+            "in metrics.jsonl). If it lasts, the task is out of the model's reach: an easier task, a partial-credit "
+            "grader, or SFT first"
+        )
+
+    def no_call_line(self, m: dict) -> str:
+        return (
+            f"the episodes of the last {self.no_call} steps made no tool call (env/no_tool_call 1.00): the model "
+            "does not use the tools, so nothing it is rewarded for can involve them. A small model needs SFT on "
+            "tool-use transcripts first (--algo sft, then --lora.init-from; docs/STAGES.md), or take a larger "
+            "model that calls tools already"
+        )
+
+    def cut_line(self, m: dict) -> str:
+        e, share, turns = self.cfg.env, m["env/truncated"], m.get("env/truncated_turns") or 0.0
+        raise_ = []
+        if turns > 0:
+            raise_.append(f"--env.max-turns (now {e.max_turns}; at most the environment's own max_turns)")
+        if share - turns > 1e-9:
+            raise_.append(f"--env.max-tokens (now {e.max_tokens}: sampled and observation tokens)")
+        return (
+            f"{share:.0%} of the episodes were cut by a budget before the environment was done (env/truncated; "
+            f"{turns:.0%} ran out of turns), and each scores --env.truncated-score ({e.truncated_score:g}): "
+            f"raise {' and '.join(raise_)}"
+        )

@@ -56,3 +56,31 @@ class Faulty(Environment):
         if self.bad and self.mode == "hang":
             time.sleep(30)
         return Step("ok", float("nan") if self.bad else 0.5, False, {})
+
+
+class Tools(Environment):
+    """A tool environment as the tool adapters report one: each step's info counts the turn's tool calls
+    (`tool_calls`) and names a call it could not parse (`tool_parse_error`). By the turn's length: a call, an
+    unparsable one, or none; never done, so a budget ends every episode. `calls` False: no turn ever calls."""
+
+    max_turns, stop, role, reward_range = 3, (), "tool", (0.0, 1.0)
+    calls = True
+
+    def reset(self, row: dict, seed: int) -> None:
+        return None
+
+    def step(self, text: str) -> Step:
+        kind = len(text) % 3 if self.calls else 2
+        if kind == 0:
+            return Step("42", 0.2, False, {"tool_calls": 1})
+        if kind == 1:
+            return Step(
+                '{"error": "not JSON"}', 0.0, False, {"tool_calls": 0, "tool_parse_error": "not JSON"}
+            )
+        return Step("no call", 0.0, False, {"tool_calls": 0})
+
+
+class NoCalls(Tools):
+    """The model never calls a tool."""
+
+    calls = False

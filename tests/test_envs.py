@@ -136,7 +136,13 @@ def test_max_turns_budget_and_truncation(tiny) -> None:
     roll = play(tiny, Endless, max_turns=3, max_tokens=200)
     assert [s.env_info["turns"] for s in roll.samples] == [3] * len(roll.samples)
     assert bool(roll.truncated.all())
-    assert all(math.isclose(s.env_reward, 0.3) for s in roll.samples)  # three steps of 0.1
+    # cut by a budget: the lowest reward of the range, never above an episode played to its end
+    assert [s.env_reward for s in roll.samples] == [0.0] * len(roll.samples)
+    assert all(s.env_info["truncated"] and not s.env_info["done"] for s in roll.samples)
+    own = play(tiny, Endless, max_turns=3, max_tokens=200, truncated_score=-1)  # -1: its steps' own sum
+    assert all(math.isclose(s.env_reward, 0.3) for s in own.samples)  # three steps of 0.1
+    high = play(tiny, Endless, max_turns=3, max_tokens=200, truncated_score=0.5)
+    assert [s.env_reward for s in high.samples] == [0.5] * len(roll.samples)
     ends = [int(m.nonzero().max()) + 1 for m in roll.batch.mask]
     short = play(tiny, Endless, max_turns=5, max_tokens=20)  # the token budget ends it first
     assert all(int(m.nonzero().max()) + 1 <= 20 for m in short.batch.mask) and bool(short.truncated.all())

@@ -23,7 +23,12 @@ cut before it is tokenized.
 
 Budgets: a turn samples at most --sampling.max-new-tokens, an episode at most --env.max-tokens after the
 prompt (sampled plus observation tokens) and --env.max-turns turns; an episode that ends on a budget before
-the environment says done is truncated (what --grpo.mask-truncated drops).
+the environment says done is truncated (what --grpo.mask-truncated drops), and scores --env.truncated-score
+(by default the lowest reward of the environment's range: a game cut short is not a draw).
+
+Tool environments: a step's info may count the turn's tool calls ("tool_calls") and name a call that could not
+be parsed ("tool_parse_error"); the episode adds them up (env_info "tool_calls", "tool_parse_errors"), and the
+step logs them (summary.episode_summary).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ class Trajectory:
     over: bool = False  # no more turns: done, a budget, or a failure
     failed: str = ""  # why the environment failed it ('' = it did not)
     invalid: int = 0  # steps whose info said invalid
+    tools: bool = False  # a step's info counted tool calls: a tool environment
+    tool_calls: int = 0  # the calls its steps counted (info "tool_calls")
+    tool_errors: int = 0  # steps whose call could not be parsed (info "tool_parse_error")
     info: dict = field(default_factory=dict)  # the last step's info
     observation: str = ""  # the last step's observation: what the next turn reads
     fresh: list[int] = field(
@@ -195,6 +203,10 @@ def _take(t: Trajectory, res: Step | None, err: str) -> None:
     t.reward += res.reward
     t.info = res.info
     t.invalid += bool(res.info.get("invalid"))
+    if "tool_calls" in res.info:  # a tool environment: the calls of this turn (docs/ENVS.md)
+        n = res.info["tool_calls"]
+        t.tools, t.tool_calls = True, t.tool_calls + (n if type(n) is int and n > 0 else 0)
+    t.tool_errors += "tool_parse_error" in res.info
     t.done = t.over = res.done
     t.observation = res.observation or ""
 
@@ -276,17 +288,30 @@ def layout(trajs: list[Trajectory], rows: list[dict], env: EnvSpec, pad_id: int,
                     prompt_ids=[t.prompt_ids for t in trajs])  # fmt: skip
     for t, smp in zip(trajs, roll.samples):
         smp.turns = [{"role": "user", "content": t.prompt}, *t.turns]
-        smp.env_reward = None if t.failed else t.reward
-        smp.env_info = episode_info(t, env.reward_range, env.max_turns)
+        smp.env_reward = episode_reward(t, env)
+        smp.env_info = episode_info(t, env)
     roll.failed = torch.tensor([bool(t.failed) for t in trajs])  # (N,)
     return roll
 
 
-def episode_info(t: Trajectory, reward_range, max_turns: int) -> dict:
-    """What the graders and the logs read of an episode besides its transcript (Sample.env_info)."""
+def episode_reward(t: Trajectory, env: EnvSpec) -> float | None:
+    """The episode's reward: None when its environment failed it; for one a budget ended before the environment
+    said done, env.cut_reward (--env.truncated-score: by default the lowest of reward_range, so that a game cut
+    short never outscores one played to its end, a loss included); else the sum of its steps' rewards."""
+    if t.failed:
+        return None
+    return env.cut_reward if not t.done and env.cut_reward is not None else t.reward
+
+
+def episode_info(t: Trajectory, env: EnvSpec) -> dict:
+    """What the graders and the logs read of an episode besides its transcript (Sample.env_info): the last
+    step's info, then the episode's own facts (a tool environment's calls and parse failures: its totals)."""
     turns = sum(x["role"] == "assistant" for x in t.turns)
-    return {**t.info, "reward_range": tuple(reward_range), "turns": turns, "max_turns": max_turns,
-            "invalid": t.invalid, "done": t.done, "error": t.failed}  # fmt: skip
+    info = {**t.info, "reward_range": tuple(env.reward_range), "turns": turns, "max_turns": env.max_turns,
+            "invalid": t.invalid, "done": t.done, "truncated": not (t.done or t.failed), "error": t.failed}  # fmt: skip
+    if t.tools:
+        info.update(tool_calls=t.tool_calls, tool_parse_errors=t.tool_errors)
+    return info
 
 
 def play_rows(
@@ -318,8 +343,8 @@ def play_rows(
             "completion": t.completion,
             "tokens": int(sum(t.mask)),
             "turns": [{"role": "user", "content": t.prompt}, *t.turns],
-            "env_reward": None if t.failed else t.reward,
-            "env_info": episode_info(t, env.reward_range, env.max_turns),
+            "env_reward": episode_reward(t, env),
+            "env_info": episode_info(t, env),
         }
         for t in trajs
     ]

@@ -5,7 +5,8 @@ server through OpenEnv's GenericEnvClient, a WebSocket session per trajectory, c
 text is the action's text field (`message`, as OpenEnv's echo and TextArena environments name it, else its one
 required string field, from the action class or the server's /schema); reset(seed=seed); an observation (less
 done, reward, metadata) reads as its one string field, else as JSON; reward None is 0; reward_range (0, 1) and
-max_turns 8 unless an in-process class sets them. Games (TextArena, OpenEnv) do not read the row's prompt: the
+max_turns 8 unless an in-process class sets them. An in-process observation whose metadata says `won` (OpenEnv's
+convention for games) passes it on as info won (env/win_rate); a server leaves metadata out. Games (TextArena, OpenEnv) do not read the row's prompt: the
 first message is the game's own (--data.system-prompt adds instructions).
 """
 
@@ -60,7 +61,9 @@ class OpenEnvLocal(Environment):
         done = bool(getattr(obs, "done", False))
         if done and callable(getattr(self.env, "close", None)):
             self.env.close()
-        return Step(observation_text(fields), float(getattr(obs, "reward", None) or 0.0), done)
+        meta = getattr(obs, "metadata", None)
+        info = {"won": bool(meta["won"])} if isinstance(meta, dict) and "won" in meta else {}
+        return Step(observation_text(fields), float(getattr(obs, "reward", None) or 0.0), done, info)
 
     def reset(self, row: dict, seed: int) -> str:
         return self._step(self.env.reset(**accepted(self.env.reset, {"seed": seed}))).observation

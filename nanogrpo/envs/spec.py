@@ -59,6 +59,9 @@ class EnvSpec:
     """The text around an observation (check_start sets it from the tokenizer)."""
     prompt_limit: int = 1 << 30
     """The longest first message, in tokens (check_start sets it)."""
+    cut_reward: float | None = None
+    """The reward of an episode a budget cut before it was done (--env.truncated-score placed in reward_range);
+    None: the sum of its steps' rewards."""
     tools: tuple[dict, ...] = ()
     """The environment's tools, as JSON schemas (its `tools` attribute); () for an environment without."""
     tool_format: str = "auto"
@@ -121,9 +124,10 @@ def build_spec(factory: Callable[[], Any], label: str, e, max_new_tokens: int) -
     workers.call({0: ("end", None)})
     turns = min(e.max_turns, attrs["max_turns"]) if e.max_turns else attrs["max_turns"]
     tokens = e.max_tokens or turns * (max_new_tokens + 64)
+    (lo, hi), frac = attrs["reward_range"], e.truncated_score  # where a budget-cut episode lands
     return EnvSpec(
         label, factory, turns, tokens, attrs["stop"], attrs["role"], attrs["reward_range"], e.step_timeout_s,
-        e.format, workers=workers,
+        e.format, workers=workers, cut_reward=None if frac == -1 else lo + frac * (hi - lo),
         tools=attrs["tools"], tool_format=e.tool_format,
     )  # fmt: skip
 

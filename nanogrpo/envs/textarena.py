@@ -4,7 +4,9 @@
 to step(text) as is. The game's observation is cumulative: the model reads what
 is new since the last one (the first message: all of it; a text that does not start with what was seen: all
 of it again), the game's echo of the move included. The reward is close()'s for player 0 at the game's end,
-reward_range (-1, 1); a move the game calls invalid is info invalid; max_turns is the game's (else 10). Each
+reward_range (-1, 1); info won is True for a game that ended at reward 1, the game's win (the win rate,
+env/win_rate: a game ended at the turn limit with partial credit, lost, or cut by a budget is no win); a move
+the game calls invalid is info invalid; max_turns is the game's (else 10). Each
 game runs on its own saved state of Python's global random, which TextArena seeds and draws from.
 """
 
@@ -67,12 +69,17 @@ class TextArenaGame(Environment):
         done, _ = self._isolated(self.game.step, text)
         if not done:
             new = self._observe()
-            return Step(new, 0.0, False, {"invalid": INVALID_MOVE in new})
+            return Step(new, 0.0, False, {"invalid": INVALID_MOVE in new, "won": False})
         out = self._isolated(self.game.close)
         rewards, info = out if isinstance(out, tuple) else (out, {})
         info = (info or {}).get(0, {})
-        info = {"reason": str(info.get("reason", "")), "invalid": bool(info.get("invalid_move"))}
-        return Step(None, float((rewards or {}).get(0, 0.0)), True, info)
+        reward = float((rewards or {}).get(0, 0.0))
+        info = {
+            "reason": str(info.get("reason", "")),
+            "invalid": bool(info.get("invalid_move")),
+            "won": reward >= 1.0,
+        }
+        return Step(None, reward, True, info)
 
 
 def _nltk_hint(e: LookupError) -> str:

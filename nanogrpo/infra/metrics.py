@@ -36,6 +36,7 @@ METRICS = [
     ("reward", "reward", "", ""),  # the console line writes the reward and its graders itself
     ("reward/*", "reward", "", ""),  # each grader's mean score
     ("reward_std", "reward", "", ""),  # drawn as a +-1 std band around the reward
+    ("env/win_rate", "reward", "win", "{:.2f}"),  # --env: a game's episodes that it says were won
     ("loss", "loss", "loss", "{:.4f}"),
     ("ppl", "ppl", "ppl", "{:.1f}"),  # CPT: the perplexity of the text
     ("reward_acc", "dpo_rewards", "acc", "{:.2f}"),  # DPO: the fraction of pairs whose chosen answer wins
@@ -57,6 +58,9 @@ METRICS = [
     ("entropy", "kl_entropy", "ent", "{:.2f}"),
     ("frac_zero_std", "zero_std", "zero-std", "{:.2f}"),  # groups whose completions all scored the same
     ("trunc_rate", "zero_std", "", ""),  # completions cut at the token limit
+    ("env/tool_calls", "tools", "calls", "{:.2f}"),  # a tool environment: calls per episode
+    ("env/no_tool_call", "tools", "", ""),  # the share of its episodes without a call
+    ("env/tool_parse_errors", "tools", "", ""),  # calls per episode that could not be parsed
     ("grad_norm", "grad_norm", "gnorm", "{:.3f}"),
     ("vf_loss", "value", "vf", "{:.3f}"),  # PPO's value loss
     ("explained_variance", "value", "ev", "{:.2f}"),  # PPO's critic: 1 fits the returns, <= 0 does not
@@ -79,6 +83,7 @@ TITLES = {
     "best_is_longest": "best is longest (fraction of groups)",
     "time": "time per step (s)",
     "eval": "held-out eval",
+    "tools": "tool calls per episode / share without a call",
     "other": "every other number",
 }  # a panel's title on its PNG and on the run page where it is not the panel's name
 

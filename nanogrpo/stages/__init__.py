@@ -44,6 +44,7 @@ class Run:
     held_out: tuple[list[dict], str] | None = None  # the held-out rows and their source (the evaluations')
     step0: int = 0  # the step the run starts from (--resume: its checkpoint's)
     evaluator: object | None = None  # --eval-every's held-out scores (eval/during.py HeldOutEval)
+    notes: object | None = None  # what is said when a step learns nothing (summary.StepNotes)
 
 
 def step_function(algo: str):

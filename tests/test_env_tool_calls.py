@@ -103,6 +103,8 @@ def test_a_call_rendered_by_the_real_template_parses_back(name, fmt) -> None:
     assert parse_tool_call(turn, fmt) == ("lookup", ARGS)
     assert parse_tool_call(fmt.write("lookup", ARGS), fmt) == ("lookup", ARGS)
     assert parse_tool_call("It is sunny.", fmt) is None  # an answer holds no call
+    thought = f"<think>Maybe {fmt.write('lookup', ARGS)}? No.</think>\n\nIt is sunny."
+    assert parse_tool_call(thought, fmt) is None  # a call in the thinking is not made
 
 
 def test_a_template_without_tools_gets_the_plain_format(tiny_model_dir) -> None:

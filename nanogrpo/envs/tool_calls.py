@@ -16,7 +16,8 @@ back which format it wrote: a template that renders no tools (SmolLM2's) gets th
 formats the tools go to the template as `tools=` (the model reads them as it was trained to) and a result comes
 back as a `tool` message, rendered by the template (envs/render.py). One call a turn: the turn stops at the
 format's closing tag (Llama 3's template allows one call a turn anyway); the arguments may be sent under
-"arguments" or "parameters", and as a JSON string (as OpenAI's API sends them).
+"arguments" or "parameters", and as a JSON string (as OpenAI's API sends them); a call written inside a
+<think> block is thought, not made.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ FORMATS = {f.name: f for f in (PLAIN, HERMES, LLAMA3)}
 def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | None:
     """(tool name, arguments) of the first call in a turn written in `fmt`; None when the turn holds no call
     (with a tag pair: no opening tag; llama3: the turn does not start with '{'); ToolCallError saying what is
-    wrong, and the form expected, when it holds one that does not parse."""
+    wrong, and the form expected, when it holds one that does not parse. A thinking model's <think> block is
+    not read: only what follows its </think> (as Qwen3's template splits a turn)."""
+    text = text.rpartition("</think>")[2]
     if fmt.open:
         start = text.find(fmt.open)
         if start < 0:

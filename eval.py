@@ -4,7 +4,7 @@
   score     EM, token F1, SeqM, ROUGE-L and any graders per row, means with 95% bootstrap CIs;
             with k samples per prompt also best@k and Self-BLEU
   grade     one grader (or a weighted mix) per row as JSON lines; agreement with a `human` column
-  compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM
+  compare   two systems on the same ids: paired bootstrap CI of each difference, McNemar on EM, distinct answers
   elo       pairwise judging of two or more systems (both orders), Bradley-Terry Elo with CIs
   report    (re)draw a run folder's plots and its index.html
   seeds     train.py over seeds (42 123 456), then seeds-table on the runs
@@ -105,7 +105,8 @@ class Score:
 
 @dataclass(frozen=True)
 class Compare:
-    """Paired comparison of two systems on the same ids (B - A): bootstrap CIs, McNemar on EM."""
+    """Paired comparison of two systems on the same ids (B - A): bootstrap CIs, McNemar on EM; and how many distinct
+    answers each gives, with the share of its most common one (--reward.answer-tag reads the answer)."""
 
     a: Positional[str]
     """Completions (or scored) JSONL of system A, e.g. the base model."""
@@ -292,8 +293,14 @@ def run_compare(args: Compare) -> None:
         + f"; diff = {names[1]} - {names[0]}; paired bootstrap, {args.resamples} resamples, seed {args.seed};"
         " * = CI excludes 0)"
     )
+    # a gain can be one answer to every question that is often right: each system's distinct answers
+    answers = [
+        evaluate.answer_summary([r[i].get("completion", "") for i in ids], args.reward) for r in (a, b)
+    ]
+    shown = names if names[0] != names[1] else ("A", "B")  # two files of one name
+    table += "\n" + evaluate.format_answers(dict(zip(shown, answers)))
     result = {"a": args.a, "b": args.b, "n": len(ids), "resamples": args.resamples, "seed": args.seed}
-    _emit({**result, "metrics": summary}, args.json, table)
+    _emit({**result, "metrics": summary, "answers": dict(zip("ab", answers))}, args.json, table)
     graders = [m for m in summary if m not in evaluate.ANSWER_METRICS]  # the graders behind the scores
     provenance.warn_same_judge([args.a, args.b], graders, provenance.eval_judges(graders, args.reward))
 

@@ -9,6 +9,11 @@ from rewards.base import Grader, Sample, episode
 from rewards.options import RewardConfig
 from rewards.registry import register
 
+OUTCOMES = ("env", "turns", "valid")
+"""The graders that report what the environment itself says of an episode (its reward, the turns, the moves it
+refused): the game's result, not a learned judge with blind spots a policy can learn, so scoring a policy with
+one it trained on inflates nothing (eval.py does not warn about it)."""
+
 
 class EpisodeGrader(Grader):
     """A grader of one number of an episode, `value(reward, info)`; None for a sample without an episode,

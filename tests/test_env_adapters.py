@@ -24,6 +24,7 @@ from nanogrpo.envs.openenv import observation_text, text_field
 from nanogrpo.envs.textarena import observation_delta
 from nanogrpo.envs.tool_calls import ToolCallError, parse_tool_call
 from nanogrpo.envs.tools import tool_prompt
+from nanogrpo_base.rows import prompt_text
 
 TOOLS = '''
 class Adder:
@@ -379,7 +380,7 @@ def test_a_textarena_game_is_seeded_and_leaves_global_random_alone():
     )
     assert random.random() == expected  # the games draw from their own random state
     bad = a.step("twelve")
-    assert bad.info == {"invalid": True} and bad.observation.startswith(
+    assert bad.info == {"invalid": True, "won": False} and bad.observation.startswith(
         "[Player] [twelve]\n[GAME] You attempted"
     )
     lo, hi, step = 1, 20, None
@@ -393,6 +394,7 @@ def test_a_textarena_game_is_seeded_and_leaves_global_random_alone():
         assert step.observation in hints
         lo, hi = (guess + 1, hi) if "higher" in step.observation else (lo, guess - 1)
     assert step.done and step.reward == 1.0 and step.info["reason"].startswith("Congratulations")
+    assert step.info["won"] is True  # the game's win: what env/win_rate counts
 
 
 def test_textarena_names_the_game_it_cannot_play(monkeypatch, tmp_path):
@@ -517,12 +519,15 @@ def test_reasoning_gym_rows_and_grader():
         "chain_sum",
     ]
     assert rows == load_task("reasoning_gym:basic_arithmetic,chain_sum", "train")[0]  # fixed data
-    assert json.loads(json.dumps(rows)) == rows and rows[0]["prompt"].startswith(rows[0]["question"])
+    assert json.loads(json.dumps(rows)) == rows
+    system, user = rows[0]["prompt"]  # the answer's format in a system message, then the question
+    assert system["role"] == "system" and "<answer>" in system["content"] and "</answer>" in system["content"]
+    assert user == {"role": "user", "content": rows[0]["question"]}
     assert {r["id"] for r in rows}.isdisjoint(r["id"] for r in held_out)
     reward = build_reward(RewardConfig(spec="reasoning_gym:1"))
     reward.validate(rows + held_out, source)
     r = rows[0]
-    scores, _ = reward([Sample(r["prompt"], c, 0, r) for c in
+    scores, _ = reward([Sample(prompt_text(r["prompt"]), c, 0, r) for c in
                         (f"So <answer>{r['answer']}</answer>", "<answer>-1.5</answer>", r["answer"])])  # fmt: skip
     assert scores == [1.0, 0.0, 0.0]  # the answer outside the tags is not read
     with pytest.raises(ValueError, match=r"f.jsonl:1: field 'metadata' names the task 'nope'"):
@@ -531,12 +536,32 @@ def test_reasoning_gym_rows_and_grader():
         load_task("reasoning_gym:chainsum")
 
 
+def test_reasoning_gym_takes_each_tasks_configuration():
+    pytest.importorskip("reasoning_gym")
+    rows, source = load_task("reasoning_gym:letter_counting?min_words=2&max_words=3,chain_sum", "eval")
+    assert (
+        source == "reasoning_gym:letter_counting?min_words=2&max_words=3,chain_sum:eval" and len(rows) == 100
+    )
+    spans = [len(r["metadata"]["span"]) for r in rows if r["metadata"]["source_dataset"] == "letter_counting"]
+    assert len(spans) == 50 and set(spans) <= {2, 3}  # the default is 5 to 15 words
+    assert load_task("reasoning_gym:letter_counting?min_words=2&max_words=3", "eval")[0][:3] == rows[:3]
+    for spec, message in {
+        "letter_counting?min_word=2": r"letter_counting has no setting 'min_word'; its settings: min_words, max_words",
+        "letter_counting?size=5": r"no setting 'size'.*the seed and size are nanogrpo's",
+        "letter_counting?min_words": r"write 'min_words' as KEY=VALUE",
+        "letter_counting?min_words=0": r"letter_counting refuses the configuration \{'min_words': 0\}: min_words must be",
+        "chain_sum,chain_sum?min_terms=3": r"name each task once",
+    }.items():
+        with pytest.raises(ValueError, match=message):
+            load_task(f"reasoning_gym:{spec}")
+
+
 def test_reasoning_gym_trains(runs):
     pytest.importorskip("reasoning_gym")
     metrics, samples = runs.result("reasoning_gym")
     assert [m["step"] for m in metrics] == [1, 2] and all("reward/reasoning_gym" in m for m in metrics)
-    assert samples[0]["groups"][0]["prompt"].endswith(
-        "Give only the final answer between <answer> and </answer> tags."
+    assert samples[0]["groups"][0]["prompt"].startswith(
+        "system: Solve the problem, then write only the final"
     )
 
 

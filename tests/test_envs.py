@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from env_examples import Endless, Faulty, Vowels
+from env_examples import Endless, Faulty, Tools, Vowels
 from helpers import ROOT, free_port, run_train_here
 
 from nanogrpo import grpo
@@ -149,6 +149,23 @@ def test_max_turns_budget_and_truncation(tiny) -> None:
     assert max(ends) > 20 and all(s.env_info["turns"] < 5 for s in short.samples)
     done = play(tiny, Vowels, max_turns=2, max_tokens=200)  # the environment ends it: not truncated
     assert not bool(done.truncated.any()) and all(s.env_info["done"] for s in done.samples)
+
+
+def test_a_tool_environments_calls_and_parse_failures_add_up_over_its_episodes(tiny) -> None:
+    """Each step's info counts the turn's calls and names a call it could not parse: the episode adds them up
+    (env_info), and the step logs them per episode with the share of episodes that made no call."""
+    from nanogrpo.summary import episode_summary
+
+    roll = play(tiny, Tools, max_turns=3, max_tokens=200)
+    said = [[t["content"] for t in s.turns if t["role"] == "assistant"] for s in roll.samples]
+    calls = [sum(len(x) % 3 == 0 for x in turns) for turns in said]
+    errors = [sum(len(x) % 3 == 1 for x in turns) for turns in said]
+    assert sum(calls) > 0 and sum(errors) > 0 and [s.env_info["tool_calls"] for s in roll.samples] == calls
+    assert [s.env_info["tool_parse_errors"] for s in roll.samples] == errors
+    m, n = episode_summary(roll), len(said)
+    assert (m["env/tool_calls"], m["env/tool_parse_errors"]) == (sum(calls) / n, sum(errors) / n)
+    assert m["env/no_tool_call"] == sum(c == 0 for c in calls) / n
+    assert "env/tool_calls" not in episode_summary(play(tiny, Endless, max_turns=2, max_tokens=200))
 
 
 @pytest.mark.parametrize("mode", ["raise", "hang", "nan"])

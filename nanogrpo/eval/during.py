@@ -208,8 +208,9 @@ def final_eval(
 ) -> dict | None:
     """Greedy answers of the base model (LoRA off: with --lora.init-from, the SFT model) and the trained
     one on held-out prompts, scored with the training graders; prints both means and the paired bootstrap
-    95% CI of the difference."""
-    from nanogrpo.eval.evaluate import base_vs_trained, format_paired_table, save_eval
+    95% CI of the difference, and how many distinct answers each gives (a gain can be one answer to every
+    question that is often right)."""
+    from nanogrpo.eval.evaluate import base_vs_trained, format_answers, format_paired_table, save_eval
     from rewards.spec import parse_spec
 
     if held_out is None or not policy.use_lora:
@@ -234,4 +235,5 @@ def final_eval(
     base = "the SFT model of --lora.init-from" if cfg.lora.init_from else "LoRA off"
     print(f"\nheld-out: {len(rows)} prompts, greedy, base ({base}) vs trained; * = 95% CI excludes 0")
     print(format_paired_table(res["summary"]))
+    print(format_answers(res["answers"]))
     return res["summary"]

@@ -186,6 +186,51 @@ def paired_summary(
     return out
 
 
+# ----------------------------------------------------------------------------- distinct answers
+
+
+def answer_of(text: str, reward_cfg: Any = None) -> str:
+    """The answer a completion gives, read as the answer graders read it (exact, contains, reasoning_gym): the
+    last <answer> block (--reward.answer-tag; --reward.answer-regex's match), else the completion without its
+    <think> block; then SQuAD-normalised (stats.normalize_answer), so '1', ' 1.' and '<answer>1</answer>' agree."""
+    from rewards.options import RewardConfig
+    from rewards.text import extract, strip_think
+
+    cfg = reward_cfg or RewardConfig()
+    got = extract(str(text), cfg.answer_tag, cfg.answer_regex)
+    return stats.normalize_answer(strip_think(str(text), cfg.think_tag) if got is None else got)
+
+
+def answer_summary(texts: Sequence[str], reward_cfg: Any = None) -> dict:
+    """stats.distinct_answers of these completions' answers (answer_of)."""
+    return stats.distinct_answers([answer_of(t, reward_cfg) for t in texts])
+
+
+CONSTANT_SHARE = 0.5
+"""A system whose most common answer is at least this share of its answers (over 10 rows or more) is said to
+give one answer: its gain may be that answer's share of the right ones, not the questions solved."""
+
+
+def format_answers(answers: dict[str, dict]) -> str:
+    """'answers: base 87 distinct of 100, the most common 4% ('paris'); trained 1 distinct of 100, ...', and a
+    note for each system that gives one answer to CONSTANT_SHARE of the rows or more."""
+
+    def one(name: str, a: dict) -> str:
+        if not a["n"]:
+            return f"{name} no answers"
+        top = a["top"] if len(a["top"]) <= 30 else a["top"][:27] + "..."
+        return f"{name} {a['distinct']} distinct of {a['n']}, the most common {a['top_share']:.0%} ({top!r})"
+
+    lines = ["answers: " + "; ".join(one(name, a) for name, a in answers.items())]
+    for name, a in answers.items():
+        if a["n"] >= 10 and a["top_share"] >= CONSTANT_SHARE:
+            lines.append(
+                f"note: {name} gives the answer {a['top']!r} to {a['top_share']:.0%} of the rows: a score it gains "
+                "may be that answer's share of the right ones, not questions solved"
+            )
+    return "\n".join(lines)
+
+
 def _metric_names(scores: Sequence[dict]) -> list[str]:
     names: dict[str, None] = {}
     for s in scores:
@@ -311,15 +356,17 @@ def answer_and_score(
     reward_fn: Any = None,
     seed: int = 0,
     num_samples: int = 1,
+    episodes: list | None = None,
     **gen_kwargs: Any,
 ) -> tuple[list[str], list[dict[str, float | None]]]:
     """`num_samples` completions of each row by this model (greedy by default; gen_kwargs go to
     `generate_completions`) and their scores (`score_rows`), as flat lists: row i's at i*k .. i*k+k-1.
+    With env=, `episodes` (a list) receives each episode's transcript, reward and info, in the same order.
 
     With `reward_fn` (the run's reward, built once) they are scored as training scores its samples: the
     graders read each completion's token count, a row's k completions are one group, and a 'reward' score
     comes with the graders'. Without it, by `graders` (names) under `reward_cfg`, each row on its own."""
-    episodes: list[dict] = []  # with env=: each episode's transcript, reward and info, for the graders
+    episodes = [] if episodes is None else episodes  # with env=: each episode's transcript, reward and info
     completions, lengths = generate_completions(
         model, tokenizer, rows, seed=seed, num_samples=num_samples, return_lengths=True, episodes=episodes,
         **gen_kwargs,
@@ -348,35 +395,49 @@ def base_vs_trained(
 ) -> dict:
     """Greedy (by default) completions of the base (LoRA disabled) and trained model on the same rows,
     scored and compared. Returns {"base": [...], "trained": [...], "base_scores", "trained_scores",
-    "summary"}; gen_kwargs go to `generate_completions`."""
+    "summary", "answers" (each side's distinct answers), "base_episodes", "trained_episodes" (with env=: each
+    episode's transcript, reward and info; else [])}; gen_kwargs go to `generate_completions`."""
     from nanogrpo.model import lora
 
     score = dict(graders=graders, reward_cfg=reward_cfg, seed=seed)
+    base_eps: list[dict] = []
+    trained_eps: list[dict] = []
     with lora.disabled(model):
-        base, bs = answer_and_score(model, tokenizer, rows, **score, **gen_kwargs)
-    trained, ts = answer_and_score(model, tokenizer, rows, **score, **gen_kwargs)
+        base, bs = answer_and_score(model, tokenizer, rows, **score, episodes=base_eps, **gen_kwargs)
+    trained, ts = answer_and_score(model, tokenizer, rows, **score, episodes=trained_eps, **gen_kwargs)
     return {
         "base": base,
         "trained": trained,
         "base_scores": bs,
         "trained_scores": ts,
         "summary": paired_summary(bs, ts, seed=seed),
+        "answers": {"base": answer_summary(base, reward_cfg), "trained": answer_summary(trained, reward_cfg)},
+        "base_episodes": base_eps,
+        "trained_episodes": trained_eps,
     }
 
 
 def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
-    """Write eval_base.jsonl, eval_trained.jsonl and eval.json (the paired summary; the run page shows it),
-    and each file's .meta.json saying which model wrote it (see provenance.py `run_of`)."""
+    """Write eval_base.jsonl, eval_trained.jsonl (each row with its completion and scores, and an episode's
+    whole transcript: `turns`, `env_reward`, `env_info`, as eval.py generate writes them) and eval.json (the
+    paired summary, which the run page shows, and each side's distinct answers), and each file's .meta.json
+    saying which model wrote it (see provenance.py `run_of`)."""
     from nanogrpo.infra.metrics import replace_atomically  # run-folder files: never written through a link
 
     run_dir = Path(run_dir)
     for side, run in (("base", None), ("trained", ".")):
         meta = {"made_by": "train.py", "model": f"{side} (LoRA {'on' if run else 'off'})", "run": run}
         replace_atomically(meta_path(run_dir / f"eval_{side}.jsonl"), json.dumps(meta, indent=2) + "\n")
-        scored = zip(rows, result[side], result[f"{side}_scores"])
-        write_jsonl(
-            run_dir / f"eval_{side}.jsonl", [{**r, "completion": c, "scores": s} for r, c, s in scored]
-        )
+        recs = [
+            {**r, "completion": c, "scores": s}
+            for r, c, s in zip(rows, result[side], result[f"{side}_scores"])
+        ]
+        for rec, e in zip(recs, result.get(f"{side}_episodes") or ()):  # the whole episode, not its last turn
+            rec.update({k: e[k] for k in ("turns", "env_reward", "env_info")})
+        write_jsonl(run_dir / f"eval_{side}.jsonl", recs)
     path = run_dir / "eval.json"
-    replace_atomically(path, json.dumps({"n": len(rows), "metrics": result["summary"]}, indent=2))
+    summary = {"n": len(rows), "metrics": result["summary"]}
+    if "answers" in result:
+        summary["answers"] = result["answers"]
+    replace_atomically(path, json.dumps(summary, indent=2))
     return path

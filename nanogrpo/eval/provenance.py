@@ -4,7 +4,8 @@
 adapter; train.py's eval files say which model wrote them too (evaluate.py `save_eval`). score, compare
 and elo then read that run's config.json and warn when a grader or judge model of the evaluation also
 trained the policy (`same_judge_warning`): the policy learned that judge's blind spots, so grading it with
-the same judge counts them as gains twice.
+the same judge counts them as gains twice. An environment's own outcome (the `env` grader: the game's result)
+is no judge, and is not warned about.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rewards.episode import OUTCOMES
 from rewards.spec import parse_spec
 
 
@@ -124,14 +126,16 @@ def same_judge_warning(
     """One warning line when FILE's run was trained with one of these graders or judge models, else None.
 
     A policy trained against a grader learns that grader's blind spots; grading it with the same grader
-    counts them as gains a second time (the graders guide's common mistake), so the gain is inflated.
+    counts them as gains a second time (the graders guide's common mistake), so the gain is inflated. An
+    environment's own outcome (the env, turns and valid graders: rewards.episode.OUTCOMES) is the game's result,
+    not a judge, and is never warned about.
     """
     run = run_of(path)
     if run is None:
         return None
     reward = _read_json(run / "config.json").get("reward") or {}
     trained, models = trained_with(reward)
-    same = [f"grader {g}" for g in dict.fromkeys(graders) if g in trained]
+    same = [f"grader {g}" for g in dict.fromkeys(graders) if g in trained and g not in OUTCOMES]
     same += [f"judge model {models[k]}" for k in dict.fromkeys(map(_model_key, judge_models)) if k in models]
     if not same:
         return None

@@ -29,6 +29,7 @@ from nanogrpo.infra.config_file import flat_config
 from nanogrpo.infra.metrics import TITLES, read_jsonl, replace_atomically
 from nanogrpo.infra.sample_table import completion_text
 from nanogrpo_base.rows import prompt_text
+from rewards.episode import OUTCOMES
 from rewards.spec import parse_spec
 
 
@@ -177,7 +178,7 @@ def eval_html(ev: dict | None, cfg: dict | None = None) -> str:
         trained = {n for n, w in parse_spec(((cfg or {}).get("reward") or {}).get("spec") or "") if w > 0}
     except ValueError:  # no reward spec (an SFT or DPO run): nothing was trained on a grader
         trained = set()
-    trained &= set(ev["metrics"])
+    trained = (trained & set(ev["metrics"])) - set(OUTCOMES)  # a game's own result is no judge
     note = (
         f"<p class='muted'>Scored with the graders the run trained on ({html.escape(', '.join(sorted(trained)))}):"
         " a check that training moved them, not a judgement of quality, since the policy learned their blind"

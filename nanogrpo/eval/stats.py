@@ -13,6 +13,8 @@ Everything here is plain Python + numpy, deterministic given a seed, and tested 
   it on the Elo scale, 1500 + 400 log10(strength / geometric mean strength). Unlike sequential Elo
   updates this does not depend on the order of the games. A pseudo-count of ties between every pair
   (default one game) keeps ratings finite when a system wins or loses every comparison.
+- Distinct answers: how many different (normalised) answers a system gives and the share of the most common
+  one, since a gain can be a constant answer that is often right.
 - Self-BLEU (RLVRR's diversity measure): BLEU-4 of each of a prompt's k samples against the other k - 1
   as references, averaged; our own few lines (nltk is not a dependency), smoothed as nltk's method2 and
   tested against it.
@@ -78,6 +80,17 @@ def token_f1(prediction: str, reference: str | Sequence[str]) -> float:
 def seq_match(prediction: str, reference: str | Sequence[str]) -> float:
     """difflib.SequenceMatcher ratio on the raw strings (no autojunk), best reference."""
     return max(difflib.SequenceMatcher(None, prediction, r, autojunk=False).ratio() for r in _refs(reference))
+
+
+def distinct_answers(answers: Sequence[str]) -> dict:
+    """How varied a system's answers are: {"n", "distinct", "top" (the most common answer; the first seen on a
+    tie), "top_share" (the share of the answers that are it)}. A gain can be one answer given to every
+    question that happens to be right for many of them: a low `distinct` and a high `top_share` say so."""
+    counts = Counter(answers)
+    if not counts:
+        return {"n": 0, "distinct": 0, "top": None, "top_share": None}
+    top, k = counts.most_common(1)[0]
+    return {"n": len(answers), "distinct": len(counts), "top": top, "top_share": k / len(answers)}
 
 
 # ----------------------------------------------------------------------------- bootstrap

@@ -185,7 +185,8 @@ class DataConfig:
 
     train: str = "demo"
     """A JSONL, CSV (UTF-8, a header row) or Parquet file, a datasets save_to_disk folder, NAME:SPLIT from
-    the local Hugging Face cache (never downloaded), or a built-in task: 'demo', 'recipe:NAME'."""
+    the local Hugging Face cache (never downloaded), or a built-in task: 'demo', 'recipe:NAME', or reasoning-gym's
+    'reasoning_gym:TASK[?KEY=VALUE&...][,TASK...]' (a task's settings after '?'; docs/ENVS.md)."""
     eval: str = ""
     """Held-out data for the final evaluation, in any --data.train form ('' = the built-in task's held-out
     split, if any)."""

@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' 
 
 .PHONY: demo test lint install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the pinned CPU wheel, so nothing else pulls a multi-GB CUDA build

@@ -101,7 +101,9 @@ def main() -> None:
 
     print(f"episodes: {len(rows) * a.group} ({a.rows} rows x {a.group}), {a.env}, {a.model} {a.dtype}, "
           f"{torch.get_num_threads()} threads, {a.repeats} rollouts a side, taking turns")  # fmt: skip
-    print("| loop | s / rollout (median) | turns / episode | sampled tok/s | observation tok/s |\n|---|---|---|---|---|")
+    print(
+        "| loop | s / rollout (median) | turns / episode | sampled tok/s | observation tok/s |\n|---|---|---|---|---|"
+    )
     for name in sides:
         t = statistics.median(times[name])
         sampled, observed, turns = counts[name]

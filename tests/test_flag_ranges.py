@@ -23,8 +23,8 @@ import pytest
 from helpers import _in_process, run_eval, run_train_here, write_rows
 
 import eval as eval_py
-from nanogrpo.eval import probe as nanogrpo_probe
 from nanogrpo.config import TrainConfig
+from nanogrpo.eval import probe as nanogrpo_probe
 from nanogrpo.eval import readouts
 from nanogrpo.infra import flag_checks
 from nanogrpo.infra.flag_checks import check_config

@@ -39,23 +39,25 @@ class Endless(Environment):
 
 class Faulty(Environment):
     """Fails on a first turn of odd length (so some members of a group fail, others not): raises, hangs or
-    returns NaN (`mode`, set on the class before the workers fork)."""
+    returns NaN (`mode`, set on the class before the workers fork). A good episode ends itself on its second
+    turn with 0.5 + 0.5 (not cut by the budget, so it scores its rewards, not --env.truncated-score)."""
 
     max_turns, stop, role, reward_range = 2, (), "user", (0.0, 1.0)
     mode = "raise"
 
     def reset(self, row: dict, seed: int) -> None:
-        self.bad = None
+        self.bad, self.turns = None, 0
         return None
 
     def step(self, text: str) -> Step:
+        self.turns += 1
         if self.bad is None:
             self.bad = len(text) % 2 == 1
         if self.bad and self.mode == "raise":
             raise RuntimeError("the environment broke")
         if self.bad and self.mode == "hang":
             time.sleep(30)
-        return Step("ok", float("nan") if self.bad else 0.5, False, {})
+        return Step("ok", float("nan") if self.bad else 0.5, self.turns == self.max_turns, {})
 
 
 class Tools(Environment):

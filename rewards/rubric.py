@@ -166,7 +166,7 @@ class Rubric(Grader):
     def _ask(self, items: list[tuple[Sample, str]]) -> list[float | None]:
         """P(criterion met) per (sample, criterion): 0/1 for generative, a probability otherwise."""
         if self.readout == "probe":
-            rows = [{"prompt": s.prompt, "response": s.completion, "criterion": c} for s, c in items]
+            rows = [{"prompt": s.prompt, "response": transcript(s), "criterion": c} for s, c in items]
             return self.probe.predict_proba(rows, self.cfg.rubric.batch_size, self.cfg.judge.device)
         if self._client is None:
             self._client = make_client(self.cfg.judge)

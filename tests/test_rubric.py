@@ -151,6 +151,30 @@ def test_probe_readout_matches_the_probe(tiny_model_dir, tmp_path):
     assert json.dumps(reward.graders["rubric"].last_details)  # serialisable for samples.jsonl
 
 
+def test_the_probe_reads_an_episode_whole_as_the_other_readouts_do(tiny_model_dir, tmp_path):
+    """An episode's probe verdicts come from its transcript (rewards.base.transcript: every turn after the
+    prompt, the tool's messages included), the text the generative and logprob readouts judge and the probe's
+    labels for an episode hold, not its last assistant turn."""
+    probe = train_probe(synthetic(60, 0), str(tiny_model_dir), batch_size=32)
+    probe.save(tmp_path / "probe")
+    cfg = RewardConfig(spec="rubric:1", rubric=RubricConfig(readout="probe", probe=str(tmp_path / "probe")))
+    rubric = build_reward(cfg).graders["rubric"]
+    asked = []
+    read = rubric.probe.predict_proba
+    rubric.probe.predict_proba = lambda rows, *a: asked.extend(rows) or read(rows, *a)
+    turns = [
+        {"role": "user", "content": "Which drug? Search first."},
+        {"role": "assistant", "content": "<search>anticoagulant</search>"},
+        {"role": "tool", "content": "[h] heparin, at a dosage of 5000 units"},
+        {"role": "assistant", "content": "<answer>warfarin [h]</answer>"},
+    ]
+    s = Sample(turns[0]["content"], turns[-1]["content"], row={"rubric": RUBRIC}, turns=turns)
+    assert rubric([s])[0] is not None
+    whole = "\n\n".join(f"{t['role']}: {t['content']}" for t in turns[1:])
+    assert whole.startswith("assistant: <search>") and "tool: [h] heparin" in whole
+    assert asked == [{"prompt": s.prompt, "response": whole, "criterion": c["criterion"]} for c in RUBRIC]
+
+
 def test_a_missing_probe_is_refused_at_start_up(tmp_path):
     cfg = RewardConfig(spec="rubric:1", rubric=RubricConfig(readout="probe", probe=str(tmp_path / "none")))
     reward = build_reward(cfg)

@@ -150,13 +150,15 @@ def check_sft_rows(rows: list[dict], template: str, source: str) -> None:
     """Refuse at start-up a row SFT cannot train on: a template field or the reference missing or empty."""
     names = template_fields(template) if template else ["reference"]
     for row in rows:
+        if not template and row.get("completion"):  # a transcript: its assistant turns
+            continue
         for name in names:
             if row.get(name) in (None, ""):
                 line = row.get("_line", row.get("id"))
                 how = (
                     f"--data.template {template!r} needs it"
                     if template
-                    else "--algo sft trains on 'reference'"
+                    else "--algo sft trains on 'reference' (or a transcript, 'completion')"
                 )
                 raise DataError(
                     f"{source}:{line}: field '{name}' is missing or empty, and {how}; add it to every row"

@@ -48,6 +48,8 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "chosen": ((str,), "a string"),  # --algo dpo: the preferred answer
     "rejected": ((str,), "a string"),  # --algo dpo: the dispreferred answer
     "options": ((list, dict), 'a list of strings or an object {"A": str, ...}'),  # --algo dpo: an MCQ
+    # --algo sft: a transcript after the prompt (assistant turns and the tool or user messages between them)
+    "completion": ((list,), 'a list of chat messages {"role": str, "content": str}'),
 }
 
 
@@ -61,7 +63,27 @@ def validate_row(row: Any, where: str) -> dict:
     for name, (types, desc) in _FIELD_TYPES.items():
         if name in row and row[name] is not None and not isinstance(row[name], types):
             raise DataError(f"{where}: field '{name}' must be {desc}, got {type(row[name]).__name__}")
+    if row.get("completion") is not None:
+        check_completion(row["completion"], where)
     return row
+
+
+def check_completion(messages: list, where: str) -> None:
+    """A transcript to train on: chat messages, the last one the assistant's, every content a string."""
+    for k, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise DataError(
+                f'{where}: completion[{k}] must be a chat message {{"role": str, "content": str}}, got {m!r:.80}'
+            )
+    if not messages or messages[-1]["role"] != "assistant":
+        raise DataError(
+            f"{where}: a completion must end on an assistant message (what SFT trains on last); "
+            "drop the messages after it"
+        )
 
 
 FORMATS = (
@@ -71,7 +93,7 @@ FORMATS = (
 # NAME:SPLIT or NAME:CONFIG:SPLIT, NAME possibly owner/name (not a path that exists)
 _HUB_SPEC = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+){1,2}$")
 # fields a CSV cell holds as JSON text (a chat prompt, lists, objects), and the numeric ones
-_JSON_CELLS = {"prompt", "references", "labels", "key_points", "rubric", "options"}
+_JSON_CELLS = {"prompt", "references", "labels", "key_points", "rubric", "options", "completion"}
 _NUMBER_CELLS = {"human"}
 
 

@@ -520,3 +520,32 @@ def template_tokenizer(name: str, tokens: bool = True):
     elif tokens:
         tok.add_tokens(QWEN_TOKENS)
     return tok
+
+
+class Scripted:
+    """A sampler that writes the same scripted turns in every row (each turn's tokens fed through the model, as
+    the real decode leaves its cache), so an episode's layout can be checked token by token."""
+
+    turns: list[list[int]] = []
+
+    @staticmethod
+    def make(base):
+        class S(base):
+            k = 0
+
+            def decode(self, logits, max_new, generator, *, pad_id=0, **kw):
+                import torch
+
+                from nanogrpo.model.draw import finish
+
+                turn = Scripted.turns[S.k]
+                S.k += 1
+                N, T = logits.shape[0], len(turn)
+                if T > 1:
+                    self._forward(self.cache, [turn[:-1]] * N)
+                self.pending = [turn[-1]] * N
+                tokens = torch.tensor([turn] * N)  # (N, T)
+                ended = torch.ones(N, dtype=torch.bool)  # (N,)
+                return finish(tokens, torch.zeros(N, T), torch.full((N,), T), ended, pad_id)
+
+        return S

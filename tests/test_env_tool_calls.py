@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from env_examples import Vowels
-from helpers import template_tokenizer
+from helpers import Scripted, template_tokenizer
 
 from nanogrpo.config import EnvConfig, SamplingConfig
 from nanogrpo.data import render_prompt
@@ -183,33 +183,6 @@ def test_qwen3s_template_starts_with_its_one_line(capsys) -> None:
 TOOL_MESSAGE = (
     "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 )
-
-
-class Scripted:
-    """A sampler that writes the same scripted turns in every row (each turn's tokens fed through the model, as
-    the real decode leaves its cache), so an episode's layout can be checked token by token."""
-
-    turns: list[list[int]] = []
-
-    @staticmethod
-    def make(base):
-        class S(base):
-            k = 0
-
-            def decode(self, logits, max_new, generator, *, pad_id=0, **kw):
-                from nanogrpo.model.draw import finish
-
-                turn = Scripted.turns[S.k]
-                S.k += 1
-                N, T = logits.shape[0], len(turn)
-                if T > 1:
-                    self._forward(self.cache, [turn[:-1]] * N)
-                self.pending = [turn[-1]] * N
-                tokens = torch.tensor([turn] * N)  # (N, T)
-                ended = torch.ones(N, dtype=torch.bool)  # (N,)
-                return finish(tokens, torch.zeros(N, T), torch.full((N,), T), ended, pad_id)
-
-        return S
 
 
 def test_an_episode_in_the_hermes_format_end_to_end(monkeypatch, capsys, tiny_model_dir) -> None:

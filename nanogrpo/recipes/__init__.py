@@ -15,7 +15,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("semantic", "judge-numbers", "clinical", "rlvrr", "rubric")  # the seed papers'
-ENV_TASKS = ("calc", "guess", "search")  # the built-in environments' tasks (nanogrpo/envs/builtin.py)
+ENV_TASKS = (
+    "calc",
+    "guess",
+    "search",
+    "research",
+)  # the built-in environments' tasks (nanogrpo/envs/builtin.py)
 
 
 def recipe_path(name: str, split: str = "train") -> Path:

@@ -1,0 +1,97 @@
+"""The research preset's parts: its files made from the search task's rows (recipes/research.py), SFT on a
+tool-use transcript (stages/sft.target) training exactly the tokens a search episode samples, with the tool's
+messages at mask 0, and a transcript row's checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import Scripted
+from transformers import AutoTokenizer
+
+from nanogrpo.config import EnvConfig, SamplingConfig
+from nanogrpo.data import render_prompt
+from nanogrpo.envs import make_factory
+from nanogrpo.envs.spec import build_spec, check_start
+from nanogrpo.formats import DataError, validate_row
+from nanogrpo.recipes import HERE, research
+from nanogrpo.stages.sft import Turns, target
+
+
+def rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (HERE / name).read_text().splitlines() if line.strip()]
+
+
+def test_the_recipe_files_are_made_from_the_search_rows() -> None:
+    """research.jsonl and research.labels.jsonl are what `python -m nanogrpo.recipes.research` writes; the
+    held-out rows are none of the training rows, and the labels are balanced enough to learn from."""
+    for name, text in research.made().items():
+        assert (HERE / name).read_text() == text, f"run python -m nanogrpo.recipes.research ({name})"
+    train, held = rows("research.jsonl"), rows("research.eval.jsonl")
+    assert len(train) == 18 and len(held) == 30
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    labels = rows("research.labels.jsonl")
+    assert len(labels) == 18 * 7 * 2 and {r["label"] for r in labels} == {0, 1}
+    assert 0.25 < sum(r["label"] for r in labels) / len(labels) < 0.5
+    first = train[0]["completion"]
+    assert [m["role"] for m in first] == ["assistant", "tool", "assistant"]
+    assert f"[{train[0]['sources'][0]}]" in first[1]["content"]  # the search finds the row's source
+    assert first[2]["content"] == f"<answer>{train[0]['answer']} [{train[0]['sources'][0]}]</answer>"
+
+
+def test_a_transcript_trains_the_tokens_a_search_episode_samples(monkeypatch, tiny_model_dir) -> None:
+    """SFT's ids for a transcript row are the ids a search episode lays out when the model writes the
+    transcript's assistant turns (the environment's own answers between them), token for token; SFT trains
+    the assistant's tokens (mask 1) and not the tool's (mask 0), as the episode's mask does."""
+    from nanogrpo.envs import episode
+    from nanogrpo.model.transformer import Transformer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = Transformer.from_pretrained(tiny_model_dir).eval()
+    row = dict(rows("research.jsonl")[0])
+    row["_prompt_ids"] = render_prompt(tok, row)
+    env = build_spec(make_factory("search", "", False), "search", EnvConfig(name="search"), 48)
+    env = check_start(env, tok, [row], "", 900, 1024, 2)
+    said = [m["content"] for m in row["completion"] if m["role"] == "assistant"]
+    Scripted.turns = [tok(said[0])["input_ids"], tok(said[1])["input_ids"] + [tok.eos_token_id]]
+    monkeypatch.setattr(episode, "Sampler", Scripted.make(episode.Sampler))
+    with torch.no_grad():
+        trajs = episode.play(model, tok, env, [row], [7], SamplingConfig(max_new_tokens=48), 2, system_prompt="",
+                             eos_ids=(tok.eos_token_id,), pad_id=0)  # fmt: skip
+    env.workers.close()
+    ids, mask = target(row, tok, "", [tok.eos_token_id], Turns(tok, "auto", ""))
+    for t in trajs:
+        assert t.prompt_ids == row["_prompt_ids"]
+        assert t.ids == ids and t.mask == [float(m) for m in mask]
+        assert [m["content"] for m in t.turns] == [m["content"] for m in row["completion"]]
+        assert t.reward == pytest.approx(1.0) and t.done  # the right answer, citing its source
+    n1 = len(Scripted.turns[0])
+    tool = tok.decode(ids[n1 : len(ids) - len(Scripted.turns[1])])
+    assert row["completion"][1]["content"] in tool and mask[n1 : len(ids) - len(Scripted.turns[1])] == [0] * (
+        len(ids) - n1 - len(Scripted.turns[1])
+    )
+
+
+def test_a_reference_row_trains_its_reference_then_eos(tiny_model_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    ids, mask = target({"reference": "Paris."}, tok, "", [tok.eos_token_id], Turns(tok, "auto", ""))
+    assert ids == tok("Paris.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert mask == [1] * len(ids)
+
+
+@pytest.mark.parametrize(
+    "completion, why",
+    [
+        ([{"role": "assistant", "content": "a"}, {"role": "tool", "content": "b"}], "end on an assistant"),
+        ([{"role": "assistant", "content": 3}], "must be a chat message"),
+        (["text"], "must be a chat message"),
+        ([], "end on an assistant"),
+        ("a string", "must be a list of chat messages"),
+    ],
+)
+def test_a_transcript_row_is_checked(completion, why) -> None:
+    with pytest.raises(DataError, match=why):
+        validate_row({"prompt": "q", "completion": completion}, "rows.jsonl:1")

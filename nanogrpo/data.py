@@ -150,7 +150,7 @@ def check_sft_rows(rows: list[dict], template: str, source: str) -> None:
     """Refuse at start-up a row SFT cannot train on: a template field or the reference missing or empty."""
     names = template_fields(template) if template else ["reference"]
     for row in rows:
-        if not template and row.get("completion"):  # a transcript: its assistant turns
+        if not template and isinstance(row.get("completion"), list):  # a transcript: its assistant turns
             continue
         for name in names:
             if row.get(name) in (None, ""):

@@ -48,8 +48,6 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "chosen": ((str,), "a string"),  # --algo dpo: the preferred answer
     "rejected": ((str,), "a string"),  # --algo dpo: the dispreferred answer
     "options": ((list, dict), 'a list of strings or an object {"A": str, ...}'),  # --algo dpo: an MCQ
-    # --algo sft: a transcript after the prompt (assistant turns and the tool or user messages between them)
-    "completion": ((list,), 'a list of chat messages {"role": str, "content": str}'),
 }
 
 
@@ -63,7 +61,7 @@ def validate_row(row: Any, where: str) -> dict:
     for name, (types, desc) in _FIELD_TYPES.items():
         if name in row and row[name] is not None and not isinstance(row[name], types):
             raise DataError(f"{where}: field '{name}' must be {desc}, got {type(row[name]).__name__}")
-    if row.get("completion") is not None:
+    if isinstance(row.get("completion"), list):  # --algo sft: a transcript (a graded file's is a string)
         check_completion(row["completion"], where)
     return row
 
@@ -93,7 +91,7 @@ FORMATS = (
 # NAME:SPLIT or NAME:CONFIG:SPLIT, NAME possibly owner/name (not a path that exists)
 _HUB_SPEC = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+){1,2}$")
 # fields a CSV cell holds as JSON text (a chat prompt, lists, objects), and the numeric ones
-_JSON_CELLS = {"prompt", "references", "labels", "key_points", "rubric", "options", "completion"}
+_JSON_CELLS = {"prompt", "references", "labels", "key_points", "rubric", "options"}
 _NUMBER_CELLS = {"human"}
 
 

@@ -113,7 +113,11 @@ class FrozenLM:
     """Hidden states of every layer at the last non-padding token (or their mean over the text), from a
     frozen HF model folder."""
 
-    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", max_len: int = 2048):
+    def __init__(
+        self, model: str, device: str = "cpu", dtype: str = "float32", max_len: int = 2048, upto: int = 0
+    ):
+        """`upto` > 0: only the layers a probe of that layer reads run (the model cut after layer `upto`, its
+        final norm dropped, so hidden state `upto` is the full model's, unnormed); 0: all of them."""
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -127,6 +131,11 @@ class FrozenLM:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
         self.model = AutoModel.from_pretrained(str(path), dtype=torch_dtype).to(device).eval()
+        cut = getattr(self.model, "layers", None) is not None and hasattr(self.model, "norm")
+        if cut and 0 < upto < self.model.config.num_hidden_layers:  # the later layers' output is never read
+            self.model.layers = self.model.layers[:upto]
+            self.model.config.num_hidden_layers = upto
+            self.model.norm = torch.nn.Identity()  # hidden state `upto` is a layer's output, not the last one
         self.device, self.max_len = device, max_len
 
     def text(self, row: dict[str, Any]) -> str:
@@ -249,7 +258,10 @@ class Probe:
     def lm(self, device: str = "cpu") -> FrozenLM:
         if self._lm is None:
             self._lm = FrozenLM(
-                self.meta["model"], device=device, max_len=int(self.meta.get("max_len", 2048))
+                self.meta["model"],
+                device=device,
+                max_len=int(self.meta.get("max_len", 2048)),
+                upto=self.layer,
             )
         return self._lm
 

@@ -156,3 +156,16 @@ def test_command_line_takes_model_names_through_nanogrpo(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         rewards_main(["eval", "--data", str(test), "--probe", str(out)])
     assert "python -m nanogrpo.eval.probe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_a_probe_runs_only_the_layers_it_reads(tiny_model_dir, lm, pool) -> None:
+    """A model cut after layer k (its final norm dropped) gives layer k's hidden states as the whole model
+    does: the probe's judge runs k layers, not all of them. The last layer (normed) is never cut."""
+    rows = synthetic(6, 1)
+    cut = FrozenLM(str(tiny_model_dir), upto=1)
+    assert len(cut.model.layers) == 1 and len(lm.model.layers) == 2
+    assert torch.allclose(cut.features(rows, 1, pool=pool), lm.features(rows, 1, pool=pool), atol=1e-6)
+    assert not torch.allclose(cut.features(rows, 1), lm.features(rows, 2), atol=1e-3)  # not the normed last
+    whole = FrozenLM(str(tiny_model_dir), upto=2)
+    assert len(whole.model.layers) == 2 and torch.equal(whole.features(rows, 2), lm.features(rows, 2))

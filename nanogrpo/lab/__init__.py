@@ -1,1 +1,2 @@
-"""The KL studies: the exact-gradient checker, toy policies, and the ablation grids."""
+"""The studies: the KL exact-gradient checker, toy policies, the ablation grids, and the pipelines run as one
+command (the RLVRR keyword ablation, the research agent)."""

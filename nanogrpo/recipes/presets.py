@@ -18,7 +18,9 @@ from nanogrpo.config import (
 )
 
 # presets: `python train.py demo` (the default), `python train.py tiny`, and one per seed paper (`semantic`,
-# `judge-numbers`, `clinical`, `rlvrr`, `rubric`; docs/RECIPES.md); flags after the preset override it.
+# `judge-numbers`, `clinical`, `rlvrr`, `rubric`; docs/RECIPES.md), the search agent's two stages
+# (`research-sft`, `research`; `python -m nanogrpo.lab.research run` chains them after the probe);
+# flags after the preset override it.
 # A paper preset holds the paper's settings, each with where it comes from; what the paper does not state
 # keeps nanogrpo's default and says so. Its data is a small embedded set (nanogrpo/recipes/) in the paper's
 # row format: replace it with --data.train/--data.eval, and the model with --model.path.
@@ -28,6 +30,14 @@ from nanogrpo.config import (
 # anywhere. For a real run point it at a server: --reward.judge.backend openai --reward.judge.base-url URL
 # --reward.judge.model NAME (or a larger local folder with --reward.judge.model PATH --reward.judge.device cuda)
 _LOCAL_JUDGE = replace(RewardConfig().judge, backend="local", model="smollm2")
+
+# the research agent's reward: the rubric's two criteria (the answer, the citation) judged by a linear probe on
+# frozen SmolLM2 (the paper's winning readout; written by the pipeline's first stage), plus the environment's
+# own check of the answer and the cited passage
+RESEARCH_REWARD = RewardConfig(
+    spec="rubric:1,env:1",
+    rubric=replace(RewardConfig().rubric, readout="probe", probe="runs/research/probe"),
+)
 
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
@@ -228,6 +238,46 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
                 # the folder is written by `python -m rewards.probe train ... --out runs/rubric/probe`
                 rubric=replace(RewardConfig().rubric, readout="probe", probe="runs/rubric/probe"),
             ),
+        ),
+    ),
+    # the research agent (Small-LM Judges's rubric reward on a policy that searches and cites): the probe
+    # judge, then a short SFT on search transcripts (a small model calls no tool on its own), then GRPO on
+    # the episodes; `python -m nanogrpo.lab.research run` runs the three in order (docs/RECIPES.md)
+    "research-sft": (
+        "the research agent's first stage: SFT of SmolLM2-135M-Instruct on 18 search transcripts (tool turns at "
+        "mask 0); needs the probe (python -m nanogrpo.lab.research run does all)",
+        TrainConfig(
+            algo="sft",
+            steps=6,  # two passes over the 18 transcripts: it searches and answers, not yet well
+            prompts_per_step=6,
+            eval_prompts=30,
+            out_dir="runs/research/sft",
+            model=ModelConfig(path="smollm2"),
+            lora=LoraConfig(r=16, alpha=32),
+            sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
+            optim=OptimConfig(lr=5e-4),
+            data=DataConfig(train="recipe:research", eval="recipe:research"),
+            reward=RESEARCH_REWARD,  # the held-out table's graders: the same as the GRPO stage's
+            env=EnvConfig(name="search"),
+        ),
+    ),
+    "research": (
+        "the research agent: GRPO from the SFT adapter, rewarded by rubric criteria a linear probe judges "
+        "plus the search environment's answer check; python -m nanogrpo.lab.research run does all",
+        TrainConfig(
+            steps=16,
+            prompts_per_step=4,
+            eval_prompts=30,
+            out_dir="runs/research/grpo",
+            model=ModelConfig(path="smollm2"),
+            lora=LoraConfig(r=16, alpha=32, init_from="runs/research/sft/adapter"),
+            sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
+            # the SFT model already searches: no entropy bonus (it spreads a model whose groups are flat)
+            grpo=GRPOConfig(group_size=6, eps_high=0.28, scale_rewards="none", entropy_coef=0.0),
+            optim=OptimConfig(lr=2e-4),
+            data=DataConfig(train="recipe:research", eval="recipe:research"),
+            reward=RESEARCH_REWARD,
+            env=EnvConfig(name="search"),
         ),
     ),
 }

@@ -63,7 +63,7 @@ def target(row: dict, tok, template: str, eos: list[int], turns: Turns) -> tuple
     its ids then EOS, all trained. A transcript: each assistant turn's ids trained, each message between
     them as an episode appends it (the turn's closing, the message, the next assistant header) at 0, and
     EOS after the last turn."""
-    if template or not row.get("completion"):
+    if template or not isinstance(row.get("completion"), list):
         ids = tok(sft_target(row, template), add_special_tokens=False)["input_ids"] + eos
         return ids, [1] * len(ids)
     ids: list[int] = []

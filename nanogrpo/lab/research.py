@@ -13,13 +13,26 @@ GRPO on the episodes themselves. Both files below are made from the training row
   answer), each as the judges read an episode (rewards.base.transcript), labelled by rule for the row's two
   rubric criteria. The rules are what the criteria say, so the labels are exact.
 
-    python -m nanogrpo.recipes.research      # writes both files again (tests check they are up to date)
+    python -m nanogrpo.lab.research files   # writes both files again (tests check they are up to date)
+
+The pipeline, each stage one documented command, run in order by `python -m nanogrpo.lab.research run`
+(a stage whose output is already there is skipped, so a run cut short goes on where it stopped; flags after
+`run` go to both train.py stages, e.g. --model.threads 2):
+
+    python -m nanogrpo.eval.probe train --data recipe:research.labels --model smollm2 --out runs/research/probe
+    python train.py research-sft     # SFT on the transcripts -> runs/research/sft/adapter
+    python train.py research         # GRPO from that adapter -> runs/research/grpo
+
+and then one table: each held-out metric before SFT, after SFT and after GRPO, from the two runs' eval.json.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from nanogrpo.envs.builtin import Search, corpus
 from nanogrpo.recipes import HERE
@@ -102,12 +115,87 @@ def made() -> dict[str, str]:
     return {SFT_FILE: dump(sft), LABELS_FILE: dump(labels(rows))}
 
 
-def main() -> int:
+def write_files() -> int:
     for name, text in made().items():
         (HERE / name).write_text(text, encoding="utf-8")
         print(f"{HERE / name}: {text.count(chr(10))} rows")
     return 0
 
 
+PROBE, SFT, GRPO = Path("runs/research/probe"), Path("runs/research/sft"), Path("runs/research/grpo")
+
+
+def stages(flags: list[str]) -> list[tuple[str, Path, list[str]]]:
+    """(name, the file that says it is done, its command) of each stage, in order."""
+    py, labels = sys.executable, str(HERE / LABELS_FILE)
+    probe = [
+        "-m",
+        "nanogrpo.eval.probe",
+        "train",
+        "--data",
+        labels,
+        "--model",
+        "smollm2",
+        "--out",
+        str(PROBE),
+    ]
+    return [
+        ("probe judge", PROBE / "probe.json", [py, *probe]),
+        ("SFT", SFT / "eval.json", [py, "train.py", "research-sft", *flags]),
+        ("GRPO", GRPO / "eval.json", [py, "train.py", "research", *flags]),
+    ]
+
+
+def table(sft: dict, grpo: dict) -> str:
+    """Each held-out metric before SFT, after SFT and after GRPO, with GRPO's gain over SFT and its 95% CI."""
+    lines = [f"{'held-out (30 rows)':20s} {'base':>6s} {'SFT':>6s} {'GRPO':>6s}   GRPO - SFT [95% CI]"]
+    for m, g in grpo["metrics"].items():
+        s = sft["metrics"].get(m, {})
+        base = f"{s['mean_a']:6.3f}" if s else f"{'':6s}"
+        lines.append(
+            f"{m:20s} {base} {g['mean_a']:6.3f} {g['mean_b']:6.3f}   {g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]"
+        )
+    if "answers" in sft and "answers" in grpo:  # the distinct answers each model gives (eval/evaluate.py)
+        from nanogrpo.eval.evaluate import format_answers
+
+        sides = {
+            "base": sft["answers"]["base"],
+            "SFT": sft["answers"]["trained"],
+            "GRPO": grpo["answers"]["trained"],
+        }
+        lines.append(format_answers(sides))
+    return "\n".join(lines)
+
+
+def run(flags: list[str]) -> int:
+    """The three stages in order, each printed before it runs and skipped when its output is there."""
+    t0 = time.perf_counter()
+    for name, done, cmd in stages(flags):
+        shown = " ".join(["python", *cmd[1:]])
+        if done.is_file():
+            print(f"research: {name} done ({done} exists), skipped: {shown}", flush=True)
+            continue
+        print(f"research: {name}: {shown}", flush=True)
+        t1 = time.perf_counter()
+        rc = subprocess.call(cmd)
+        if rc != 0:
+            print(f"research: {name} failed (exit {rc}); fix it and run again: done stages are skipped")
+            return rc
+        print(f"research: {name} took {time.perf_counter() - t1:.0f} s", flush=True)
+    read = lambda path: json.loads(path.read_text(encoding="utf-8"))  # noqa: E731
+    print(table(read(SFT / "eval.json"), read(GRPO / "eval.json")))
+    print(f"research: the pipeline took {time.perf_counter() - t0:.0f} s (stages skipped not counted)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["files"]:
+        return write_files()
+    if argv[:1] == ["run"]:
+        return run(argv[1:])
+    print("usage: python -m nanogrpo.lab.research files | run [train.py flags]", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

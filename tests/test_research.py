@@ -35,8 +35,31 @@ def test_the_recipe_files_are_made_from_the_search_rows() -> None:
     assert not {r["id"] for r in train} & {r["id"] for r in held}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
     labels = rows("research.labels.jsonl")
-    assert len(labels) == 18 * 7 * 2 and {r["label"] for r in labels} == {0, 1}
-    assert 0.25 < sum(r["label"] for r in labels) / len(labels) < 0.5
+    assert len(labels) == 18 * 18 * 2 and {r["label"] for r in labels} == {0, 1}
+    assert 0.3 < sum(r["label"] for r in labels) / len(labels) < 0.6
+    by = {(r["response"], r["criterion"][:5]): r["label"] for r in labels}
+    row, q = train[0], research.question(train[0])
+    said = (
+        lambda text: "\n\n".join(  # noqa: E731
+            f"{m['role']}: {m['content']}"
+            for m in [*row["completion"][:2], {"role": "assistant", "content": text}]
+        )
+    )
+    ans, src = row["answer"], row["sources"][0]
+    assert (
+        by[(said(f"<answer>{ans} [{src}]</answer>"), "State")],
+        by[(said(f"<answer>{ans} [{src}]</answer>"), "Cites")],
+    ) == (1, 1)
+    assert (by[(said(f"<answer>{q}</answer>"), "State")], by[(said(f"<answer>{q}</answer>"), "Cites")]) == (
+        0,
+        0,
+    )
+    assert (
+        by[(said(f"<answer>{ans}</answer>"), "State")],
+        by[(said(f"<answer>{ans}</answer>"), "Cites")],
+    ) == (1, 0)
+    unsearched = f"assistant: <answer>{ans} [{src}]</answer>"  # an id it never read is no citation
+    assert (by[(unsearched, "State")], by[(unsearched, "Cites")]) == (1, 0)
     first = train[0]["completion"]
     assert [m["role"] for m in first] == ["assistant", "tool", "assistant"]
     assert f"[{train[0]['sources'][0]}]" in first[1]["content"]  # the search finds the row's source

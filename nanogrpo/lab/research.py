@@ -9,9 +9,10 @@ GRPO on the episodes themselves. Both files below are made from the training row
   (`completion`: assistant turns and the tool's messages): the question searched as asked, the tool's
   passages exactly as the `search` environment returns them, then `<answer>ANSWER [ID]</answer>`.
 - research.labels.jsonl: the probe judge's training labels, {"prompt", "response", "criterion", "label"}:
-  seven episodes a training row (right or wrong answer, with or without the right citation, no search, no
-  answer), each as the judges read an episode (rewards.base.transcript), labelled by rule for the row's two
-  rubric criteria. The rules are what the criteria say, so the labels are exact.
+  eighteen episodes a training row, right and wrong in the ways a small model's are (the right or another
+  row's answer, with the right, another, several or no citations; the question echoed; the passage copied;
+  no search; no answer; a call that never closes), each as the judges read an episode (rewards.base.transcript), and
+  labelled for the row's two rubric criteria by the search environment's own rule (`solved`, `cited`).
 
     python -m nanogrpo.lab.research files   # writes both files again (tests check they are up to date)
 
@@ -63,37 +64,54 @@ def transcript(row: dict) -> list[dict]:
     ]
 
 
-def episodes(row: dict, wrong: str, other_id: str) -> list[tuple[list[dict], bool, bool]]:
-    """Seven episodes of a row as (turns after the prompt, states the answer, cites its source): `wrong` is
-    another row's answer, `other_id` a passage that is not the row's source."""
-    search_turns = transcript(row)[:2]
-    ans, src = row["answer"], row["sources"][0]
+def episodes(row: dict, wrong: str, other_id: str) -> list[list[dict]]:
+    """Eighteen episodes of a row (turns after the prompt), right and wrong in the ways a small model's are:
+    `wrong` is another row's answer, `other_id` a passage that is not the row's source."""
+    searched = transcript(row)[:2]
+    ans, src, q = row["answer"], row["sources"][0], question(row)
+    passage = next(p["text"] for p in corpus() if p["id"] == src)
 
     def answer(text: str) -> dict:
         return {"role": "assistant", "content": f"<answer>{text}</answer>"}
 
+    finals = [
+        f"{ans} [{src}]", ans, f"{ans} [{other_id}]", f"{wrong} [{src}]", wrong, f"{wrong} [{other_id}]",
+        q, f"{q} [{src}]",  # the question echoed as the answer
+        passage, f"{passage} [{src}]",  # the passage copied whole
+        f"{ans} [{src}] [{other_id}]", f"{wrong} [{src}] [{other_id}]",  # more than one citation
+        f"{ans} [{src}] [{src}] [{src}]", f"{wrong} [{src}] [{src}] [{src}]", f"{wrong} [{other_id}] [{other_id}]",
+    ]  # fmt: skip
     return [
-        (search_turns + [answer(f"{ans} [{src}]")], True, True),
-        (search_turns + [answer(ans)], True, False),
-        (search_turns + [answer(f"{ans} [{other_id}]")], True, False),
-        (search_turns + [answer(f"{wrong} [{src}]")], False, True),
-        (search_turns + [answer(wrong)], False, False),
-        ([answer(ans)], True, False),  # answered without searching: nothing to cite
-        (search_turns, False, False),  # searched, never answered (the turn budget ran out)
+        *(searched + [answer(text)] for text in finals),
+        [answer(f"{ans} [{src}]")],  # answered without searching: the id is not a passage it read
+        searched,  # searched, never answered (the turn budget ran out)
+        [{"role": "assistant", "content": "<search>" * 12}],  # a loop that never closes its call
     ]
 
 
+def verdicts(row: dict, turns: list[dict]) -> tuple[bool, bool]:
+    """(states the answer, cites its source) of an episode, as the search environment rules its last step
+    (envs/builtin.py: `solved`, `cited`): the labels follow the environment's own checks."""
+    env, info = Search(), {}
+    env.reset(row, 0)
+    for t in turns:
+        if t["role"] == "assistant":
+            info = env.step(t["content"]).info
+    return bool(info.get("solved")), bool(info.get("cited"))
+
+
 def labels(rows: list[dict]) -> list[dict]:
-    """The probe's labels: each row's seven episodes x its rubric's two criteria (the answer, the citation)."""
+    """The probe's labels: each row's eighteen episodes x its rubric's two criteria (the answer, the
+    citation), each labelled by the environment's rule."""
     ids = [p["id"] for p in corpus()]
     out = []
     for k, row in enumerate(rows):
         wrong = rows[(k + 1) % len(rows)]["answer"]
         other = next(i for i in ids[k % len(ids) :] + ids if i not in row["sources"])
         states, cites = (c["criterion"] for c in row["rubric"])
-        for turns, right, cited in episodes(row, str(wrong), other):
+        for turns in episodes(row, str(wrong), other):
             response = turn_text(turns)  # as the judges read an episode (rewards.base.transcript)
-            for criterion, label in ((states, right), (cites, cited)):
+            for criterion, label in zip((states, cites), verdicts(row, turns)):
                 out.append(
                     {
                         "prompt": row["prompt"],
@@ -123,6 +141,7 @@ def write_files() -> int:
 
 
 PROBE, SFT, GRPO = Path("runs/research/probe"), Path("runs/research/sft"), Path("runs/research/grpo")
+TRAIN = str(Path(__file__).resolve().parents[2] / "train.py")  # the checkout's train.py, from any folder
 
 
 def stages(flags: list[str]) -> list[tuple[str, Path, list[str]]]:
@@ -141,8 +160,8 @@ def stages(flags: list[str]) -> list[tuple[str, Path, list[str]]]:
     ]
     return [
         ("probe judge", PROBE / "probe.json", [py, *probe]),
-        ("SFT", SFT / "eval.json", [py, "train.py", "research-sft", *flags]),
-        ("GRPO", GRPO / "eval.json", [py, "train.py", "research", *flags]),
+        ("SFT", SFT / "eval.json", [py, TRAIN, "research-sft", *flags]),
+        ("GRPO", GRPO / "eval.json", [py, TRAIN, "research", *flags]),
     ]
 
 
@@ -167,11 +186,33 @@ def table(sft: dict, grpo: dict) -> str:
     return "\n".join(lines)
 
 
+def judge_check(path: Path) -> tuple[float, float, int]:
+    """How often the judge's verdicts on the held-out episodes of an eval file (eval_base.jsonl,
+    eval_trained.jsonl) agree with the search environment's own checks of the same two criteria (its info's
+    `solved` and `cited`; no answer: neither): (answer, citation, episodes). The verdicts are read back from
+    each episode's rubric score, which with the two criteria's different weights names exactly one pair."""
+    from rewards.rubric import parse_rubric, rubric_score
+
+    agree, n = [0, 0], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        score, weights = (rec.get("scores") or {}).get("rubric"), [w for _, w in parse_rubric(rec["rubric"])]
+        if score is None or rec.get("turns") is None:
+            continue
+        pairs = [(a, c) for a in (0.0, 1.0) for c in (0.0, 1.0)]
+        a, c = min(pairs, key=lambda v: abs(rubric_score(list(v), weights) - score))  # the judge's verdicts
+        info = rec.get("env_info") or {}
+        agree[0] += bool(a) == bool(info.get("solved"))
+        agree[1] += bool(c) == bool(info.get("cited"))
+        n += 1
+    return agree[0] / max(n, 1), agree[1] / max(n, 1), n
+
+
 def run(flags: list[str]) -> int:
     """The three stages in order, each printed before it runs and skipped when its output is there."""
     t0 = time.perf_counter()
     for name, done, cmd in stages(flags):
-        shown = " ".join(["python", *cmd[1:]])
+        shown = " ".join(["python", *cmd[1:]]).replace(TRAIN, "train.py")
         if done.is_file():
             print(f"research: {name} done ({done} exists), skipped: {shown}", flush=True)
             continue
@@ -184,6 +225,14 @@ def run(flags: list[str]) -> int:
         print(f"research: {name} took {time.perf_counter() - t1:.0f} s", flush=True)
     read = lambda path: json.loads(path.read_text(encoding="utf-8"))  # noqa: E731
     print(table(read(SFT / "eval.json"), read(GRPO / "eval.json")))
+    # the judge checked against the environment's rule on the same episodes: a policy can learn what a small
+    # judge rewards rather than the task (Small-LM Judges saw larger probes saturate on the actor's rollouts)
+    for name, path in (("SFT", SFT / "eval_trained.jsonl"), ("GRPO", GRPO / "eval_trained.jsonl")):
+        a, c, n = judge_check(path)
+        print(
+            f"judge check, {name}'s {n} held-out episodes: the probe's verdicts agree with the environment's own "
+            f"checks on {a:.0%} (answer) and {c:.0%} (citation)"
+        )
     print(f"research: the pipeline took {time.perf_counter() - t0:.0f} s (stages skipped not counted)")
     return 0
 

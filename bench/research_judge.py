@@ -25,6 +25,7 @@ from pathlib import Path
 
 from cpu_check import cpu_line  # bench/cpu_check.py: the CPU's name, cores and flags
 
+from nanogrpo.model import judge_backend
 from rewards import RewardConfig, Sample, build_reward
 from rewards.options import JudgeConfig, RubricConfig
 
@@ -57,6 +58,7 @@ def main() -> int:
     ap.add_argument("--run", default="runs/research/grpo", help="a research GRPO run folder")
     ap.add_argument("--episodes", type=int, default=13, help="held-out episodes judged (one is the warm-up)")
     args = ap.parse_args()
+    judge_backend.register()  # 'smollm2' names nanogrpo's model folder, as in train.py
     run = Path(args.run)
     cfg = json.loads((run / "config.json").read_text())
     samples = episodes(run, args.episodes)

@@ -118,3 +118,38 @@ def test_a_reference_row_trains_its_reference_then_eos(tiny_model_dir) -> None:
 def test_a_transcript_row_is_checked(completion, why) -> None:
     with pytest.raises(DataError, match=why):
         validate_row({"prompt": "q", "completion": completion}, "rows.jsonl:1")
+
+
+def test_the_pipeline_skips_done_stages_and_checks_the_judge(tmp_path, monkeypatch, capsys) -> None:
+    """`run` with every stage's output there runs nothing, prints the base / SFT / GRPO table and the judge
+    check: the probe's verdicts, read back from each episode's rubric score (weights 2 and 1), against the
+    environment's solved / cited."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(research.subprocess, "call", lambda cmd: pytest.fail(f"ran {cmd}"))
+    rubric = [
+        {"criterion": "States that the answer is X", "weight": 2},
+        {"criterion": "Cites it", "weight": 1},
+    ]
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    episodes = [  # (rubric score, solved, cited): verdicts (1, 1) (1, 0) (0, 1) (0, 0)
+        (1.0, True, True), (2 / 3, False, False), (1 / 3, False, True), (0.0, True, True),
+    ]  # fmt: skip
+    for stage in (research.SFT, research.GRPO):
+        stage.mkdir(parents=True)
+        recs = [
+            {"prompt": "q", "rubric": rubric, "turns": turns, "scores": {"rubric": r}, "env_info": {"solved": s, "cited": c}}
+            for r, s, c in episodes
+        ]  # fmt: skip
+        (stage / "eval_trained.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        m = {"mean_a": 0.1, "mean_b": 0.2, "diff": 0.1, "low": 0.05, "high": 0.15}
+        (stage / "eval.json").write_text(json.dumps({"n": 4, "metrics": {"rubric": m}}))
+    research.PROBE.mkdir(parents=True)
+    (research.PROBE / "probe.json").write_text("{}")
+    assert research.judge_check(research.GRPO / "eval_trained.jsonl") == (0.5, 0.75, 4)
+    assert research.main(["run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.count("done (") == 3
+        and "rubric                0.100  0.100  0.200   +0.100 [+0.050, +0.150]" in out
+    )
+    assert "agree with the environment's own checks on 50% (answer) and 75% (citation)" in out

@@ -274,7 +274,9 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
             sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
             # the SFT model already searches: no entropy bonus (it spreads a model whose groups are flat)
             grpo=GRPOConfig(group_size=6, eps_high=0.28, scale_rewards="none", entropy_coef=0.0),
-            optim=OptimConfig(lr=2e-4),
+            optim=OptimConfig(
+                lr=5e-4
+            ),  # at 2e-4, 16 steps moved no held-out score beyond its CI (BENCHMARKS)
             data=DataConfig(train="recipe:research", eval="recipe:research"),
             reward=RESEARCH_REWARD,
             env=EnvConfig(name="search"),

@@ -97,6 +97,10 @@ def group_key(row: dict[str, Any]) -> str:
     return json.dumps([row.get("prompt", row.get("text")), row.get("criterion")])
 
 
+PROGRESS_ROWS = 200
+"""A pass over this many rows or more shows a progress bar (on stderr)."""
+
+
 def pooled(h: torch.Tensor, mask: torch.Tensor, pool: str) -> torch.Tensor:
     """(B, T, H) hidden states, (B, T) right-padded mask -> (B, H) float32: the last real token, or the
     mean over the real tokens (padding left out)."""
@@ -163,8 +167,12 @@ class FrozenLM:
 
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
+        from tqdm import tqdm
+
         out = []
-        for i in range(0, len(rows), batch_size):
+        starts = range(0, len(rows), batch_size)
+        bar = tqdm(starts, desc="hidden states", unit="batch", disable=len(rows) < PROGRESS_ROWS, leave=False)
+        for i in bar:  # a bar on a long pass (training a probe); none for a step's scoring
             texts = [well_formed(self.text(r)) for r in rows[i : i + batch_size]]  # lone surrogates: U+FFFD
             enc = self.tokenizer(
                 texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_len

@@ -549,3 +549,49 @@ class Scripted:
                 return finish(tokens, torch.zeros(N, T), torch.full((N,), T), ended, pad_id)
 
         return S
+
+
+def completions(gen) -> list[list[int]]:
+    """Each row's completion ids without padding."""
+    return [row[:n] for row, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
+
+
+def per_prompt(n: int, base: int = 100):
+    """n seeded generators, one a row."""
+    import torch
+
+    return [torch.Generator().manual_seed(base + i) for i in range(n)]
+
+
+def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
+    """Three turns of rows that each get their own observation between turns: continued (the sampler feeds
+    only each row's last token and its observation) and re-prefilled (a fresh sampler given each row's whole
+    history) draw the same tokens from the same generators, log-probs equal to float32 rounding, in each
+    decode mode an episode runs with."""
+    import torch
+
+    from nanogrpo.model.sampling import Sampler, sampling_weights
+
+    rows = [i // 2 for i in range(2 * len(prompts))]  # two rows a prompt
+    obs = torch.Generator().manual_seed(7)
+
+    def turn(sampler, logits, t):
+        gens = per_prompt(len(rows), 1000 * t)  # one per row, as an episode's
+        return sampler.decode(logits, 7, gens, eos_ids=MANY_EOS, decode_mode=decode)
+
+    with torch.inference_mode(), sampling_weights(model, len(rows)) as (head, packed, amp):
+        sampler = Sampler(model, head, 7, packed, amp)
+        history = [list(prompts[i]) for i in rows]  # what each row has read and written
+        logits = sampler.prefill(prompts, rows)
+        for t in range(3):
+            gen = turn(sampler, logits, t)
+            fresh = Sampler(model, head, 7, packed, amp)
+            again = turn(fresh, fresh.prefill(history, range(len(rows))), t)
+            assert torch.equal(gen.completion_ids, again.completion_ids) and torch.equal(gen.mask, again.mask)
+            torch.testing.assert_close(gen.logp, again.logp, atol=1e-5, rtol=0)
+            chunks = [torch.randint(5, 500, (int(n),), generator=obs).tolist() for n in torch.randint(1, 9, (len(rows),), generator=obs)]  # fmt: skip
+            history = [
+                h + c[:n] + o for h, c, n, o in zip(history, completions(gen), gen.lengths.tolist(), chunks)
+            ]
+            logits = sampler.extend(chunks)
+            assert sampler.cache.lengths.tolist() == [len(h) for h in history]

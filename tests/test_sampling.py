@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import check_continuation, completions, per_prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanogrpo.model.draw import sample_tokens
@@ -52,10 +53,6 @@ def hf_greedy(hf, prompt: list[int], n: int, eos: int | None) -> list[int]:
     if eos is not None and eos in ids:
         ids = ids[: ids.index(eos) + 1]
     return ids
-
-
-def completions(gen) -> list[list[int]]:
-    return [row[:n] for row, n in zip(gen.completion_ids.tolist(), gen.lengths.tolist())]
 
 
 def full_logits(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -358,10 +355,6 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
 # ---------------------------------------------------------------------------- the plain loop and its fast paths
 
 
-def per_prompt(n: int, base: int = 100) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(base + i) for i in range(n)]
-
-
 @pytest.mark.parametrize("case", ["sampled", "eos", "stop", "greedy"])
 def test_the_fast_paths_draw_the_plain_loops_tokens(lively, case):
     """The plain loop (a cache row a sample) and the fast paths beside it (the grouped cache with ended rows
@@ -387,35 +380,9 @@ def test_the_fast_paths_draw_the_plain_loops_tokens(lively, case):
         torch.testing.assert_close(fast.logp, plain.logp, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("decode", ["eager", "static", "graph", "compiled"])
+@pytest.mark.parametrize("decode", ["eager", "static", "graph"])  # compiled: tests/test_sampling_compiled.py
 def test_continuing_a_row_equals_prefilling_its_history(lively, decode):
-    """Three turns of rows that each get their own observation between turns: continued (the sampler feeds
-    only each row's last token and its observation) and re-prefilled (a fresh sampler given each row's whole
-    history) draw the same tokens from the same generators, log-probs equal to float32 rounding, in each
-    decode mode an episode runs with."""
-    from nanogrpo.model.sampling import Sampler, sampling_weights
-
+    """Three turns of rows that each get their own observation between turns: continued and re-prefilled
+    draw the same tokens (helpers.check_continuation), in each decode mode an episode runs with."""
     model, _, prompts = lively
-    rows = [i // 2 for i in range(2 * len(prompts))]  # two rows a prompt
-    obs = torch.Generator().manual_seed(7)
-
-    def turn(sampler, logits, t):
-        gens = per_prompt(len(rows), 1000 * t)  # one per row, as an episode's
-        return sampler.decode(logits, 7, gens, eos_ids=MANY_EOS, decode_mode=decode)
-
-    with torch.inference_mode(), sampling_weights(model, len(rows)) as (head, packed, amp):
-        sampler = Sampler(model, head, 7, packed, amp)
-        history = [list(prompts[i]) for i in rows]  # what each row has read and written
-        logits = sampler.prefill(prompts, rows)
-        for t in range(3):
-            gen = turn(sampler, logits, t)
-            fresh = Sampler(model, head, 7, packed, amp)
-            again = turn(fresh, fresh.prefill(history, range(len(rows))), t)
-            assert torch.equal(gen.completion_ids, again.completion_ids) and torch.equal(gen.mask, again.mask)
-            torch.testing.assert_close(gen.logp, again.logp, atol=1e-5, rtol=0)
-            chunks = [torch.randint(5, 500, (int(n),), generator=obs).tolist() for n in torch.randint(1, 9, (len(rows),), generator=obs)]  # fmt: skip
-            history = [
-                h + c[:n] + o for h, c, n, o in zip(history, completions(gen), gen.lengths.tolist(), chunks)
-            ]
-            logits = sampler.extend(chunks)
-            assert sampler.cache.lengths.tolist() == [len(h) for h in history]
+    check_continuation(model, prompts, decode)

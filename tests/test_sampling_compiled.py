@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from helpers import MANY_EOS, TEXTS, assert_same
+from helpers import MANY_EOS, TEXTS, assert_same, check_continuation
 from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
@@ -181,3 +181,10 @@ def test_the_kernels_are_in_nanogrpos_cache_folder(lora_model):
     folder = nanogrpo_cache() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
     assert cache_dir() == str(folder) and any(folder.iterdir())
     assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_continuing_a_row_equals_prefilling_its_history_compiled(lively):
+    """The compiled decode continues an episode's rows as the other modes do (tests/test_sampling.py runs
+    them): here, after this module's compiles, so a first run pays for inductor's set-up once."""
+    model, _, prompts = lively
+    check_continuation(model, prompts, "compiled")

@@ -18,7 +18,7 @@ from nanogrpo.envs.spec import build_spec, check_start
 from nanogrpo.formats import DataError, validate_row
 from nanogrpo.lab import research
 from nanogrpo.recipes import HERE
-from nanogrpo.stages.sft import Turns, target
+from nanogrpo.stages.sft import target
 
 
 def rows(name: str) -> list[dict]:
@@ -86,7 +86,7 @@ def test_a_transcript_trains_the_tokens_a_search_episode_samples(monkeypatch, ti
         trajs = episode.play(model, tok, env, [row], [7], SamplingConfig(max_new_tokens=48), 2, system_prompt="",
                              eos_ids=(tok.eos_token_id,), pad_id=0)  # fmt: skip
     env.workers.close()
-    ids, mask = target(row, tok, "", [tok.eos_token_id], Turns(tok, "auto", ""))
+    ids, mask = target(row, tok, "", [tok.eos_token_id])
     for t in trajs:
         assert t.prompt_ids == row["_prompt_ids"]
         assert t.ids == ids and t.mask == [float(m) for m in mask]
@@ -101,7 +101,7 @@ def test_a_transcript_trains_the_tokens_a_search_episode_samples(monkeypatch, ti
 
 def test_a_reference_row_trains_its_reference_then_eos(tiny_model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    ids, mask = target({"reference": "Paris."}, tok, "", [tok.eos_token_id], Turns(tok, "auto", ""))
+    ids, mask = target({"reference": "Paris."}, tok, "", [tok.eos_token_id])
     assert ids == tok("Paris.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert mask == [1] * len(ids)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from nanogrpo.envs.builtin import Search, corpus
 from nanogrpo.recipes import HERE
+from nanogrpo.recipes.presets import PRESETS
 from nanogrpo_base.rows import turn_text
 
 SFT_FILE, LABELS_FILE = "research.jsonl", "research.labels.jsonl"
@@ -140,7 +141,9 @@ def write_files() -> int:
     return 0
 
 
-PROBE, SFT, GRPO = Path("runs/research/probe"), Path("runs/research/sft"), Path("runs/research/grpo")
+# where each stage writes: the presets' folders and the GRPO preset's probe
+PROBE = Path(PRESETS["research"][1].reward.rubric.probe)
+SFT, GRPO = Path(PRESETS["research-sft"][1].out_dir), Path(PRESETS["research"][1].out_dir)
 TRAIN = str(Path(__file__).resolve().parents[2] / "train.py")  # the checkout's train.py, from any folder
 
 
@@ -167,7 +170,8 @@ def stages(flags: list[str]) -> list[tuple[str, Path, list[str]]]:
 
 def table(sft: dict, grpo: dict) -> str:
     """Each held-out metric before SFT, after SFT and after GRPO, with GRPO's gain over SFT and its 95% CI."""
-    lines = [f"{'held-out (30 rows)':20s} {'base':>6s} {'SFT':>6s} {'GRPO':>6s}   GRPO - SFT [95% CI]"]
+    held = f"held-out ({grpo['n']} rows)"
+    lines = [f"{held:20s} {'base':>6s} {'SFT':>6s} {'GRPO':>6s}   GRPO - SFT [95% CI]"]
     for m, g in grpo["metrics"].items():
         s = sft["metrics"].get(m, {})
         base = f"{s['mean_a']:6.3f}" if s else f"{'':6s}"

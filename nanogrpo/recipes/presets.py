@@ -39,6 +39,22 @@ RESEARCH_REWARD = RewardConfig(
     rubric=replace(RewardConfig().rubric, readout="probe", probe="runs/research/probe"),
 )
 
+# the research agent's first stage (SFT on the search transcripts); its GRPO stage changes what it must
+_RESEARCH_SFT = TrainConfig(
+    algo="sft",
+    steps=6,  # two passes over the 18 transcripts: it searches and answers, not yet well
+    prompts_per_step=6,
+    eval_prompts=30,
+    out_dir="runs/research/sft",
+    model=ModelConfig(path="smollm2"),
+    lora=LoraConfig(r=16, alpha=32),
+    sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
+    optim=OptimConfig(lr=5e-4),
+    data=DataConfig(train="recipe:research", eval="recipe:research"),
+    reward=RESEARCH_REWARD,  # the held-out table's graders: the same as the GRPO stage's
+    env=EnvConfig(name="search"),
+)
+
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
@@ -246,40 +262,22 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "research-sft": (
         "the research agent's first stage: SFT of SmolLM2-135M-Instruct on 18 search transcripts (tool turns at "
         "mask 0); needs the probe (python -m nanogrpo.lab.research run does all)",
-        TrainConfig(
-            algo="sft",
-            steps=6,  # two passes over the 18 transcripts: it searches and answers, not yet well
-            prompts_per_step=6,
-            eval_prompts=30,
-            out_dir="runs/research/sft",
-            model=ModelConfig(path="smollm2"),
-            lora=LoraConfig(r=16, alpha=32),
-            sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
-            optim=OptimConfig(lr=5e-4),
-            data=DataConfig(train="recipe:research", eval="recipe:research"),
-            reward=RESEARCH_REWARD,  # the held-out table's graders: the same as the GRPO stage's
-            env=EnvConfig(name="search"),
-        ),
+        _RESEARCH_SFT,
     ),
     "research": (
         "the research agent: GRPO from the SFT adapter, rewarded by rubric criteria a linear probe judges "
         "plus the search environment's answer check; python -m nanogrpo.lab.research run does all",
-        TrainConfig(
+        replace(
+            _RESEARCH_SFT,  # the SFT stage's model, LoRA shape, data, graders and environment, and:
+            algo="grpo",
             steps=16,
             prompts_per_step=4,
-            eval_prompts=30,
             out_dir="runs/research/grpo",
-            model=ModelConfig(path="smollm2"),
-            lora=LoraConfig(r=16, alpha=32, init_from="runs/research/sft/adapter"),
-            sampling=SamplingConfig(max_new_tokens=48, temperature=1.0),
+            lora=replace(_RESEARCH_SFT.lora, init_from=f"{_RESEARCH_SFT.out_dir}/adapter"),
             # the SFT model already searches: no entropy bonus (it spreads a model whose groups are flat)
             grpo=GRPOConfig(group_size=6, eps_high=0.28, scale_rewards="none", entropy_coef=0.0),
-            optim=OptimConfig(
-                lr=5e-4
-            ),  # at 2e-4, 16 steps moved no held-out score beyond its CI (BENCHMARKS)
-            data=DataConfig(train="recipe:research", eval="recipe:research"),
-            reward=RESEARCH_REWARD,
-            env=EnvConfig(name="search"),
+            # lr 5e-4 as SFT's: at 2e-4, 16 steps moved no held-out score beyond its CI (docs/BENCHMARKS.md)
+            optim=OptimConfig(lr=5e-4),
         ),
     ),
 }

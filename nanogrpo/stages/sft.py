@@ -11,6 +11,7 @@ step that CPT (cpt.py) shares.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -29,8 +30,8 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     """One SFT step: the NLL of each row's target given its prompt."""
     t1 = time.perf_counter()
     policy, tok, d = run.policy, run.policy.tokenizer, run.cfg.data
-    turns = Turns(tok, run.cfg.env.format, d.system_prompt)
-    comp = [target(r, tok, d.template, policy.eos_ids[:1], turns) for r in rows]  # (ids, mask) a row
+    eos, fmt = policy.eos_ids[:1], run.cfg.env.format
+    comp = [target(r, tok, d.template, eos, fmt, d.system_prompt) for r in rows]  # (ids, mask) a row
     cut = sum(d.max_len > 0 and len(c) > d.max_len for c, _ in comp)  # --data.max-len: targets cut to it
     comp = [(c[: d.max_len], m[: d.max_len]) if d.max_len else (c, m) for c, m in comp]
     p_ids, p_mask = pad_left([r["_prompt_ids"] for r in rows], policy.pad_id)
@@ -45,20 +46,15 @@ def step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     return m
 
 
-class Turns:
-    """The TurnFormat of each message role of a transcript, made once per role (checked as an episode's)."""
-
-    def __init__(self, tokenizer, fmt: str, system_prompt: str):
-        self.tokenizer, self.fmt, self.system_prompt = tokenizer, fmt, system_prompt
-        self.formats: dict[str, TurnFormat] = {}
-
-    def __call__(self, role: str) -> TurnFormat:
-        if role not in self.formats:
-            self.formats[role] = TurnFormat.of(self.tokenizer, role, self.fmt, self.system_prompt)
-        return self.formats[role]
+@functools.cache
+def turn_format(tokenizer, role: str, fmt: str, system_prompt: str) -> TurnFormat:
+    """The TurnFormat of a transcript's message role (checked as an episode's), made once a run."""
+    return TurnFormat.of(tokenizer, role, fmt, system_prompt)
 
 
-def target(row: dict, tok, template: str, eos: list[int], turns: Turns) -> tuple[list[int], list[int]]:
+def target(
+    row: dict, tok, template: str, eos: list[int], fmt: str = "auto", system_prompt: str = ""
+) -> tuple[list[int], list[int]]:
     """The ids SFT trains on after a row's prompt, and their mask (1: trained). A template or a reference:
     its ids then EOS, all trained. A transcript: each assistant turn's ids trained, each message between
     them as an episode appends it (the turn's closing, the message, the next assistant header) at 0, and
@@ -73,7 +69,8 @@ def target(row: dict, tok, template: str, eos: list[int], turns: Turns) -> tuple
         if m["role"] == "assistant":
             new = tok(m["content"], add_special_tokens=False)["input_ids"] + (eos if k == last else [])
         else:  # an observation: after a turn that ended on its stop string, not on EOS
-            new = turns(m["role"]).observation_ids(tok, m["content"], ended_on_eos=False)
+            turns = turn_format(tok, m["role"], fmt, system_prompt)
+            new = turns.observation_ids(tok, m["content"], ended_on_eos=False)
         ids += new
         mask += [int(m["role"] == "assistant")] * len(new)
     return ids, mask

@@ -76,22 +76,23 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     if cfg.name == "adamw":
         return torch.optim.AdamW([p for _, p in named], **adamw)
     if cfg.name == "muon":
-        if not hasattr(torch.optim, "Muon"):
-            raise ValueError(
-                "--optim.name muon needs torch >= 2.9 (torch.optim.Muon); use --optim.name adamw"
-            )
-        mats, rest = muon_groups(named)
-        opts: list[torch.optim.Optimizer] = []
-        if mats:
-            opts.append(
-                torch.optim.Muon(
-                    mats, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"
-                )
-            )
-        if rest:
-            opts.append(torch.optim.AdamW(rest, **adamw))
-        return Combined(opts)
+        return build_muon(named, cfg, adamw)
     raise ValueError(f"unknown optimizer {cfg.name!r}; use 'adamw' or 'muon'")
+
+
+def build_muon(named: list[tuple[str, torch.nn.Parameter]], cfg: OptimConfig, adamw: dict) -> Combined:
+    """--optim.name muon: Muon for the hidden layers' matrices, AdamW (`adamw`: its settings) for the rest."""
+    if not hasattr(torch.optim, "Muon"):
+        raise ValueError("--optim.name muon needs torch >= 2.9 (torch.optim.Muon); use --optim.name adamw")
+    mats, rest = muon_groups(named)
+    opts: list[torch.optim.Optimizer] = []
+    if mats:
+        opts.append(
+            torch.optim.Muon(mats, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+        )
+    if rest:
+        opts.append(torch.optim.AdamW(rest, **adamw))
+    return Combined(opts)
 
 
 def lr_lambda(cfg: OptimConfig, total_steps: int):

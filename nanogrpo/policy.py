@@ -65,12 +65,6 @@ class Policy:
     def core(self) -> Transformer:
         return unwrap(self.model)
 
-    @property
-    def value_head(self) -> ValueHead | None:
-        """PPO's value head (inside the wrapped forward), or None."""
-        head = self.model.module if hasattr(self.model, "module") else self.model
-        return getattr(head, "value_head", None)
-
     def gathered(self) -> contextlib.AbstractContextManager:
         """Around calls of `core` outside the wrapped forward (the sampler, evaluation). With FSDP it
         all-gathers the weights, so every rank must enter it, outside inference_mode; else it does nothing."""
@@ -79,6 +73,36 @@ class Policy:
         from nanogrpo.infra.fsdp import gathered
 
         return gathered(self.model)
+
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward: under DDP, gradients are all-reduced only with the
+        last micro-batch of a pass (they add up locally until then); a no-op otherwise."""
+        if last or not hasattr(self.model, "no_sync") or self.fsdp:
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
+        the right gradient is the SUM over ranks; DDP's all-reduce and FSDP's reduce-scatter both
+        average, hence the factor world()."""
+        (loss * dist.world()).backward()
+
+    def step(self, opt, sched, grad_clip: float) -> float:
+        """Clip, step, schedule, zero; returns the grad norm before clipping (the full norm on every rank)."""
+        params = lora.trainable_parameters(self.model)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the shards
+            norm = norm.full_tensor()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return float(norm)
+
+    @property
+    def value_head(self) -> ValueHead | None:
+        """PPO's value head (inside the wrapped forward), or None."""
+        head = self.model.module if hasattr(self.model, "module") else self.model
+        return getattr(head, "value_head", None)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
@@ -110,30 +134,6 @@ class Policy:
             return completion_logprobs(self.model, batch, temperature, self.autocast)
         finally:
             self.model.train(was_training)
-
-    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Around a micro-batch's forward and backward: under DDP, gradients are all-reduced only with the
-        last micro-batch of a pass (they add up locally until then); a no-op otherwise."""
-        if last or not hasattr(self.model, "no_sync") or self.fsdp:
-            return contextlib.nullcontext()
-        return self.model.no_sync()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch's loss. The loss is normalised by counts summed over all ranks, so
-        the right gradient is the SUM over ranks; DDP's all-reduce and FSDP's reduce-scatter both
-        average, hence the factor world()."""
-        (loss * dist.world()).backward()
-
-    def step(self, opt, sched, grad_clip: float) -> float:
-        """Clip, step, schedule, zero; returns the grad norm before clipping (the full norm on every rank)."""
-        params = lora.trainable_parameters(self.model)
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-        if hasattr(norm, "full_tensor"):  # FSDP: a replicated DTensor, already reduced over the shards
-            norm = norm.full_tensor()
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        return float(norm)
 
     def save_weights(self, folder: Path) -> None:
         """The trainable weights (not for FSDP: see checkpoint_parts), and PPO's value head."""

@@ -2,11 +2,12 @@
 
 A grader reads a batch of completions (with their prompt, group and data row) and returns, per
 completion, a score in [0, 1] or None ("does not apply to this row"). None is never turned into 0:
-the composite drops the component for that row and renormalises the remaining weights.
+the composite drops the component for that row and renormalises the remaining weights (`combine`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,19 @@ class Grader:
         batch, whatever it holds. A mean is its sum and count, 'x_sum' and 'x_n': `mean_metrics` turns
         them into 'x' after the sum."""
         return {}
+
+
+def combine(
+    scores: Sequence[float | None], weights: Sequence[float], total: float | None = None
+) -> float | None:
+    """Weighted sum of the available scores, the weights rescaled to keep their total (default: the sum
+    of all weights); None when no score with a positive weight is available."""
+    avail = [(s, w) for s, w in zip(scores, weights) if s is not None and w > 0]
+    wsum = sum(w for _, w in avail)
+    if wsum <= 0:
+        return None
+    total = sum(weights) if total is None else total
+    return total * sum(s * (w / wsum) for s, w in avail)  # normalise first: tiny weights stay exact
 
 
 def check_text_field(row: dict[str, Any], name: str = "reference") -> tuple[str, str] | None:

@@ -1,8 +1,9 @@
-"""How the graders' scores blend into one reward: the weighted sum with its None rule, the gates of
---reward.gate and the per-group z-scores of --reward.aggregate normalize-then-sum.
+"""What acts on the graders' scores before they blend into one reward: the gates of --reward.gate and the
+per-group z-scores of --reward.aggregate normalize-then-sum.
 
 rewards/registry.py's RewardFunction applies them in this order for each mix: gates, then
-normalize-then-sum, then the weighted sum (see its module docstring and docs/STABILITY.md).
+normalize-then-sum, then the weighted sum with its None rule (rewards/base.py's `combine`; see registry.py's
+module docstring and docs/STABILITY.md).
 """
 
 from __future__ import annotations
@@ -11,20 +12,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-
-def combine(
-    scores: Sequence[float | None], weights: Sequence[float], total: float | None = None
-) -> float | None:
-    """Weighted sum of the available scores, the weights rescaled to keep their total (default: the sum
-    of all weights); None when no score with a positive weight is available."""
-    avail = [(s, w) for s, w in zip(scores, weights) if s is not None and w > 0]
-    wsum = sum(w for _, w in avail)
-    if wsum <= 0:
-        return None
-    total = sum(weights) if total is None else total
-    return total * sum(s * (w / wsum) for s, w in avail)  # normalise first: tiny weights stay exact
-
 
 AGGREGATES = ("sum", "normalize-then-sum")
 GATE_FORM = (

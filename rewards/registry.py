@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rewards.base import Grader, Sample
-from rewards.blend import AGGREGATES, Gate, apply_gates, combine, normalize_in_groups, parse_gates
+from rewards.base import Grader, Sample, combine
+from rewards.blend import AGGREGATES, Gate, apply_gates, normalize_in_groups, parse_gates
 from rewards.options import RewardConfig
 from rewards.spec import parse_spec, spec_entries
 from rewards.tasks import parse_tasks, route, task_flag

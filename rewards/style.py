@@ -43,8 +43,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rewards.base import Grader, Sample, check_text_field
-from rewards.blend import combine
+from rewards.base import Grader, Sample, check_text_field, combine
 from rewards.options import RewardConfig
 from rewards.registry import register
 from rewards.spec import parse_spec

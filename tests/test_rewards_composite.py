@@ -8,7 +8,7 @@ import pytest
 
 import rewards
 from rewards import Grader, Mix, RewardConfig, Sample, build_reward
-from rewards.blend import combine
+from rewards.base import combine
 from rewards.spec import parse_spec
 
 

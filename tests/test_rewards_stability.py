@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rewards import RewardConfig, RewardFunction, Sample, build_reward, mean_metrics
-from rewards.base import Grader
-from rewards.blend import combine, normalize_in_groups, parse_gates
+from rewards.base import Grader, combine
+from rewards.blend import normalize_in_groups, parse_gates
 from rewards.diagnostics import best_is_longest, hacking_totals, len_corr
 from rewards.options import with_max_tokens
 from rewards.overlong import overlong_limits, overlong_penalty

@@ -88,15 +88,22 @@ def sample_tokens(
         tok = logits.argmax(-1)  # (N,)
         return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
     z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    if 0 < top_k < z.shape[1] or top_p < 1.0:
+        return sample_filtered(z, top_p, top_k, generator, u)
+    # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token whose p
+    # underflows to 0 can never be drawn)
+    p = z.softmax(-1)  # (N, V)
+    tok = _draw(p, generator, u)  # (N, 1)
+    return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
+
+
+def sample_filtered(
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, u: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_tokens with top-k and / or top-p on logits z (N, V) already divided by the temperature: the draw
+    from the kept tokens, the log-prob under the whole softmax(z)."""
     N, V = z.shape
     k = top_k if 0 < top_k < V else V
-    if k == V and top_p >= 1.0:
-        # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token
-        # whose p underflows to 0 can never be drawn)
-        p = z.softmax(-1)  # (N, V)
-        tok = _draw(p, generator, u)  # (N, 1)
-        return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
-
     lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
     if k < V:
         zs, idx = z.topk(k, dim=-1)  # (N, k) most likely first

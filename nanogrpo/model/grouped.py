@@ -323,6 +323,29 @@ def generate_grouped(
     return finish(tokens, logps, length, ended, pad_id)
 
 
+def generate_fast(
+    model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator,
+    pad_id, amp, decode: str,
+) -> Generation:  # fmt: skip
+    """sampling.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
+    dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the plain loop's decode step
+    over the grouped cache, kept on fixed shapes (static_decode.py)."""
+    from nanogrpo.model.sampling import decode_loop
+    from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET
+
+    if decode == "eager":  # the single-turn default
+        return generate_grouped(model, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings,
+                                tokenizer, generator, pad_id, amp)  # fmt: skip
+    bucket = PROMPT_BUCKET if decode in COMPILED else 1  # compiled: one graph serves many prompt lengths
+    cache_cls = lambda *a, **k: StaticGroupedKVCache(*a, bucket=bucket, **k)  # noqa: E731
+    logits, cache, next_pos = prefill_grouped(model, head, prompts, G, new, pad_id, amp, cache_cls)
+    cache.next_pos = next_pos  # (N, 1) each row's first new position
+    sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
+    s = decode_loop(model, head, cache, logits, new, sample, eos_ids, stop_strings, tokenizer, generator,
+                    len(prompts), G, pad_id, temperature, decode)  # fmt: skip
+    return finish(s.tokens, s.logps, s.length, s.done, pad_id)
+
+
 class StopStrings:
     """Incremental stop-string check: decode only a window of recent tokens per row."""
 

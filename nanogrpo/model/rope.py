@@ -2,8 +2,7 @@
 
 `rope_inv_freq` gives the inverse frequencies for 'default', 'linear', 'dynamic' (NTK), 'llama3', 'yarn' and
 'longrope' (Phi-3), following each method's paper and transformers' reading of the config fields;
-`apply_rope` rotates the first rot_dim dims of each head (partial rotary leaves the rest as is), with the
-tables of `rope_tables`.
+the model applies them with transformer.py's `rope_tables` and `apply_rope`.
 """
 
 from __future__ import annotations
@@ -69,23 +68,3 @@ def rope_inv_freq(args: ModelArgs, seq_len: int) -> tuple[torch.Tensor, float]:
         ext = rs["long_factor"] if seq_len > old else rs["short_factor"]
         inv_freq = 1.0 / (torch.tensor(ext, dtype=torch.float32) * base**expo)
     return inv_freq, float(scale)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, h, D); cos/sin (B, T, 1, rot) as built by `rope_tables`, rot <= D (partial rotary leaves the
-    rest as is). Same values as the papers' x * cos + rotate_half(x) * sin, op for op: `sin` holds its first
-    half negated, so rotate_half(x) * sin is a roll of x times it (no split, negation and concatenation)."""
-    rot = cos.shape[-1]
-    if rot == x.shape[-1]:
-        return x * cos + x.roll(rot // 2, -1) * sin
-    xr, xp = x[..., :rot], x[..., rot:]
-    return torch.cat((xr * cos + xr.roll(rot // 2, -1) * sin, xp), dim=-1)
-
-
-def rope_tables(
-    position_ids: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin (B, T, 1, rot) for `apply_rope`, from position_ids (B, T) and inv_freq (rot/2,)."""
-    freqs = position_ids[..., None, None].float() * inv_freq  # (B, T, 1, rot/2)
-    cos, sin = freqs.cos() * scale, freqs.sin() * scale
-    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)

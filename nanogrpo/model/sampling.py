@@ -11,7 +11,7 @@ An episode continues its rows from turn to turn instead of reading its history a
     gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on
 
 A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
-kvcache.RowKVCache), samples the next from its logits (draw.py: one uniform per row, the log-prob taken before
+RowKVCache, below), samples the next from its logits (draw.py: one uniform per row, the log-prob taken before
 any filtering) and records it; a row that samples an EOS id has ended and rides along, its tokens pad. Between
 steps (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every
 row has ended. The cache keeps its shapes from step to step, so the same step runs as it is, compiled, or
@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
+from nanogrpo.model.attention import attention
 from nanogrpo.model.draw import (
     DecodeState,
     Generation,
@@ -46,7 +47,7 @@ from nanogrpo.model.draw import (
     record,
     sample_tokens,
 )
-from nanogrpo.model.kvcache import RowKVCache
+from nanogrpo.model.kvcache import visible_keys
 from nanogrpo.model.packed import folded_lora, packed_weights
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
@@ -106,7 +107,7 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
 
 
 class Sampler:
-    """Rows that decode together, each with its own cache row and length (kvcache.RowKVCache), continued
+    """Rows that decode together, each with its own cache row and length (RowKVCache, below), continued
     as an episode goes on. `lm_head` (n, H) -> (n, V) comes from sampling_weights; `turn` is the most tokens
     one `decode` samples; `limit` (0: none) the most a row will hold. The cache grows as the rows do (a copy
     of what they hold, its room doubled, at most `limit`)."""
@@ -190,6 +191,97 @@ class Sampler:
         return finish(s.tokens, s.logps, s.length, s.done, pad_id)
 
 
+class RowKVCache:
+    """Each row's own keys/values, per layer k/v (max_len + 1, B, n_kv, D), and its length (B,): the tokens it
+    holds, at positions 0 .. length - 1 (the positions RoPE counts too). The last slot is scratch that no
+    query sees: a forward of rows with fewer new tokens than others writes their pads there.
+
+    Time-major: the keys the rows hold are one block of memory per layer, which a decode step reads as a
+    stream (attention reads them through a (B, n_kv, S, D) view), and which `rows` copies in one pass. Each
+    layer has a buffer of its own: a compiled step writes each in place (slices of one buffer would be views
+    of one graph input, which inductor copies whole at every write)."""
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor):
+        self.k, self.v, self.lengths = k, v, lengths  # per layer (max_len + 1, B, n_kv, D); (B,) long
+        self.top = int(lengths.max())  # on the host: the longest row (an upper bound as rows decode)
+        self.visible = self.top  # key slots the next forward reads: set before it (`begin` reads it)
+
+    @classmethod
+    def empty(cls, model, batch: int, max_len: int, dtype: torch.dtype | None = None) -> RowKVCache:
+        c, w = model.config, model.lm_head_weight
+        shape = (max_len + 1, batch, c.num_key_value_heads, c.head_dim)
+        k = [torch.zeros(shape, dtype=dtype or w.dtype, device=w.device) for _ in range(c.num_hidden_layers)]
+        v = [torch.zeros_like(x) for x in k]
+        return cls(k, v, torch.zeros(batch, dtype=torch.long, device=w.device))
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[0] - 1
+
+    @property
+    def length(self) -> int:
+        return 0  # Transformer.forward's bookkeeping: rows keep their own lengths, and positions are given
+
+    @length.setter
+    def length(self, value: int) -> None:
+        pass
+
+    def begin(self, new: torch.Tensor, T: int) -> torch.Tensor:
+        """Before a forward of T token columns, `new` (B,) of them real in each row (the rest pads): where they
+        are written (after each row's own tokens; pads into the scratch slot), which keys each query sees (its
+        row's, up to itself, among the first `visible`), the rows' new lengths. Returns the columns' positions
+        (B, T). Nothing on the host changes: a compiled or recorded step calls it."""
+        _, B, nkv, D = self.k[0].shape
+        cols = torch.arange(T, device=self.lengths.device)  # (T,)
+        pos = self.lengths[:, None] + cols  # (B, T)
+        slot = torch.where(cols < new[:, None], pos, self.max_len)  # (B, T) pads into the scratch slot
+        self.index = slot.T[:, :, None, None].expand(T, B, nkv, D)  # where update writes k/v
+        keys = torch.arange(self.visible, device=pos.device)  # (S,)
+        self.mask = (keys <= pos[:, :, None])[:, None]  # (B, 1, T, S)
+        self.lengths.add_(new)
+        return pos
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new k/v (B, n_kv, T, D) where `begin` said; return the first `visible` slots as
+        (B, n_kv, S, D) views."""
+        dtype = self.k[layer].dtype
+        self.k[layer].scatter_(0, self.index, k.permute(2, 0, 1, 3).to(dtype))
+        self.v[layer].scatter_(0, self.index, v.permute(2, 0, 1, 3).to(dtype))
+        S = self.visible
+        return self.k[layer][:S].permute(1, 2, 0, 3), self.v[layer][:S].permute(1, 2, 0, 3)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return attention(q, k, v, self.mask)  # (B, T, nh, D); the forward's own mask is for other caches
+
+    def begin_step(self, t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """A decode step (sampling.decode_step): each row's next token after its own; an ended row's into the
+        scratch slot, its length kept. Returns the positions (B, 1)."""
+        return self.begin((~done).long(), 1)
+
+    def keys_for(self, made: int, bucketed: bool = False) -> int:
+        """The key slots the decode step after `made` sampled tokens reads: every row's own up to its newest
+        (at most top + made); a compiled or recorded step reads a bucket of them (visible_keys), so that only
+        a few shapes occur."""
+        need = self.top + made
+        return visible_keys(need, self.max_len) if bucketed else min(need, self.max_len)
+
+    def rows(self, index: torch.Tensor, max_len: int = 0) -> RowKVCache:
+        """A new cache whose row i is row index[i] of this one, with room for `max_len` tokens (0: as many as
+        this one): a prompt's row repeated for its G samples, the rows of the episodes still running, more
+        room for the next turn. One copy of the slots the rows hold; the others zero."""
+        max_len, n = max_len or self.max_len, self.top
+
+        def pick(x: torch.Tensor) -> torch.Tensor:
+            y = x.new_empty(max_len + 1, len(index), *x.shape[2:])  # (max_len + 1, B', n_kv, D)
+            torch.index_select(x[:n], 1, index, out=y[:n])
+            y[n:].zero_()  # what no row holds yet: finite, since masked keys still meet a 0 weight
+            return y
+
+        return RowKVCache(
+            [pick(x) for x in self.k], [pick(x) for x in self.v], self.lengths.index_select(0, index)
+        )
+
+
 @torch.inference_mode()
 def generate(
     model, prompts: list[list[int]], *, group_size: int = 1, max_new_tokens: int = 64, temperature: float = 1.0,
@@ -212,31 +304,21 @@ def generate(
     graph and replayed; off CUDA they run as 'static' and 'compiled'). All draw the same tokens from the same
     generators, log-probs to float32 rounding.
     """
-    from nanogrpo.model.grouped import StaticGroupedKVCache, generate_grouped, prefill_grouped
-    from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET, check_generate
+    from nanogrpo.model.grouped import generate_fast
+    from nanogrpo.model.static_decode import check_generate
 
     check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
                    tokenizer, decode)  # fmt: skip
     G, new = group_size, max_new_tokens
     with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
-        if decode == "eager":  # the single-turn default: the grouped cache, ended rows dropped
-            return generate_grouped(model, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
-                                    stop_strings, tokenizer, generator, pad_id, amp)  # fmt: skip
-        if decode == "plain":
-            sampler = Sampler(model, head, new, packed, amp)
-            logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
-            return sampler.decode(logits, new, generator, group=G, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, eos_ids=eos_ids, stop_strings=stop_strings, tokenizer=tokenizer,
-                                  pad_id=pad_id, decode_mode=decode)  # fmt: skip
-        # static, compiled, graph: this loop's step over the grouped cache, kept on fixed shapes
-        bucket = PROMPT_BUCKET if decode in COMPILED else 1  # compiled: one graph serves many prompt lengths
-        cache_cls = lambda *a, **k: StaticGroupedKVCache(*a, bucket=bucket, **k)  # noqa: E731
-        logits, cache, next_pos = prefill_grouped(model, head, prompts, G, new, pad_id, amp, cache_cls)
-        cache.next_pos = next_pos  # (N, 1) each row's first new position
-        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
-        s = decode_loop(model, head, cache, logits, new, sample, eos_ids, stop_strings, tokenizer, generator,
-                        len(prompts), G, pad_id, temperature, decode)  # fmt: skip
-        return finish(s.tokens, s.logps, s.length, s.done, pad_id)
+        if decode != "plain":  # the fast paths (grouped.py): a prompt's keys once for its G rows
+            return generate_fast(model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
+                                 stop_strings, tokenizer, generator, pad_id, amp, decode)  # fmt: skip
+        sampler = Sampler(model, head, new, packed, amp)
+        logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
+        return sampler.decode(logits, new, generator, group=G, temperature=temperature, top_p=top_p, top_k=top_k,
+                              eos_ids=eos_ids, stop_strings=stop_strings, tokenizer=tokenizer, pad_id=pad_id,
+                              decode_mode=decode)  # fmt: skip
 
 
 def cache_dtype(model, amp=None) -> torch.dtype | None:

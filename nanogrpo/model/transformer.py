@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanogrpo.model.attention import varlen
-from nanogrpo.model.kvcache import NO_CACHE, KVCache
-from nanogrpo.model.rope import LENGTH_DEPENDENT, apply_rope, rope_inv_freq, rope_tables
+from nanogrpo.model.attention import attention, varlen
+from nanogrpo.model.kvcache import KVCache
+from nanogrpo.model.rope import LENGTH_DEPENDENT, rope_inv_freq
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
 ARCHITECTURES = {
@@ -123,6 +123,26 @@ class ModelArgs:
         )
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, h, D); cos/sin (B, T, 1, rot) as built by `rope_tables`, rot <= D (partial rotary leaves the
+    rest as is). Same values as the papers' x * cos + rotate_half(x) * sin, op for op: `sin` holds its first
+    half negated, so rotate_half(x) * sin is a roll of x times it (no split, negation and concatenation)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + x.roll(rot // 2, -1) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + xr.roll(rot // 2, -1) * sin, xp), dim=-1)
+
+
+def rope_tables(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin (B, T, 1, rot) for `apply_rope`, from position_ids (B, T) and inv_freq (rot/2,)."""
+    freqs = position_ids[..., None, None].float() * inv_freq  # (B, T, 1, rot/2)
+    cos, sin = freqs.cos() * scale, freqs.sin() * scale
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -150,7 +170,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, kv_cache, layer: int) -> torch.Tensor:
-        """x (B, T, H); mask as built in Transformer.forward; kv_cache any cache of kvcache.py, or None."""
+        """x (B, T, H); mask as built in Transformer.forward; kv_cache a cache (kvcache.py, sampling.RowKVCache)
+        or None."""
         B, T, _ = x.shape
         nh, nkv, D = self.nh, self.nkv, self.hd
         if self.packed_qkv is not None:
@@ -162,9 +183,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, T, nh, D), (B, T, n_kv, D)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
-        cache = NO_CACHE if kv_cache is None else kv_cache
-        k, v = cache.update(layer, k, v)  # (B, n_kv, S, D): the block's keys, or the cache's so far
-        y = cache.attend(layer, q, k, v, mask)  # (B, T, nh, D)
+        if kv_cache is None:  # no cache: the block's own keys
+            y = attention(q, k, v, mask)  # (B, T, nh, D)
+        else:
+            k, v = kv_cache.update(layer, k, v)  # (B, n_kv, S, D): the cache's keys so far
+            y = kv_cache.attend(layer, q, k, v, mask)  # (B, T, nh, D)
         return self.o_proj(y.reshape(B, T, -1))
 
 

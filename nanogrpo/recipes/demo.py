@@ -1,9 +1,20 @@
 """The built-in demo task: one-word answers to short questions (capitals, opposites, colours, plurals,
-animal sounds, sums), split 75/25 per question type."""
+animal sounds, sums), split 75/25 per question type, and the `demo` preset that trains on it
+(`python train.py`, `python train.py demo`)."""
 
 from __future__ import annotations
 
 import random
+
+from nanogrpo.config import (
+    GRPOConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    SamplingConfig,
+    TrainConfig,
+)
 
 _FACTS: dict[str, list[tuple[str, str]]] = {
     "What is the capital of {}?": [
@@ -80,3 +91,24 @@ def demo_rows(split: str = "train", seed: int = 1234, system: bool = True) -> li
                 {"id": f"demo-{split}-{len(rows)}", "prompt": prompt, "reference": answer, "answer": answer}
             )
     return rows
+
+
+# the demo preset (recipes/presets.py lists it): SmolLM2-135M-Instruct + LoRA on demo_rows
+DEMO = TrainConfig(
+    steps=60,
+    prompts_per_step=4,
+    eval_prompts=27,
+    out_dir="runs/demo",
+    model=ModelConfig(path="smollm2"),
+    lora=LoraConfig(r=16, alpha=32),
+    # T=1 and clip-higher (DAPO) keep the groups varied long enough to find the one-word answer;
+    # so do no std division (a group of near-identical sentences gets near-zero advantages, not
+    # unit ones) and a small entropy bonus. The length penalty (DAPO's overlong grader: 0 up to 4
+    # tokens, -1 at 16) pays a sentence for every word it drops, a path down to the one-word answer
+    # that does not wait for that answer to be sampled: without it the policy could settle on "The
+    # capital of Cuba is Havana." (docs/STABILITY.md, "The demo on every CPU")
+    sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
+    grpo=GRPOConfig(group_size=8, eps_high=0.28, scale_rewards="none", entropy_coef=0.005),
+    optim=OptimConfig(lr=3e-4),
+    reward=RewardConfig(spec="rouge_l:1,overlong:1", overlong_buffer=12),
+)

@@ -16,6 +16,7 @@ from nanogrpo.config import (
     SamplingConfig,
     TrainConfig,
 )
+from nanogrpo.recipes.demo import DEMO
 
 # presets: `python train.py demo` (the default), `python train.py tiny`, and one per seed paper (`semantic`,
 # `judge-numbers`, `clinical`, `rlvrr`, `rubric`; docs/RECIPES.md), the search agent's two stages
@@ -58,24 +59,7 @@ _RESEARCH_SFT = TrainConfig(
 PRESETS: dict[str, tuple[str, TrainConfig]] = {
     "demo": (
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
-        TrainConfig(
-            steps=60,
-            prompts_per_step=4,
-            eval_prompts=27,
-            out_dir="runs/demo",
-            model=ModelConfig(path="smollm2"),
-            lora=LoraConfig(r=16, alpha=32),
-            # T=1 and clip-higher (DAPO) keep the groups varied long enough to find the one-word answer;
-            # so do no std division (a group of near-identical sentences gets near-zero advantages, not
-            # unit ones) and a small entropy bonus. The length penalty (DAPO's overlong grader: 0 up to 4
-            # tokens, -1 at 16) pays a sentence for every word it drops, a path down to the one-word answer
-            # that does not wait for that answer to be sampled: without it the policy could settle on "The
-            # capital of Cuba is Havana." (docs/STABILITY.md, "The demo on every CPU")
-            sampling=SamplingConfig(max_new_tokens=16, temperature=1.0),
-            grpo=GRPOConfig(group_size=8, eps_high=0.28, scale_rewards="none", entropy_coef=0.005),
-            optim=OptimConfig(lr=3e-4),
-            reward=RewardConfig(spec="rouge_l:1,overlong:1", overlong_buffer=12),
-        ),
+        DEMO,
     ),
     "guess": (
         "SmolLM2-135M-Instruct + LoRA plays the number-guessing game (multi-turn, --env.name guess); CPU, minutes",

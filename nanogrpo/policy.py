@@ -266,12 +266,10 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
     model_dir = resolve_model(cfg.model.path)
     ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
     tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
-    use_lora = cfg.lora.r > 0
-    parallel = parallel_mode(cfg)
+    use_lora, parallel = cfg.lora.r > 0, parallel_mode(cfg)
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.
-    model = Transformer.from_pretrained(
-        model_dir, dtype=dtype if use_lora else torch.float32, device=device, attn=cfg.model.attn
-    )
+    w_dtype = dtype if use_lora else torch.float32
+    model = Transformer.from_pretrained(model_dir, dtype=w_dtype, device=device, attn=cfg.model.attn)
     model.activation_checkpointing = cfg.model.activation_checkpointing
     autocast = None if use_lora or dtype == torch.float32 else dtype
     if cfg.lora.init_from:  # GRPO after SFT: the SFT model becomes the base, and so the KL reference
@@ -282,20 +280,39 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
         lora.inject_lora(
             model, r=cfg.lora.r, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets
         )
-    else:
-        for p in model.parameters():
-            p.requires_grad_(True)
-        if needs_reference(cfg):
-            # the reference runs the policy's path: float32 weights under the same autocast (a bf16 copy
-            # would differ by rounding at step 0: |log pi - log ref| ~ 1e-2 a token). Under FSDP on a GPU
-            # the policy computes with bf16 all-gathered weights, so a bf16 copy is the same path there.
-            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            if parallel == "fsdp" and device.type == "cuda" and dtype != torch.float32:
-                ref_model.to(dtype)
+    else:  # every weight trains; a KL needs a frozen copy
+        ref_model = full_finetune(model, cfg, parallel, device, dtype)
     eos_ids, pad_id = eos_and_pad(model.config, tok)
     # PPO's critic shares the trunk and its adapters: one forward gives the log-probs and the values
     value_head = ValueHead(model.config.hidden_size).to(device) if cfg.algo == "ppo" else None
     head = LogprobHead(model, value_head)
+    if parallel != "none":  # torchrun: DDP or FSDP2
+        head, ref_model = wrap_for_ranks(head, ref_model, parallel, device, dtype)
+    fsdp = parallel == "fsdp"
+    return Policy(
+        head, tok, ref_model, pad_id, eos_ids, autocast, use_lora, model_dir, fsdp, cfg.lora.init_from
+    )
+
+
+def full_finetune(model: Transformer, cfg: TrainConfig, parallel: str, device, dtype) -> Transformer | None:
+    """A full fine-tune: every weight trainable; the frozen reference copy when the run needs one (a KL)."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if not needs_reference(cfg):
+        return None
+    # the reference runs the policy's path: float32 weights under the same autocast (a bf16 copy would differ
+    # by rounding at step 0: |log pi - log ref| ~ 1e-2 a token). Under FSDP on a GPU the policy computes with
+    # bf16 all-gathered weights, so a bf16 copy is the same path there.
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    if parallel == "fsdp" and device.type == "cuda" and dtype != torch.float32:
+        ref_model.to(dtype)
+    return ref_model
+
+
+def wrap_for_ranks(
+    head: LogprobHead, ref_model, parallel: str, device, dtype
+) -> tuple[torch.nn.Module, object]:
+    """torchrun: the policy (and the reference) sharded with FSDP2, or the policy replicated with DDP."""
     if parallel == "fsdp":
         from nanogrpo.infra import fsdp
 
@@ -303,20 +320,7 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
         compute = dtype if device.type == "cuda" and dtype != torch.float32 else None
         if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
             ref_model = fsdp.shard(LogprobHead(ref_model), compute, frozen=True)
-        head = fsdp.shard(head, compute)
-    elif parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        return fsdp.shard(head, compute), ref_model
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-        head = DDP(head, device_ids=[device.index] if device.type == "cuda" else None)
-    return Policy(
-        head,
-        tok,
-        ref_model,
-        pad_id,
-        eos_ids,
-        autocast,
-        use_lora,
-        model_dir,
-        parallel == "fsdp",
-        cfg.lora.init_from,
-    )
+    return DDP(head, device_ids=[device.index] if device.type == "cuda" else None), ref_model

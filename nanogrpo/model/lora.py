@@ -51,6 +51,15 @@ class LoraLinear(nn.Module):
         self.enabled = True  # False inside `disabled(model)`
         self.merged = False  # True after `merge(model)`: the update lives in base_layer.weight
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base_layer(x)
+        if self.enabled and not self.merged:
+            # weights cast to the activation dtype: bf16 matmuls on bf16 activations, grads flow to fp32
+            a = self.lora_A.weight.to(x.dtype)  # (r, in)
+            b = self.lora_B.weight.to(x.dtype)  # (out, r)
+            y = y + F.linear(F.linear(self.dropout(x), a), b) * self.scaling
+        return y
+
     # code that reads `.weight` / `.bias` of a projection keeps working on a wrapped one
     @property
     def weight(self) -> torch.Tensor:
@@ -67,15 +76,6 @@ class LoraLinear(nn.Module):
     @property
     def out_features(self) -> int:
         return self.base_layer.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base_layer(x)
-        if self.enabled and not self.merged:
-            # weights cast to the activation dtype: bf16 matmuls on bf16 activations, grads flow to fp32
-            a = self.lora_A.weight.to(x.dtype)  # (r, in)
-            b = self.lora_B.weight.to(x.dtype)  # (out, r)
-            y = y + F.linear(F.linear(self.dropout(x), a), b) * self.scaling
-        return y
 
     def merged_weight(self, sign: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
         """W + sign * (alpha / r) B A: computed in float32 (one fused matmul-add), rounded once to W's dtype;

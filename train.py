@@ -221,18 +221,10 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
         f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json. --config FILE: a new run "
         "whose defaults are FILE (a run's config.json, or a TrainConfig JSON with some fields) instead of a preset."
     )
+    default = PRESETS[name or "demo"][1] if config is None else config_file.rerun_defaults(config, name)
+    cfg = tyro.cli(TrainConfig, default=default, args=argv, description=description)
     if config is not None:
-        if name:
-            raise ValueError(
-                f"the preset '{name}' and --config {config} both set the defaults: drop '{name}' to rerun the "
-                f"config (flags still override it), or drop --config to start from the preset"
-            )
-        hint = "remove or rename it (python train.py --help lists every option)"
-        base = replace(config_file.read_config(config, "--config", hint), resume=False)  # a resumed run's too
-        cfg = tyro.cli(TrainConfig, default=base, args=argv, description=description)
-        config_file.check_rerun_dir(config, cfg)
-    else:
-        cfg = tyro.cli(TrainConfig, default=PRESETS[name or "demo"][1], args=argv, description=description)
+        config_file.check_rerun_dir(config, cfg)  # --config: a new run, in a folder of its own
     saved = None
     if cfg.resume:
         # the run's config is its preset: the one named here only chose the default --out-dir

@@ -20,6 +20,7 @@ import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from nanogrpo.config import TrainConfig, updates_per_step, with_epochs
@@ -51,7 +52,38 @@ from rewards.options import with_max_tokens
 def start(cfg: TrainConfig) -> Run:
     """The run of `cfg`, checked and loaded: its model, optimizer, schedule, data order, logger and, with
     --resume, the step it goes on from (module docstring)."""
-    # ---------------------------------------------------------------- checks that need no model
+    # ---------------------------------------------------------------- every check before the model loads
+    cfg, env, device, dtype = check_run(cfg)  # the flags, --env, flash-attn, loggers, device, torchrun
+    rows, tok, reward_fn, held_out = training_data(cfg)  # read, checked and tokenized
+    cfg, env = check_with_data(cfg, env, rows, tok, device, dtype)  # --env's start, memory plan, run folder
+    rank, world = dist.rank(), dist.world()
+    seed_everything(cfg.seed + rank)
+
+    # ---------------------------------------------------------------- model, optimizer, resume
+    policy = load_policy(cfg, device, dtype, tok)
+    if world > 1 and dist.is_main():
+        how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
+        print(f"torchrun: {world} ranks, the policy {how}")
+    opt = build_optimizer(policy.model, cfg.optim)
+    sched = build_scheduler(opt, cfg.optim, cfg.steps * updates_per_step(cfg))
+    order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
+    out = Path(cfg.out_dir)
+    logger = Logger(
+        out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
+    )
+    run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows, env, held_out=held_out)
+    run.step0 = resume(run) if cfg.resume else 0  # --resume: its step
+    run.evaluator = HeldOutEval(cfg, policy, device, held_out, env)  # --eval-every (eval/during.py)
+    run.evaluator.start(logger, run.step0)  # step 0, before any update: a metrics.jsonl line of its own
+    run.notes = StepNotes(cfg)  # a paused entropy bonus, no tool call, episodes cut by a budget: said once
+    return run
+
+
+def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torch.dtype]:
+    """Every check that needs neither the data nor a model (the flags among themselves, the held-out rows,
+    --env built and checked, flash-attn, the loggers, torchrun's ranks); then the device and dtype, and
+    torchrun's process group. Returns the run's config (its folder an absolute path, --env's budgets), the
+    environment spec (None without --env), the device and the dtype."""
     check_config(cfg)  # the flags among themselves
     check_eval_every(cfg)  # --eval-every: the held-out rows exist
     cfg = replace(cfg, out_dir=os.path.abspath(cfg.out_dir))  # the run folder, whatever changes the directory
@@ -63,42 +95,29 @@ def start(cfg: TrainConfig) -> Run:
     if device.type == "cpu":  # glibc: a step's freed blocks serve the next step (nanogrpo/infra/heap.py)
         keep_freed_memory()
     dist.init(device.type)
-    rank, world = dist.rank(), dist.world()
+    world = dist.world()
     check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path)  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
-    rows, tok, reward_fn, held_out = training_data(cfg)  # read, checked and tokenized before the model loads
-    if env is not None:  # --env: the template, a reset on the first row and its first message; the workers
-        episodes = (
-            cfg.prompts_per_step // world * cfg.grpo.group_size
-        )  # a rollout's, forked while we are small
+    return cfg, env, device, dtype
+
+
+def check_with_data(
+    cfg: TrainConfig, env, rows: list[dict], tok, device, dtype
+) -> tuple[TrainConfig, object]:
+    """What needs the training rows, still before the model loads: --env's template, a reset on the first
+    row and its first message (the workers forked while the process is small), --epochs (the number of
+    steps), the memory plan (--memory-check; it may pick a micro-batch), the run folder (every rank checks it:
+    --resume, the saved config; else no run there yet; one rank writes config.json and environment.json)."""
+    if env is not None:
+        episodes = cfg.prompts_per_step // dist.world() * cfg.grpo.group_size  # a rollout's
         env = env_spec.check_start(env, tok, rows, cfg.data.system_prompt, *prompt_limit(cfg), episodes, cfg.sampling.decode)  # fmt: skip
     cfg = with_epochs(cfg, len(rows))  # --epochs: the number of steps
     cfg = fit_to_memory(cfg, device, dtype, rows)  # --memory-check: the plan against the free memory
-    out = Path(cfg.out_dir)
-    # every rank checks the folder (--resume: the saved config; else: no run there yet), one saves config.json
     prepare_run_dir(cfg, write=dist.is_main())
     if dist.is_main():  # environment.json: the resolved device and dtype, versions, git commit, CPU
-        write_environment(out, device, dtype, resume=cfg.resume)
-    seed_everything(cfg.seed + rank)
-
-    # ---------------------------------------------------------------- model, optimizer, resume
-    policy = load_policy(cfg, device, dtype, tok)
-    if world > 1 and dist.is_main():
-        how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
-        print(f"torchrun: {world} ranks, the policy {how}")
-    opt = build_optimizer(policy.model, cfg.optim)
-    sched = build_scheduler(opt, cfg.optim, cfg.steps * updates_per_step(cfg))
-    order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
-    logger = Logger(
-        out, enabled=dist.is_main(), wandb_project=cfg.wandb, tensorboard=cfg.tensorboard, config=asdict(cfg)
-    )
-    run = Run(cfg, policy, opt, sched, reward_fn, logger, device, order, rows, env, held_out=held_out)
-    run.step0 = resume(run) if cfg.resume else 0  # --resume: its step
-    run.evaluator = HeldOutEval(cfg, policy, device, held_out, env)  # --eval-every (eval/during.py)
-    run.evaluator.start(logger, run.step0)  # step 0, before any update: a metrics.jsonl line of its own
-    run.notes = StepNotes(cfg)  # a paused entropy bonus, no tool call, episodes cut by a budget: said once
-    return run
+        write_environment(Path(cfg.out_dir), device, dtype, resume=cfg.resume)
+    return cfg, env
 
 
 def training_data(

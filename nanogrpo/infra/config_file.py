@@ -125,6 +125,18 @@ def pop_config_flag(argv: list[str]) -> str | None:
     return argv.pop(i)
 
 
+def rerun_defaults(config: str | Path, preset: str | None) -> TrainConfig:
+    """The defaults `--config FILE` gives a new run: FILE's config (a resumed run's too), not resuming; a
+    preset named beside it is refused (both would set the defaults)."""
+    if preset:
+        raise ValueError(
+            f"the preset '{preset}' and --config {config} both set the defaults: drop '{preset}' to rerun the "
+            f"config (flags still override it), or drop --config to start from the preset"
+        )
+    hint = "remove or rename it (python train.py --help lists every option)"
+    return replace(read_config(config, "--config", hint), resume=False)
+
+
 def check_rerun_dir(config: str | Path, cfg: TrainConfig) -> None:
     """`--config FILE` starts a new run: refuse --resume, the folder FILE is in, and a folder that already
     holds a run (the out_dir FILE names, when no --out-dir is given), each with the flag that fixes it."""

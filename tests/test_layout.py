@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,40 @@ def test_train_py_reads_the_step_first():
     assert step.lineno <= 150, step.lineno
     imported = project_modules_imported(ROOT / "train.py")
     assert len(imported) <= 15, sorted(imported)
+
+
+def definitions(path: Path) -> tuple[dict[int, str], dict[int, str]]:
+    """{first line: name} and {last line: name} of every def and class in a file (a decorator's line is the
+    first), methods included, and of its top-level assignments."""
+    tree, first, last = ast.parse(path.read_text()), {}, {}
+    for n in ast.walk(tree):
+        top_assign = isinstance(n, (ast.Assign, ast.AnnAssign)) and n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or top_assign:
+            name = getattr(n, "name", None) or ast.unparse(
+                n.targets[0] if isinstance(n, ast.Assign) else n.target
+            )
+            first[min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", []))])] = name
+            last[n.end_lineno] = name
+    return first, last
+
+
+def test_the_reading_path_lists_whole_definitions():
+    """docs/reading-path.txt (the step's reading path that docs/ARCHITECTURE.md counts) names line ranges; each
+    must still begin where a definition begins and end where one ends, so the count is of today's code."""
+
+    text = (ROOT / "docs" / "reading-path.txt").read_text()
+    ranges = re.findall(r"([\w./-]+\.py):(\d+)-(\d+)", text)
+    assert len(ranges) > 50, "docs/reading-path.txt lists the path as file:first-last ranges"
+    stale = []
+    for f, a, b in ranges:
+        first, last = definitions(ROOT / f)
+        if int(a) not in first or int(b) not in last:
+            stale.append(
+                f"{f}:{a}-{b} (starts at {first.get(int(a), 'no definition')}, ends {last.get(int(b), 'no definition')})"
+            )
+    assert stale == [], (
+        "the code moved: list these definitions' new lines in docs/reading-path.txt: " + "; ".join(stale)
+    )
 
 
 def test_each_folder_says_what_it_holds():

@@ -5,7 +5,8 @@
 - One uniform per row and step, from the row's own generator (`draw_uniforms`: per prompt, G per step, in the
   same order whatever has ended), so a row's sample depends only on its generator, not on the rows batched
   with it: a torchrun rank and a resumed run draw the same.
-- softmax(logits / temperature), then top-k and top-p, then the inverse CDF at the row's uniform.
+- softmax(logits / temperature), then top-k and top-p (`sample_filtered`), then the inverse CDF at the row's
+  uniform.
 - The log-prob kept is the sampled token's under softmax(logits / temperature) in float32, taken *before*
   top-k / top-p filtering (softmax(logits) when greedy): what the trainer compares its own against. GRPO
   refuses top-k / top-p, whose samples come from a distribution the loss does not see (docs/KL.md).

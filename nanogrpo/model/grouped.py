@@ -12,6 +12,7 @@ hides the pads; positions count real tokens only) and prefilled once (`prefill_g
   from the batch and the cache, so long completions do not pay for finished ones.
 - `StaticGroupedKVCache` (static, compiled, graph): the same cache on fixed shapes, for the plain loop's one
   decode step, uncompiled, compiled or recorded as a CUDA graph (static_decode.py).
+- `generate_fast`: what sampling.generate calls for every --sampling.decode but 'plain'.
 
 What they compute is what the plain loop computes, to float32 rounding (tests/test_sampling.py: the same
 tokens from the same generators). They cannot continue a row: a prompt's keys are shared by its G rows, and

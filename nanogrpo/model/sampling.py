@@ -24,6 +24,7 @@ The fast paths beside this loop compute the same (tests/test_sampling.py):
   single completions (--sampling.decode eager), and on fixed shapes under this loop's step (static, compiled,
   graph); it cannot continue an episode's rows, which part after their first turn;
 - the step compiled, or recorded once and replayed as a CUDA graph (static_decode.py).
+`generate` hands every mode but 'plain' to one call, grouped.generate_fast.
 
 Departures from transformers' `generate`: only the last position of a prefill goes through the LM head (no
 [B, T, V] logits), the draw of draw.py, and no logits processors beyond temperature, top-k and top-p.

@@ -1,4 +1,5 @@
-"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2, and its HF loader.
+"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2, its RoPE (`rope_tables`,
+`apply_rope`; rope.py: the scalings HF configs name), and its HF loader.
 
 The module and parameter names are Hugging Face's (`model.layers.{i}.self_attn.q_proj`, ...), so an HF
 safetensors state dict loads as is and LoRA adapters get PEFT's key names. The variants differ only in:

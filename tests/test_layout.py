@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,38 +114,48 @@ def test_train_py_reads_the_step_first():
     assert len(imported) <= 15, sorted(imported)
 
 
-def definitions(path: Path) -> tuple[dict[int, str], dict[int, str]]:
-    """{first line: name} and {last line: name} of every def and class in a file (a decorator's line is the
-    first), methods included, and of its top-level assignments."""
-    tree, first, last = ast.parse(path.read_text()), {}, {}
-    for n in ast.walk(tree):
-        top_assign = isinstance(n, (ast.Assign, ast.AnnAssign)) and n in tree.body
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or top_assign:
-            name = getattr(n, "name", None) or ast.unparse(
-                n.targets[0] if isinstance(n, ast.Assign) else n.target
-            )
-            first[min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", []))])] = name
-            last[n.end_lineno] = name
-    return first, last
+def definitions(path: Path) -> dict[str, tuple[int, int]]:
+    """{name: (first line, last line)} of a file's top-level defs, classes and assignments and of its classes'
+    methods ('Class.method'); a decorator's line is the first."""
+    tree, out = ast.parse(path.read_text()), {}
+    for n in tree.body:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+            out[ast.unparse(target)] = (n.lineno, n.end_lineno)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            members = [(n.name, n)]
+            if isinstance(n, ast.ClassDef):
+                members += [(f"{n.name}.{m.name}", m) for m in n.body if isinstance(m, ast.FunctionDef)]
+            for name, m in members:
+                out[name] = (min([m.lineno, *(d.lineno for d in m.decorator_list)]), m.end_lineno)
+    return out
 
 
-def test_the_reading_path_lists_whole_definitions():
-    """docs/reading-path.txt (the step's reading path that docs/ARCHITECTURE.md counts) names line ranges; each
-    must still begin where a definition begins and end where one ends, so the count is of today's code."""
+def named_range(root: Path, item: str) -> str:
+    """'file:name' (or 'file:Class.method', or 'file:A..B': A's first line to B's last, B a method of A's
+    class when it has no dot) -> 'file:first-last' on today's code."""
+    f, name = item.strip().split(":")
+    defs = definitions(root / f)
+    a, _, b = name.partition("..")
+    if b and b not in defs:
+        b = f"{a.split('.')[0]}.{b}"
+    return f"{f}:{defs[a][0]}-{defs[b or a][1]}"
 
-    text = (ROOT / "docs" / "reading-path.txt").read_text()
-    ranges = re.findall(r"([\w./-]+\.py):(\d+)-(\d+)", text)
-    assert len(ranges) > 50, "docs/reading-path.txt lists the path as file:first-last ranges"
+
+def test_the_reading_path_is_todays_code():
+    """docs/reading-path.txt (the step's reading path that docs/ARCHITECTURE.md counts) gives each stage by name
+    (`# stage = file:name, ...`) and as the line ranges a counter reads (the next line): the ranges must be
+    the names' on today's code, so the count in the docs is of the code as it is."""
+    lines = (ROOT / "docs" / "reading-path.txt").read_text().splitlines()
     stale = []
-    for f, a, b in ranges:
-        first, last = definitions(ROOT / f)
-        if int(a) not in first or int(b) not in last:
-            stale.append(
-                f"{f}:{a}-{b} (starts at {first.get(int(a), 'no definition')}, ends {last.get(int(b), 'no definition')})"
-            )
-    assert stale == [], (
-        "the code moved: list these definitions' new lines in docs/reading-path.txt: " + "; ".join(stale)
-    )
+    for k, line in enumerate(lines):
+        if line.startswith("# ") and " = " in line:
+            stage, names = line[2:].split(" = ", 1)
+            want = f"{stage}: " + ", ".join(named_range(ROOT, item) for item in names.split(","))
+            if lines[k + 1] != want:
+                stale.append(want)
+    assert sum(1 for x in lines if x.startswith("# ") and " = " in x) >= 10, "every stage, by name"
+    assert stale == [], "the code moved; in docs/reading-path.txt, replace these lines:\n" + "\n".join(stale)
 
 
 def test_each_folder_says_what_it_holds():

@@ -63,18 +63,16 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
     ),
     "guess": (
         "SmolLM2-135M-Instruct + LoRA plays the number-guessing game (multi-turn, --env.name guess); CPU, minutes",
-        TrainConfig(
+        replace(
+            DEMO,  # its model, LoRA and prompts a step
             steps=20,
-            prompts_per_step=4,
             eval_prompts=15,
             out_dir="runs/guess",
-            model=ModelConfig(path="smollm2"),
-            lora=LoraConfig(r=16, alpha=32),
             # short turns (a number is a few tokens); the demo's remedies for a small model's flat groups:
             # T=1, clip-higher, no std division, a small entropy bonus. `valid` pays for a turn that holds a
             # number at all, a path to the game's reward that does not wait for a lucky guess
             sampling=SamplingConfig(max_new_tokens=6, temperature=1.0),
-            grpo=GRPOConfig(group_size=6, eps_high=0.28, scale_rewards="none", entropy_coef=0.005),
+            grpo=replace(DEMO.grpo, group_size=6),
             optim=OptimConfig(lr=5e-4),
             data=DataConfig(train="recipe:guess", eval="recipe:guess"),
             reward=RewardConfig(spec="env:1,valid:0.5"),

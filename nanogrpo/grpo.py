@@ -107,21 +107,15 @@ def batch_std(moments: dict[str, float]) -> float:
 # ----------------------------------------------------------------------------- the sampler-trainer gap
 
 
-def importance_weights(
-    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+def sampler_gap(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weights (N, T) that correct the policy-gradient term for sampling from the sampler's distribution mu
-    (its own kernels, shapes and bf16 folding of W + BA) instead of the trainer's pi_old.
+    """log w = log pi_old - log mu per token (N, T), 0 on padding: the gap between the trainer's pi_old and the
+    sampler's distribution mu (its own kernels, shapes and bf16 folding of W + BA), measured every step.
 
-    w = pi_old / mu per token, or the product over the sequence's tokens for is_level='sequence'. Then
-    'none': 1; 'tis' (truncated): min(w, C); 'mis' (masked): w inside [1/C, C], else 0 (the token, or the
-    whole sequence, is dropped). E_mu[w f] = E_pi_old[f] for any f, so uncapped weights remove the gap's bias
-    exactly (sequence level) or to first order (token level, contexts still drawn from mu); the cap trades a
-    little bias for bounded variance.
-
-    Also returns SUMS over the tokens for the log (whatever the correction): |log pi_old - log mu|, the
-    k3 estimate of KL(mu || pi_old), the tokens whose weight the cap changed, and the largest token ratio.
-    """
+    Also returns SUMS over the tokens for the log: |log pi_old - log mu|, the k3 estimate of KL(mu ||
+    pi_old), the largest token ratio, and 'is_capped' (0 here; importance_weights counts the tokens its cap
+    changes)."""
     on = mask > 0
     log_w = torch.where(on, old_logp.detach() - sampler_logp.to(old_logp.dtype), 0.0)  # (N, T)
     with torch.no_grad():
@@ -131,7 +125,27 @@ def importance_weights(
             "sampler_ratio_max": torch.where(on, log_w, -torch.inf).max().exp()
             if on.any()
             else mask.new_ones(()),
+            "is_capped": mask.new_zeros(()),
         }
+    return log_w, stats
+
+
+def importance_weights(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weights (N, T) that correct the policy-gradient term for sampling from the sampler's distribution mu
+    instead of the trainer's pi_old (--grpo.is-correction; grpo_loss calls it only when one is on).
+
+    w = pi_old / mu per token, or the product over the sequence's tokens for is_level='sequence'. Then
+    'none': 1; 'tis' (truncated): min(w, C); 'mis' (masked): w inside [1/C, C], else 0 (the token, or the
+    whole sequence, is dropped). E_mu[w f] = E_pi_old[f] for any f, so uncapped weights remove the gap's bias
+    exactly (sequence level) or to first order (token level, contexts still drawn from mu); the cap trades a
+    little bias for bounded variance.
+
+    Also returns sampler_gap's sums, with 'is_capped' the tokens whose weight the cap changed.
+    """
+    on = mask > 0
+    log_w, stats = sampler_gap(old_logp, sampler_logp, mask)  # (N, T)
     if cfg.is_level == "sequence":
         log_w = (log_w * mask).sum(-1, keepdim=True).expand_as(log_w)  # (N, T) one weight per sequence
     elif cfg.is_level != "token":
@@ -146,9 +160,8 @@ def importance_weights(
         out = torch.where((w >= 1.0 / C) & (w <= C), w, 0.0)
     else:
         raise ValueError(f"unknown is_correction {cfg.is_correction!r}: use 'none', 'tis' or 'mis'")
-    stats["is_capped"] = (((out != w) & on).sum() if cfg.is_correction != "none" else mask.new_zeros(())).to(
-        mask.dtype
-    )
+    if cfg.is_correction != "none":
+        stats["is_capped"] = ((out != w) & on).sum().to(mask.dtype)
     return torch.where(on, out, 0.0), stats
 
 
@@ -186,9 +199,10 @@ def grpo_loss(
     With their options on: 'clip_dual' (tokens the dual clip bounds), 'entropy_kept' (tokens that keep the
     policy gradient), 'entropy_bonus' (its share of the loss, subtracted). `finalize_stats` makes means.
 
-    sampler_logp (N, T): the sampler's log-probs of the same tokens. Given, the policy-gradient term is
-    weighted by `importance_weights(old_logp, sampler_logp, ...)` (cfg.is_correction) and the stats also
-    hold the sampler-trainer gap ('sampler_*', 'is_capped'). The KL term is not reweighted.
+    sampler_logp (N, T): the sampler's log-probs of the same tokens. Given, the stats hold the
+    sampler-trainer gap ('sampler_*', 'is_capped': sampler_gap), and with cfg.is_correction the
+    policy-gradient term is weighted by `importance_weights(old_logp, sampler_logp, ...)`. The KL term is not
+    reweighted.
     entropy (N, T): the differentiable per-token entropy, needed when entropy_coef != 0. keep (N, T) bool:
     the tokens that keep the policy-gradient term (high_entropy_tokens), needed when top_entropy_quantile <
     1; the others contribute 0 with unchanged token weights, and the KL and entropy terms keep every token.
@@ -197,10 +211,12 @@ def grpo_loss(
     on = mask > 0
     ratio = _ratio(logp, old_logp, mask, cfg)  # (N, T)
     pg, extra = policy_terms(logp, ratio, adv, on, cfg)  # (N, T)
-    gap: dict[str, torch.Tensor] = {}
-    if sampler_logp is not None:
+    gap: dict[str, torch.Tensor] = {}  # the sampler-trainer gap, logged every step
+    if sampler_logp is not None and cfg.is_correction != "none":  # and corrected: pi_old / mu
         is_w, gap = importance_weights(old_logp, sampler_logp, mask, cfg)  # (N, T), detached
         pg = pg * is_w
+    elif sampler_logp is not None:
+        gap = sampler_gap(old_logp, sampler_logp, mask)[1]
 
     kl = torch.zeros_like(pg)
     if cfg.kl_placement == "loss" and cfg.beta != 0.0:

@@ -22,7 +22,7 @@ an episode's rows part after their first turn, so episodes sample with the plain
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -326,12 +326,12 @@ def generate_grouped(
 
 def generate_fast(
     model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator,
-    pad_id, amp, decode: str,
+    pad_id, amp, decode: str, decode_loop: Callable,
 ) -> Generation:  # fmt: skip
     """sampling.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
     dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the plain loop's decode step
-    over the grouped cache, kept on fixed shapes (static_decode.py)."""
-    from nanogrpo.model.sampling import decode_loop
+    over the grouped cache, kept on fixed shapes (static_decode.py). `decode_loop`: sampling.decode_loop,
+    handed in (this file is below sampling.py, which calls it)."""
     from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET
 
     if decode == "eager":  # the single-turn default

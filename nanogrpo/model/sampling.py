@@ -314,7 +314,7 @@ def generate(
     with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
         if decode != "plain":  # the fast paths (grouped.py): a prompt's keys once for its G rows
             return generate_fast(model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
-                                 stop_strings, tokenizer, generator, pad_id, amp, decode)  # fmt: skip
+                                 stop_strings, tokenizer, generator, pad_id, amp, decode, decode_loop)  # fmt: skip
         sampler = Sampler(model, head, new, packed, amp)
         logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
         return sampler.decode(logits, new, generator, group=G, temperature=temperature, top_p=top_p, top_k=top_k,

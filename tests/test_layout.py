@@ -139,6 +139,10 @@ def named_range(root: Path, item: str) -> str:
     a, _, b = name.partition("..")
     if b and b not in defs:
         b = f"{a.split('.')[0]}.{b}"
+    gone = [x for x in (a, b) if x and x not in defs]
+    assert not gone, (
+        f"docs/reading-path.txt names {gone} in {f}, which no longer defines them: name what the step runs now"
+    )
     return f"{f}:{defs[a][0]}-{defs[b or a][1]}"
 
 

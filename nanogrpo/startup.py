@@ -42,6 +42,7 @@ from nanogrpo.model.memory_fit import fit_to_memory
 from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
+from nanogrpo.recipes.presets import check_preset_inputs
 from nanogrpo.stages import Run, cpt, dpo
 from nanogrpo.summary import StepNotes
 from rewards import RewardFunction, build_reward
@@ -86,6 +87,7 @@ def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torc
     environment spec (None without --env), the device and the dtype."""
     check_config(cfg)  # the flags among themselves
     check_eval_every(cfg)  # --eval-every: the held-out rows exist
+    check_preset_inputs(cfg)  # the research agent's probe judge, written by its pipeline's first stage
     cfg = replace(cfg, out_dir=os.path.abspath(cfg.out_dir))  # the run folder, whatever changes the directory
     cfg, env = env_spec.resolve(cfg)  # --env: the environment, one instance built and checked; its budgets
     if cfg.model.attn == "flash":  # flash-attn imports, and the run is on a GPU in 16 bits

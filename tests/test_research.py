@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import Scripted
+from helpers import Scripted, run_train_here
 from transformers import AutoTokenizer
 
 from nanogrpo.config import EnvConfig, SamplingConfig
@@ -153,3 +153,12 @@ def test_the_pipeline_skips_done_stages_and_checks_the_judge(tmp_path, monkeypat
         and "rubric                0.100  0.100  0.200   +0.100 [+0.050, +0.150]" in out
     )
     assert "agree with the environment's own checks on 50% (answer) and 75% (citation)" in out
+
+
+def test_the_research_preset_without_its_probe_names_the_pipeline(tmp_path) -> None:
+    """`python train.py research` before the pipeline's first stage: exit 2 before any model loads, naming the
+    command that trains the probe judge, not the generic one."""
+    r = run_train_here("research", "--out-dir", tmp_path / "grpo", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "python -m nanogrpo.lab.research run" in r.stderr and "runs/research/probe" in r.stderr, r.stderr
+    assert not (tmp_path / "grpo").exists()  # refused before the run folder

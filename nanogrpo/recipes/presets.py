@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from nanogrpo.config import (
     DataConfig,
@@ -39,6 +40,21 @@ RESEARCH_REWARD = RewardConfig(
     spec="rubric:1,env:1",
     rubric=replace(RewardConfig().rubric, readout="probe", probe="runs/research/probe"),
 )
+
+
+def check_preset_inputs(cfg: TrainConfig) -> None:
+    """Refuse, naming the command that writes it, a run whose reward reads the research agent's probe judge
+    (RESEARCH_REWARD's folder) before the probe is there: the research presets' first stage trains it."""
+    folder = RESEARCH_REWARD.rubric.probe
+    rubric = cfg.reward.rubric
+    if "rubric" in cfg.reward.spec and rubric.readout == "probe" and rubric.probe == folder:
+        if not (Path(folder) / "probe.json").is_file():
+            raise ValueError(
+                f"{folder} holds no probe judge yet: `python -m nanogrpo.lab.research run` trains it first (then "
+                f"SFT, then GRPO), or train it alone with `python -m nanogrpo.eval.probe train --data "
+                f"recipe:research.labels --model smollm2 --out {folder}`"
+            )
+
 
 # the research agent's first stage (SFT on the search transcripts); its GRPO stage changes what it must
 _RESEARCH_SFT = TrainConfig(

@@ -20,7 +20,8 @@ The pipeline, each stage one documented command, run in order by `python -m nano
 (a stage whose output is already there is skipped, so a run cut short goes on where it stopped; flags after
 `run` go to both train.py stages, e.g. --model.threads 2):
 
-    python -m nanogrpo.eval.probe train --data recipe:research.labels --model smollm2 --out runs/research/probe
+    python -m nanogrpo.eval.probe train --data nanogrpo/recipes/research.labels.jsonl --model smollm2 \
+        --out runs/research/probe
     python train.py research-sft     # SFT on the transcripts -> runs/research/sft/adapter
     python train.py research         # GRPO from that adapter -> runs/research/grpo
 

@@ -17,6 +17,7 @@ from nanogrpo.config import (
     SamplingConfig,
     TrainConfig,
 )
+from nanogrpo.recipes import HERE
 from nanogrpo.recipes.demo import DEMO
 
 # presets: `python train.py demo` (the default), `python train.py tiny`, and one per seed paper (`semantic`,
@@ -52,7 +53,7 @@ def check_preset_inputs(cfg: TrainConfig) -> None:
             raise ValueError(
                 f"{folder} holds no probe judge yet: `python -m nanogrpo.lab.research run` trains it first (then "
                 f"SFT, then GRPO), or train it alone with `python -m nanogrpo.eval.probe train --data "
-                f"recipe:research.labels --model smollm2 --out {folder}`"
+                f"{HERE / 'research.labels.jsonl'} --model smollm2 --out {folder}`"
             )
 
 

@@ -162,8 +162,7 @@ def test_the_research_preset_without_its_probe_names_the_pipeline(tmp_path) -> N
     r = run_train_here("research", "--out-dir", tmp_path / "grpo", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "python -m nanogrpo.lab.research run" in r.stderr and "runs/research/probe" in r.stderr, r.stderr
-    labels = Path(
-        r.stderr.split("--data ", 1)[1].split()[0]
-    )  # the probe's command names a file that is there
+    # the probe's own command names a file that is there
+    labels = Path(r.stderr.split("--data ", 1)[1].split()[0])
     assert labels.is_file() and labels.name == "research.labels.jsonl", labels
     assert not (tmp_path / "grpo").exists()  # refused before the run folder

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from nanogrpo.envs.builtin import Search, corpus
 from nanogrpo.recipes import HERE
-from nanogrpo.recipes.presets import PRESETS
+from nanogrpo.recipes.presets import PRESETS, RESEARCH_PROBE_ARGS
 from nanogrpo_base.rows import turn_text
 
 SFT_FILE, LABELS_FILE = "research.jsonl", "research.labels.jsonl"
@@ -150,20 +150,9 @@ TRAIN = str(Path(__file__).resolve().parents[2] / "train.py")  # the checkout's 
 
 def stages(flags: list[str]) -> list[tuple[str, Path, list[str]]]:
     """(name, the file that says it is done, its command) of each stage, in order."""
-    py, labels = sys.executable, str(HERE / LABELS_FILE)
-    probe = [
-        "-m",
-        "nanogrpo.eval.probe",
-        "train",
-        "--data",
-        labels,
-        "--model",
-        "smollm2",
-        "--out",
-        str(PROBE),
-    ]
+    py = sys.executable
     return [
-        ("probe judge", PROBE / "probe.json", [py, *probe]),
+        ("probe judge", PROBE / "probe.json", [py, *RESEARCH_PROBE_ARGS]),
         ("SFT", SFT / "eval.json", [py, TRAIN, "research-sft", *flags]),
         ("GRPO", GRPO / "eval.json", [py, TRAIN, "research", *flags]),
     ]

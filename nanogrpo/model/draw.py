@@ -103,7 +103,7 @@ def sample_filtered(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sample_tokens with top-k and / or top-p on logits z (N, V) already divided by the temperature: the draw
     from the kept tokens, the log-prob under the whole softmax(z)."""
-    N, V = z.shape
+    V = z.shape[1]
     k = top_k if 0 < top_k < V else V
     lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
     if k < V:

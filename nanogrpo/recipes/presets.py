@@ -41,6 +41,9 @@ RESEARCH_REWARD = RewardConfig(
     spec="rubric:1,env:1",
     rubric=replace(RewardConfig().rubric, readout="probe", probe="runs/research/probe"),
 )
+# the command that trains that probe on the labels nanogrpo.lab.research makes (the pipeline's first stage)
+RESEARCH_PROBE_ARGS = ["-m", "nanogrpo.eval.probe", "train", "--data", str(HERE / "research.labels.jsonl"),
+                       "--model", "smollm2", "--out", RESEARCH_REWARD.rubric.probe]  # fmt: skip
 
 
 def check_preset_inputs(cfg: TrainConfig) -> None:
@@ -52,8 +55,7 @@ def check_preset_inputs(cfg: TrainConfig) -> None:
         if not (Path(folder) / "probe.json").is_file():
             raise ValueError(
                 f"{folder} holds no probe judge yet: `python -m nanogrpo.lab.research run` trains it first (then "
-                f"SFT, then GRPO), or train it alone with `python -m nanogrpo.eval.probe train --data "
-                f"{HERE / 'research.labels.jsonl'} --model smollm2 --out {folder}`"
+                f"SFT, then GRPO), or train it alone with `python {' '.join(RESEARCH_PROBE_ARGS)}`"
             )
 
 

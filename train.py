@@ -23,7 +23,7 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from nanogrpo import grpo, kl
+from nanogrpo import grpo
 from nanogrpo.config import TrainConfig
 from nanogrpo.dynamic import draw_step
 from nanogrpo.envs.episode import episode_rollout, failure_causes
@@ -89,7 +89,7 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     score = reward  # (N,) NaN where no grader applied: such rows are left out of their group
     if g.kl_placement == "reward":
         pi_logp = in_slices(lambda b: policy.trainer_logprobs(b, temp), roll.batch, micro)  # (N, Tc)
-        kl_pen = kl.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
+        kl_pen = grpo.kl_penalty(pi_logp, ref_logp, roll.batch.mask, g).cpu()  # (N,)
         score = reward - g.beta * kl_pen  # (N,)
     moments = dist.sum_floats(grpo.reward_moments(score)) if g.scale_rewards == "batch" else None  # all ranks
     adv, zero_std = grpo.compute_advantages(score, g, moments)  # 4. advantages: (N,), (P,)

@@ -77,9 +77,10 @@ class SamplingConfig:
     score, and eval.py generate and the final eval write) ends right after that stop string, which is kept
     (format graders check closing tags), and whatever that last token carries past it is dropped."""
     decode: Literal["eager", "plain", "static", "compiled", "graph", "compiled-graph"] = "eager"
-    """The decode loop (docs/ARCHITECTURE.md, "Sampling"): 'eager' the grouped cache, ended rows dropped (single
-    completions; episodes run 'plain'); 'plain' a cache row a sample; 'static' the plain step on fixed
-    shapes; 'compiled' that step torch.compiled (~1 min, once); '*graph' recorded as a CUDA graph (GPU)."""
+    """The decode loop (docs/ARCHITECTURE.md, "Sampling"): 'eager' the grouped cache, ended rows dropped; 'plain'
+    the reference loop, a cache row a sample (episodes run the row sampler under both); 'static' one decode
+    step on fixed shapes; 'compiled' that step torch.compiled (~1 min, once); '*graph' recorded as a CUDA
+    graph (GPU)."""
     fold_lora: bool = True
     """Where weights are not packed (GPU), sample with LoRA folded in: costs a copy of the adapted weights."""
 

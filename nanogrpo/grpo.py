@@ -1,11 +1,13 @@
-"""GRPO as pure tensor functions: group advantages, the policy loss and its variants, the entropy terms.
+"""GRPO as pure tensor functions: group advantages, the policy loss and its variants, the KL to the reference,
+the entropy terms.
 
-No model code lives here: the trainer hands in per-token log-probs and gets back a scalar loss. The KL to
-the reference (estimators, placements) lives in nanogrpo/kl.py.
+No model code lives here: the trainer hands in per-token log-probs and gets back a scalar loss.
 
     adv, zero_std = compute_advantages(rewards, cfg)                      # (B*G,), (B,)
     loss, stats = grpo_loss(logp, old_logp, ref_logp, adv, mask, cfg,
                             num_seqs=..., num_tokens=..., max_len=...)    # per micro-batch; sum = full batch
+    rewards = rewards - beta * kl_penalty(old_logp, ref_logp, mask, cfg)  # KL placement 'reward': (N,)
+    terms = kl_loss_terms(logp, old_logp, ref_logp, mask, cfg)            # KL placement 'loss': (N, T)
 
 Where this departs from the GRPO paper (Shao et al. 2024) and why:
 - The group std is the unbiased one (Bessel, as torch.std and TRL); a group whose rewards are all equal gets
@@ -19,8 +21,12 @@ Where this departs from the GRPO paper (Shao et al. 2024) and why:
   in by the caller, so summing grpo_loss over micro-batches or ranks gives exactly the full-batch loss and
   gradient. The paper's per-sequence 1/|o_i| is 'seq-mean-token-mean'; 'token-mean' is DAPO's;
   'seq-mean-token-sum-norm' (divide by max_len) is Dr. GRPO's.
-- KL (nanogrpo/kl.py): k1/k2/k3 in the reward or in the loss; the paper's k3 in the loss has the gradient
-  of the FORWARD KL (docs/KL.md).
+- KL: the k1/k2/k3 estimators act on l = logp - ref_logp, in the reward (detached, summed over the sequence:
+  the correct reverse-KL gradient) or in the loss, weighted like the policy terms. The paper's choice (k3 per
+  token in the loss) has the expected gradient of the FORWARD KL(ref || pi) with contexts sampled from pi
+  (docs/KL.md, checked exactly by nanogrpo.lab.klcheck). `kl_reward_to_go` makes the in-loss term sequence
+  level; `kl_is_weight` multiplies it by the live ratio pi/pi_old (DeepSeek-V3.2), which turns k1/k3 into
+  unbiased reverse-KL gradients.
 - GSPO (ratio_level='sequence'): the ratio is exp(mean_t log(pi/pi_old)) of the whole sequence, broadcast to
   its tokens, so every token of a sequence is clipped together.
 - Policy-loss variants (docs/STABILITY.md): CISPO (MiniMax-M1) clips a detached IS weight instead of the
@@ -35,7 +41,6 @@ import math
 import torch
 
 from nanogrpo.config import GRPOConfig, check_group_size
-from nanogrpo.kl import kl_estimate, kl_loss_terms
 
 # ----------------------------------------------------------------------------- advantages
 
@@ -248,24 +253,34 @@ def grpo_loss(
     return loss, stats
 
 
-def _entropy_terms(
-    pg, entropy, keep, on, w, cfg: GRPOConfig, stats: dict
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The high-entropy mask on the policy terms pg (N, T), and the entropy bonus (None when off), with their
-    stats added to `stats`: the kept tokens, the bonus's value."""
-    if cfg.top_entropy_quantile < 1:
-        if keep is None:
-            raise ValueError("top_entropy_quantile < 1 needs keep: the step's high_entropy_tokens")
-        keep = keep & on  # (N, T)
-        pg = torch.where(keep, pg, 0.0)  # (N, T) the token weights stay the step's
-        stats["entropy_kept"] = keep.sum().to(pg.dtype)
-    if cfg.entropy_coef == 0:
-        return pg, None
-    if entropy is None:
-        raise ValueError("entropy_coef != 0 needs entropy: completion_logprobs(..., entropy_grad=True)")
-    bonus = cfg.entropy_coef * (torch.where(on, entropy.to(pg.dtype), 0.0) * w).sum()
-    stats["entropy_bonus"] = bonus.detach()
-    return pg, bonus
+def _masked_inputs(logp, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
+    """Checked inputs in logp's dtype, 0 on padding, adv broadcast to (N, T)."""
+    if logp.shape != mask.shape or old_logp.shape != mask.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask must share (N, T)"
+        )
+    if cfg.kl_placement == "loss" and ref_logp is None:
+        raise ValueError("kl_placement='loss' needs ref_logp (the reference model's log-probs)")
+    mask = mask.to(logp.dtype)
+    on = mask > 0
+    # Padding may hold garbage (-inf, nan): zero it through where() so it gets exactly zero gradient.
+    logp = torch.where(on, logp, 0.0)  # (N, T)
+    old_logp = torch.where(on, old_logp.to(logp.dtype), 0.0)  # (N, T)
+    if ref_logp is not None:
+        ref_logp = torch.where(on, ref_logp.to(logp.dtype), 0.0)  # (N, T)
+    adv = (adv[:, None] if adv.dim() == 1 else adv).to(logp.dtype).expand_as(logp)  # (N, T)
+    return logp, old_logp, ref_logp, adv, mask
+
+
+def _ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """pi / pi_old per token (N, T), or GSPO's geometric mean over the sequence broadcast to its tokens."""
+    log_ratio = logp - old_logp  # (N, T)
+    if cfg.ratio_level == "sequence":
+        n_i = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
+        log_ratio = ((log_ratio * mask).sum(-1, keepdim=True) / n_i).expand_as(logp)  # (N, T) GSPO
+    elif cfg.ratio_level != "token":
+        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: use 'token' or 'sequence'")
+    return torch.exp(log_ratio)  # (N, T)
 
 
 def policy_terms(
@@ -305,6 +320,121 @@ def policy_terms(
     return pg, counts
 
 
+def _entropy_terms(
+    pg, entropy, keep, on, w, cfg: GRPOConfig, stats: dict
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The high-entropy mask on the policy terms pg (N, T), and the entropy bonus (None when off), with their
+    stats added to `stats`: the kept tokens, the bonus's value."""
+    if cfg.top_entropy_quantile < 1:
+        if keep is None:
+            raise ValueError("top_entropy_quantile < 1 needs keep: the step's high_entropy_tokens")
+        keep = keep & on  # (N, T)
+        pg = torch.where(keep, pg, 0.0)  # (N, T) the token weights stay the step's
+        stats["entropy_kept"] = keep.sum().to(pg.dtype)
+    if cfg.entropy_coef == 0:
+        return pg, None
+    if entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy: completion_logprobs(..., entropy_grad=True)")
+    bonus = cfg.entropy_coef * (torch.where(on, entropy.to(pg.dtype), 0.0) * w).sum()
+    stats["entropy_bonus"] = bonus.detach()
+    return pg, bonus
+
+
+def _token_weights(
+    mask: torch.Tensor, agg: str, *, num_seqs: float, num_tokens: float, max_len: int
+) -> torch.Tensor:
+    """Weight of each token in the loss (N, T); every token of one row gets the same weight."""
+    if agg == "token-mean":
+        return mask / num_tokens
+    if agg == "seq-mean-token-mean":
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * num_seqs)
+    if agg == "seq-mean-token-sum-norm":
+        return mask / (max_len * num_seqs)
+    raise ValueError(
+        f"unknown loss_agg {agg!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
+    )
+
+
+# ----------------------------------------------------------------------------- KL to the reference
+
+
+def kl_estimate(l: torch.Tensor, estimator: str) -> torch.Tensor:
+    """k1 = l, k2 = l^2/2, k3 = exp(-l) - 1 + l, elementwise on l = log pi - log pi_ref (Schulman 2020).
+
+    Under y ~ pi, k1 and k3 are unbiased estimates of KL(pi || ref); k3 is also >= 0. Their GRADIENTS are a
+    different story (module docstring, docs/KL.md).
+    """
+    if estimator == "k1":
+        return l
+    if estimator == "k2":
+        return 0.5 * l * l
+    if estimator == "k3":
+        return torch.expm1(-l) + l  # expm1: no cancellation near l = 0
+    raise ValueError(f"unknown kl_estimator {estimator!r}: use 'k1', 'k2' or 'k3'")
+
+
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """Placement 'reward': per-sequence sum_t k(l_t), detached. The trainer subtracts it before advantages:
+
+        rewards = rewards - cfg.beta * kl_penalty(old_logp, ref_logp, mask, cfg)   # (B*G,)
+
+    With k1 this is log pi(y)/pi_ref(y), whose score-function gradient is exactly grad KL(pi || ref).
+    """
+    l = torch.where(mask > 0, logp - ref_logp, 0.0).detach()  # (N, T)
+    return (kl_estimate(l, cfg.kl_estimator) * mask).sum(-1)  # (N,)
+
+
+def _rev_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1).cumsum(-1).flip(-1)  # out[t] = sum_{s >= t} x[s]
+
+
+def kl_loss_terms(
+    logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig
+) -> torch.Tensor:
+    """Per-token KL terms (N, T) for placement 'loss'; the aggregation weights them like the policy terms.
+
+    Per token (default): k(l_t), times the live ratio pi_t/pi_old_t when kl_is_weight. pi_old is a constant,
+    so d(rho k)/dtheta = rho (k + k') dlogp: with k1 or k3, k + k' = l + (1 or 0), whose expectation under
+    pi_old is E_pi[l dlogp] = the reverse-KL gradient of that token's distribution (contexts as sampled).
+
+    Sequence level (kl_reward_to_go): the gradient of k(L), L = sum_t l_t, of the whole sequence, written per
+    token as c_t * dlogp_t with c_t detached and terms of zero expectation dropped (causality):
+      k1: c_t = 1                                   (E = 0: k1 has no gradient at any level)
+      k2: c_t = sum_{s>=t} l_s                      (E = grad KL(pi || ref), the KL reward-to-go)
+      k3: c_t = 1 - exp(-sum_{s<=t} l_s)            (E = grad KL(ref || pi): E_pi[exp(-L_{>t}) | y_<=t] = 1)
+    and with kl_is_weight the gradient of E_pi[k(L)] from pi_old samples, per-decision importance weights
+    R_s = prod_{u<=s} pi_u/pi_old_u:
+      k1, k3: c_t = sum_{s>=t} R_s l_s              (E = grad KL(pi || ref) exactly, off-policy too)
+      k2:     c_t = R_T (L^2/2 + L)                 (E = grad E_pi[L^2/2]: k2 is not a KL estimate)
+    The value of the term is k(l_t) (times rho_t) so the logged loss stays a KL-sized number.
+    """
+    l = logp - ref_logp  # (N, T), already 0 at masked tokens
+    log_rho = logp - old_logp  # (N, T)
+    k = kl_estimate(l, cfg.kl_estimator)  # (N, T)
+    if not cfg.kl_reward_to_go:
+        return k * torch.exp(log_rho) if cfg.kl_is_weight else k
+    ld = l.detach() * mask  # (N, T)
+    if cfg.kl_is_weight:
+        R = torch.exp(log_rho.detach().cumsum(-1))  # (N, T) prod_{u<=s} rho_u (masked tokens have rho = 1)
+        if cfg.kl_estimator == "k2":
+            L = ld.sum(-1, keepdim=True)  # (N, 1)
+            c = (R[:, -1:] * (0.5 * L * L + L)).expand_as(ld)  # (N, T)
+        else:
+            c = _rev_cumsum(R * ld)  # (N, T)
+        value = (k * torch.exp(log_rho)).detach()
+    else:
+        if cfg.kl_estimator == "k1":
+            c = torch.ones_like(ld)
+        elif cfg.kl_estimator == "k2":
+            c = _rev_cumsum(ld)
+        else:
+            c = -torch.expm1(-ld.cumsum(-1))
+        value = k.detach()
+    return value + c * (logp - logp.detach())  # value k, gradient c * dlogp
+
+
 # ----------------------------------------------------------------------------- entropy
 
 
@@ -326,49 +456,7 @@ def high_entropy_tokens(entropy: torch.Tensor, mask: torch.Tensor, threshold: fl
     return (entropy.detach() >= threshold) & (mask > 0)
 
 
-def _masked_inputs(logp, old_logp, ref_logp, adv, mask, cfg: GRPOConfig):
-    """Checked inputs in logp's dtype, 0 on padding, adv broadcast to (N, T)."""
-    if logp.shape != mask.shape or old_logp.shape != mask.shape:
-        raise ValueError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask must share (N, T)"
-        )
-    if cfg.kl_placement == "loss" and ref_logp is None:
-        raise ValueError("kl_placement='loss' needs ref_logp (the reference model's log-probs)")
-    mask = mask.to(logp.dtype)
-    on = mask > 0
-    # Padding may hold garbage (-inf, nan): zero it through where() so it gets exactly zero gradient.
-    logp = torch.where(on, logp, 0.0)  # (N, T)
-    old_logp = torch.where(on, old_logp.to(logp.dtype), 0.0)  # (N, T)
-    if ref_logp is not None:
-        ref_logp = torch.where(on, ref_logp.to(logp.dtype), 0.0)  # (N, T)
-    adv = (adv[:, None] if adv.dim() == 1 else adv).to(logp.dtype).expand_as(logp)  # (N, T)
-    return logp, old_logp, ref_logp, adv, mask
-
-
-def _ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
-    """pi / pi_old per token (N, T), or GSPO's geometric mean over the sequence broadcast to its tokens."""
-    log_ratio = logp - old_logp  # (N, T)
-    if cfg.ratio_level == "sequence":
-        n_i = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
-        log_ratio = ((log_ratio * mask).sum(-1, keepdim=True) / n_i).expand_as(logp)  # (N, T) GSPO
-    elif cfg.ratio_level != "token":
-        raise ValueError(f"unknown ratio_level {cfg.ratio_level!r}: use 'token' or 'sequence'")
-    return torch.exp(log_ratio)  # (N, T)
-
-
-def _token_weights(
-    mask: torch.Tensor, agg: str, *, num_seqs: float, num_tokens: float, max_len: int
-) -> torch.Tensor:
-    """Weight of each token in the loss (N, T); every token of one row gets the same weight."""
-    if agg == "token-mean":
-        return mask / num_tokens
-    if agg == "seq-mean-token-mean":
-        return mask / (mask.sum(-1, keepdim=True).clamp(min=1) * num_seqs)
-    if agg == "seq-mean-token-sum-norm":
-        return mask / (max_len * num_seqs)
-    raise ValueError(
-        f"unknown loss_agg {agg!r}: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
-    )
+# ----------------------------------------------------------------------------- stats
 
 
 def finalize_stats(totals: dict[str, float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from nanogrpo.grpo import (
     finalize_stats,
     grpo_loss,
 )
-from nanogrpo.kl import kl_estimate, kl_penalty
+from nanogrpo.grpo import kl_estimate, kl_penalty
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

@@ -5,8 +5,8 @@ import torch
 from helpers import check_continuation, completions, per_prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nanogrpo.model.draw import sample_tokens
-from nanogrpo.model.sampling import generate
+from nanogrpo.model.row_sampler import Sampler
+from nanogrpo.model.sampling import generate, sample_tokens, sampling_weights
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
 
@@ -307,7 +307,7 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from nanogrpo.data import render_prompt
     from nanogrpo.eval import generation
     from nanogrpo.model import lora
-    from nanogrpo.model.draw import finish_text
+    from nanogrpo.model.sampling import finish_text
     from nanogrpo.recipes.presets import PRESETS
 
     model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)
@@ -358,8 +358,9 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
 @pytest.mark.parametrize("case", ["sampled", "eos", "stop", "greedy"])
 def test_the_fast_paths_draw_the_plain_loops_tokens(lively, case):
     """The plain loop (a cache row a sample) and the fast paths beside it (the grouped cache with ended rows
-    dropped, the default; the grouped cache on fixed shapes under the plain step; that step as the CPU runs a
-    recorded one) draw the same tokens from the same generators, log-probs equal to float32 rounding."""
+    dropped, the default; the grouped cache on fixed shapes under the row sampler's step; that step as the CPU
+    runs a recorded one; the row sampler, which continues episodes) draw the same tokens from the same
+    generators, log-probs equal to float32 rounding."""
     model, tok, prompts = lively
     kw = {"temperature": 0.0 if case == "greedy" else 1.0}
     if case in ("eos", "stop"):
@@ -372,12 +373,21 @@ def test_the_fast_paths_draw_the_plain_loops_tokens(lively, case):
         decode: generate(model, prompts, group_size=3, max_new_tokens=24, generator=per_prompt(4), decode=decode, **kw)
         for decode in ("plain", "eager", "static", "graph")
     }  # fmt: skip
+    runs["rows"] = row_sampler_generate(model, prompts, 3, 24, per_prompt(4), **kw)
     plain = runs.pop("plain")
     assert len(set(plain.lengths.tolist())) > (2 if case in ("eos", "stop") else 0)
     for decode, fast in runs.items():
         assert torch.equal(fast.completion_ids, plain.completion_ids), decode
         assert torch.equal(fast.mask, plain.mask) and torch.equal(fast.truncated, plain.truncated), decode
         torch.testing.assert_close(fast.logp, plain.logp, atol=1e-5, rtol=0)
+
+
+def row_sampler_generate(model, prompts, G: int, new: int, generator, **kw):
+    """generate's first turn through the row sampler (row_sampler.Sampler), as an episode's turn 1 runs."""
+    with torch.inference_mode(), sampling_weights(model, len(prompts) * G) as (head, packed, amp):
+        sampler = Sampler(model, head, new, packed, amp)
+        logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
+        return sampler.decode(logits, new, generator, group=G, **kw)
 
 
 @pytest.mark.parametrize("decode", ["eager", "static", "graph"])  # compiled: tests/test_sampling_compiled.py

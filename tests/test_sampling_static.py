@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from nanogrpo.config import SamplingConfig
-from nanogrpo.model import kvcache, lora, sampling, static_decode
+from nanogrpo.model import kvcache, lora, row_sampler, static_decode
 from nanogrpo.model.sampling import generate
 from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode, check_rope
 from nanogrpo.model.transformer import Transformer
@@ -244,7 +244,7 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
     monkeypatch.setenv("NANOGRPO_PACKED", packed)
     _, tok, prompts = lively
     recordings, calls = [], []
-    step = sampling.decode_step
+    step = row_sampler.decode_step
 
     def recorded(*a, **kw):
         calls.append(1)
@@ -255,7 +255,7 @@ def test_decode_step_is_one_recording(lively, with_lora, monkeypatch, packed):
         else:
             step(*a, **kw)
 
-    monkeypatch.setattr(sampling, "decode_step", recorded)
+    monkeypatch.setattr(row_sampler, "decode_step", recorded)
     stops = stops_from(with_lora, tok, prompts)
     sample(with_lora, prompts, "graph", eos_ids=MANY_EOS, tokenizer=tok, stop_strings=stops)
     first, second = recordings
@@ -316,9 +316,9 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
     value back to the host would raise there, and every tensor the recorded steps' ops take is on the model's
     device (a CPU tensor in a CUDA graph is a copy the graph cannot replay). LoRA folded into the weights, as
     on a GPU."""
-    from nanogrpo.model.draw import sample_tokens
     from nanogrpo.model.grouped import StaticGroupedKVCache, prefill_grouped
     from nanogrpo.model.packed import folded_lora
+    from nanogrpo.model.sampling import sample_tokens
 
     spec = "qwen2.5-1.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
     cpu = random_transformer(spec, dtype=torch.float32)
@@ -335,7 +335,7 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
         if isinstance(v, torch.Tensor) or (isinstance(v, list) and v and isinstance(v[0], torch.Tensor)):
             setattr(cache, name, v.to(meta) if isinstance(v, torch.Tensor) else [x.to(meta) for x in v])
     model = cpu.to(meta)
-    seen, steps, step = set(), [], sampling.decode_step
+    seen, steps, step = set(), [], row_sampler.decode_step
 
     def watched(*a, **kw):
         steps.append(1)
@@ -345,11 +345,11 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
             step(*a, **kw)
         seen.update(d.seen)
 
-    monkeypatch.setattr(sampling, "decode_step", watched)
+    monkeypatch.setattr(row_sampler, "decode_step", watched)
     sample = lambda lg, u: sample_tokens(lg, 1.0, 1.0, 0, None, u)  # noqa: E731
     with folded_lora(model, enabled=True):
         W = model.lm_head_weight
-        s = sampling.decode_loop(
+        s = row_sampler.decode_loop(
             model, lambda h: h @ W.T, cache, logits.to(meta), max_new, sample, [3, 4], (), None, None, 2, G, 0,
             1.0, "graph",
         )  # fmt: skip

@@ -5,7 +5,7 @@
 A trajectory is `prompt | turn 1 | observation 1 | turn 2 | ... | turn K`, every part after the prompt in
 the completion's columns: the sampled turns at mask 1 with their sampler log-probs, the observations at mask
 0 with log-prob 0, so the loss, the KL and the entropy see only what the model chose, and the observations
-are context. The sampler continues each trajectory's cache from turn to turn (sampling.Sampler): turn 1
+are context. The sampler continues each trajectory's cache from turn to turn (row_sampler.Sampler): turn 1
 prefills each distinct first message once, a later turn feeds only the last sampled token and the new
 observation. Its log-probs come from the same program and weights as the trainer's, which recomputes them
 over the whole trajectory; nothing is synced.
@@ -44,8 +44,8 @@ import torch
 from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.spec import EnvSpec
-from nanogrpo.model.draw import finish_text
-from nanogrpo.model.sampling import Sampler, sampling_weights
+from nanogrpo.model.row_sampler import Sampler
+from nanogrpo.model.sampling import finish_text, sampling_weights
 from nanogrpo.rollout import assemble, prompt_seed
 
 
@@ -91,7 +91,7 @@ def play(
 ) -> list[Trajectory]:  # fmt: skip
     """Play G episodes of each row (episode k: rows[k // G]), turn by turn, batched across the live episodes;
     each episode's environment runs in worker k of env.workers (envs/workers.py). The sampler continues each
-    episode's cache (sampling.Sampler): turn 1 prefills each distinct first message once for the episodes
+    episode's cache (row_sampler.Sampler): turn 1 prefills each distinct first message once for the episodes
     that share it, a later turn feeds only an episode's new observation."""
     workers = env.workers
     assert workers is not None and env.turns is not None, "an EnvSpec from envs.spec.check_start"
@@ -323,7 +323,7 @@ def play_rows(
     Row i's environments reset with seeds[i] (default: from `seed` and i), the same for every model compared
     on these rows."""
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.draw import eos_and_pad
+    from nanogrpo.model.sampling import eos_and_pad
 
     eos, pad_id = eos_and_pad(model.config, tok)
     rows = [{**r, "_prompt_ids": render_prompt(tok, r, system_prompt)} for r in rows]

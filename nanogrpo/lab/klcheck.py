@@ -4,7 +4,7 @@
 
 On the enumerable tabular policy (nanogrpo.lab.toy: vocabulary 3, length 4, 81 sequences) every expectation is a
 finite sum, so the EXPECTED gradient of a loss is computed exactly: all sequences (or all groups of G
-sequences) go through the trainer's own code -- kl.kl_penalty, grpo.compute_advantages and grpo.grpo_loss --
+sequences) go through the trainer's own code -- grpo.kl_penalty, grpo.compute_advantages and grpo.grpo_loss --
 and each row's gradient is weighted by its sampling probability. A row's weight enters as a gradient scale
 (value unchanged), which is exact because grpo_loss is a sum of independent per-row terms.
 
@@ -31,7 +31,7 @@ import torch
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import compute_advantages, grpo_loss
 from nanogrpo.infra.flag_checks import LAB
-from nanogrpo.kl import kl_penalty
+from nanogrpo.grpo import kl_penalty
 from nanogrpo.lab.toy import TabularPolicy
 from nanogrpo_base.ranges import check_or_exit
 

@@ -20,7 +20,7 @@ import torch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import compute_advantages, grpo_loss
-from nanogrpo.kl import kl_penalty
+from nanogrpo.grpo import kl_penalty
 
 
 class TabularPolicy:

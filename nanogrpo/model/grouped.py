@@ -1,8 +1,8 @@
 """The sampler's fast path for G completions of each prompt, the single-turn default: a prompt's keys and values
 once for its whole group, and ended completions dropped from the batch.
 
-The plain loop (sampling.py) gives each completion a cache row of its own, holding a copy of its prompt's keys.
-Here the G completions of a prompt share them (GroupedKVCache): a decode step reads a prompt's keys once for
+The plain loop (sampling.plain_generate) gives each completion a cache row of its own, holding a copy of its
+prompt's keys. Here the G completions of a prompt share them (GroupedKVCache): a decode step reads a prompt's keys once for
 its whole group, the query rows of its G completions stacked into one matmul, which saves memory and memory
 traffic for long prompts and large groups. The prompts are left-padded into one batch (an attention mask
 hides the pads; positions count real tokens only) and prefilled once (`prefill_grouped`).
@@ -10,25 +10,27 @@ hides the pads; positions count real tokens only) and prefilled once (`prefill_g
 - `generate_grouped` (--sampling.decode eager): the eager loop over a GroupedKVCache. A row that has hit an
   EOS id or a stop string rides along until a quarter of the batch has ended; then the ended rows are dropped
   from the batch and the cache, so long completions do not pay for finished ones.
-- `StaticGroupedKVCache` (static, compiled, graph): the same cache on fixed shapes, for the plain loop's one
+- `StaticGroupedKVCache` (static, compiled, graph): the same cache on fixed shapes, for row_sampler.py's one
   decode step, uncompiled, compiled or recorded as a CUDA graph (static_decode.py).
 - `generate_fast`: what sampling.generate calls for every --sampling.decode but 'plain'.
 
 What they compute is what the plain loop computes, to float32 rounding (tests/test_sampling.py: the same
 tokens from the same generators). They cannot continue a row: a prompt's keys are shared by its G rows, and
-an episode's rows part after their first turn, so episodes sample with the plain loop (envs/episode.py).
+an episode's rows part after their first turn, so episodes sample with the row sampler (row_sampler.py).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.draw import Generation, finish, sample_tokens
-from nanogrpo.model.kvcache import KVCache, visible_keys
+from nanogrpo.model.kvcache import visible_keys
+from nanogrpo.model.row_sampler import decode_loop
+from nanogrpo.model.sampling import Generation, cache_dtype, finish, sample_tokens
+from nanogrpo.model.transformer import KVCache
 
 
 class GroupedKVCache:
@@ -217,7 +219,7 @@ class StaticGroupedKVCache(GroupedKVCache):
         return visible_keys(made, self.own.shape[0])
 
     def begin_step(self, t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """The plain loop's decode step (sampling.decode_step): token t of every row, ended or not, written at
+        """The row sampler's decode step (row_sampler.decode_step): token t of every row, ended or not, written at
         own slot t; returns its positions (N, 1): each row's prompt length (`next_pos`, set after the prefill)
         + t."""
         self.set_step(t)
@@ -230,7 +232,7 @@ def prefill_grouped(model, lm_head, prompts, G: int, max_new: int, pad_id: int, 
     Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
     and values once, shared by their G completions, their padding kept, so decode steps pass no attention
     mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's;
-    `cache_cls`: GroupedKVCache (None), or StaticGroupedKVCache for the plain loop's fixed-shape steps.
+    `cache_cls`: GroupedKVCache (None), or StaticGroupedKVCache for row_sampler.decode_step's fixed-shape steps.
     """
     cache_cls = cache_cls or GroupedKVCache
     dev = model.lm_head_weight.device
@@ -248,11 +250,7 @@ def prefill_grouped(model, lm_head, prompts, G: int, max_new: int, pad_id: int, 
         pos = (attn.cumsum(-1) - 1).clamp_(min=0)  # (P, L) real tokens count from 0
     else:
         pos = torch.arange(L, device=dev).expand(P, L)
-    # on the CPU a bf16 model keeps a float32 cache: decode attention then runs the faster fp32 kernel
-    # without casting the whole cache at every step
-    W = model.lm_head_weight
-    cache_dtype = torch.float32 if dev.type == "cpu" and W.dtype == torch.bfloat16 else amp
-    cache = model.new_kv_cache(P, L, dtype=cache_dtype)
+    cache = model.new_kv_cache(P, L, dtype=cache_dtype(model, amp))
     h = model(ids, position_ids=pos, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, L, H)
     logits = lm_head(h[:, -1]).float()  # (P, V) only the last position needs the LM head
     grouped = cache_cls(cache, G, max_new, prompt_mask=attn)
@@ -326,12 +324,11 @@ def generate_grouped(
 
 def generate_fast(
     model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator,
-    pad_id, amp, decode: str, decode_loop: Callable,
+    pad_id, amp, decode: str,
 ) -> Generation:  # fmt: skip
     """sampling.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
-    dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the plain loop's decode step
-    over the grouped cache, kept on fixed shapes (static_decode.py). `decode_loop`: sampling.decode_loop,
-    handed in (this file is below sampling.py, which calls it)."""
+    dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the row sampler's decode step
+    over the grouped cache, kept on fixed shapes (row_sampler.decode_loop, static_decode.py)."""
     from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET
 
     if decode == "eager":  # the single-turn default

@@ -1,12 +1,11 @@
-"""The fast paths' key/value caches: the grouped sampler's prefill buffer, and the training forward's
-shared-prompt prefix. (The plain sampler's cache, a row a sample, is sampling.py's RowKVCache.)
+"""The fast paths' key/value caches: the training forward's shared-prompt prefix, and the key slots a
+fixed-shape decode step reads. (The model's own cache is transformer.KVCache; the row sampler's, a row a
+sample, row_sampler.RowKVCache; the grouped sampler's, grouped.GroupedKVCache.)
 
 A cache offers two calls to the attention layer: `k, v = cache.update(layer, k, v)` (store this block's
 keys/values, and return the keys/values `attend` is to be given) and `y = cache.attend(layer, q, k, v, mask)`
 (y (B, T, nh, D)): attention over those and over whatever the cache keeps apart.
 
-- `KVCache`: one preallocated buffer for every layer, rows left-padded to one length, written in place as
-  tokens come (the grouped fast path's prefill, model/grouped.py, whose caches share a prompt's keys).
 - `PrefixKV`: the keys/values of the prompts, kept as autograd tensors. The training forward runs each
   prompt once, expands its keys/values to the G completions of its group, then runs only the completion
   tokens against them; gradients from all G completions flow back into the one prompt pass.
@@ -31,36 +30,6 @@ def visible_keys(made: int, limit: int) -> int:
     while visible < made:
         visible *= 2
     return min(visible, limit)
-
-
-class KVCache:
-    """Preallocated keys and values for every layer, k/v (L, B, n_kv, max_len, D), and the filled length."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
-        self.k, self.v, self.length = k, v, length
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new k/v (B, n_kv, T, D) after the filled part; return all keys/values so far."""
-        end = self.length + k.shape[2]
-        assert end <= self.max_len, f"KV cache full: {end} > max_len {self.max_len}"
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-        return attention(q, k, v, mask)  # (B, T, nh, D)
-
-    def select(self, rows: torch.Tensor) -> KVCache:
-        """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
-        return KVCache(self.k[:, rows], self.v[:, rows], self.length)
 
 
 class PrefixKV:

@@ -13,7 +13,7 @@ float32: a CPU without bf16 units runs float32), bytes per element in brackets:
 - KV cache while sampling: 2 x layers x kv_heads x head_dim x (P x prompt + P x G x new tokens): each
   prompt's keys once, shared by its G completions (grouped.GroupedKVCache) [D on a GPU, 4 on the CPU,
   where the sampler keeps a float32 cache]. Episodes (--env) keep a cache row of their own for their whole
-  length instead (sampling.RowKVCache, continued from turn to turn): P x G x (prompt + the episode's budget +
+  length instead (row_sampler.RowKVCache, continued from turn to turn): P x G x (prompt + the episode's budget +
   one turn), at most twice what the rows hold as it grows, counted at that bound. On the CPU the sampler also packs a copy of every projection
   and of the LM head, with LoRA folded in (packed.py), for as long as it generates [the weights' dtype].
   Elsewhere (a GPU) a LoRA run's sampler folds the adapters into a copy of every adapted projection
@@ -171,7 +171,7 @@ class Step:
     """Where nothing is packed, the sampler folds LoRA into a copy of the adapted weights (--sampling.fold-lora)."""
     turn_tokens: int = 0
     """Episodes (--env): the most tokens of one turn; each row then keeps its own cache of prompt +
-    new_tokens (the episode's budget) + a turn (sampling.RowKVCache). 0: single completions, the grouped cache."""
+    new_tokens (the episode's budget) + a turn (row_sampler.RowKVCache). 0: single completions, the grouped cache."""
 
     @property
     def rows(self) -> int:

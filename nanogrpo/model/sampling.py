@@ -1,286 +1,298 @@
-"""The sampler: prefill the prompts once, give each sample a cache row of its own, decode every row a token a step.
+"""The sampler: G completions of each prompt, a token a step, and the rules every decode path shares.
 
     gen = generate(model, prompts, group_size=G, max_new_tokens=64, temperature=1.0, generator=gens)
 
-An episode continues its rows from turn to turn instead of reading its history again:
+The plain loop (`plain_generate`, --sampling.decode plain) is the reference the fast paths are tested
+against: the prompts left-padded into one block and run once (their pads hidden by the attention mask), each
+prompt's keys copied to the cache rows of its G samples; then, a step at a time, every row samples a token
+from its last logits and feeds it through the model, until every row has ended or has max_new_tokens.
 
-    s = Sampler(model, head, turn)               # inside sampling_weights(...), which gives the head
-    logits = s.prefill(prompts, rows)            # each prompt once; row k holds a copy of prompt rows[k]'s keys
-    gen = s.decode(logits, max_new, gens, ...)   # turn 1
-    logits = s.extend(observations)              # each row's last sampled token and its observation, only
-    gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on
+The rules every decode path shares:
+- One uniform per row and step, from the row's own generator (`draw_uniforms`: per prompt, G per step, in the
+  same order whatever has ended), so a row's sample depends only on its generator, not on the rows batched
+  with it: a torchrun rank and a resumed run draw the same.
+- softmax(logits / temperature), then top-k and top-p (`sample_filtered`), then the inverse CDF at the row's
+  uniform (`sample_tokens`).
+- The log-prob kept is the sampled token's under softmax(logits / temperature) in float32, taken *before*
+  top-k / top-p filtering (softmax(logits) when greedy): what the trainer compares its own against. GRPO
+  refuses top-k / top-p, whose samples come from a distribution the loss does not see (docs/KL.md).
+- A row ends at an EOS id (`record`, on the device) or at the token that completes a stop string
+  (`StopCheck`, on the host); its text ends right after the stop string (`finish_text`). `finish` makes the
+  loop's records a Generation.
 
-A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
-RowKVCache, below), samples the next from its logits (draw.py: one uniform per row, the log-prob taken before
-any filtering) and records it; a row that samples an EOS id has ended and rides along, its tokens pad. Between
-steps (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every
-row has ended. The cache keeps its shapes from step to step, so the same step runs as it is, compiled, or
-recorded as a CUDA graph (--sampling.decode).
-
-The fast paths beside this loop compute the same (tests/test_sampling.py):
+The fast paths beside the plain loop draw the same tokens (tests/test_sampling.py):
 - the weights (`sampling_weights`): on the CPU every projection packed with LoRA folded in (packed.py);
   elsewhere LoRA folded into one weight a projection;
-- the grouped cache (grouped.py): a prompt's keys once for its G samples, ended rows dropped: the default for
-  single completions (--sampling.decode eager), and on fixed shapes under this loop's step (static, compiled,
-  graph); it cannot continue an episode's rows, which part after their first turn;
-- the step compiled, or recorded once and replayed as a CUDA graph (static_decode.py).
+- the grouped cache (grouped.py): a prompt's keys once for its G samples, ended rows dropped: the default
+  (--sampling.decode eager);
+- one decode step over fixed shapes, run as it is, compiled, or recorded as a CUDA graph (row_sampler.py's
+  decode_loop over the grouped cache; static_decode.py): --sampling.decode static|compiled|graph;
+- the row sampler (row_sampler.py), which continues an episode's rows from turn to turn.
 `generate` hands every mode but 'plain' to one call, grouped.generate_fast.
 
 Departures from transformers' `generate`: only the last position of a prefill goes through the LM head (no
-[B, T, V] logits), the draw of draw.py, and no logits processors beyond temperature, top-k and top-p.
+[B, T, V] logits); one uniform per row through the CDF of the kept tokens, with top-k and top-p on a partial
+sort, not K Gumbel noises and a full-vocabulary mask (an order of magnitude faster on a CPU); no logits
+processors beyond temperature, top-k and top-p.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from nanogrpo.model.attention import attention
-from nanogrpo.model.draw import (
-    DecodeState,
-    Generation,
-    StopCheck,
-    draw_uniforms,
-    finish,
-    record,
-    sample_tokens,
-)
-from nanogrpo.model.kvcache import visible_keys
+from nanogrpo.model.logprobs import pad_left
 from nanogrpo.model.packed import folded_lora, packed_weights
 
-SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
+
+def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
+    """(max_new, N) uniforms for every step and row, in the order the eager loop draws them: per prompt,
+    G per step (per-prompt generators); or N per step from one generator (None: torch's default)."""
+    if isinstance(generator, (list, tuple)):
+        if device.type == "cpu":  # the CPU generator draws serially: one call equals max_new calls of G
+            cols = [torch.rand(max_new, G, generator=g) for g in generator]  # each (max_new, G)
+        else:  # Philox offsets advance per call: draw as the eager loop does, one call per step
+            cols = [torch.stack([torch.rand(G, generator=g, device=device) for _ in range(max_new)])
+                    for g in generator]  # fmt: skip
+        return torch.cat(cols, 1).to(device)  # (max_new, N)
+    return torch.rand(max_new, P * G, generator=generator, device=device)  # (max_new, N)
 
 
-def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:
-    """One decode step, all its inputs in `s`: token t = s.step of every row through the model (the cache
-    writes it after the row's own tokens), token t + 1 sampled with the uniforms u[t + 1] (u (max_new, N, 1),
-    None when greedy) and recorded, s.step advanced. The same tensors every step: what a compiled or
-    recorded step needs."""
-    t = s.step  # (1,)
-    tok = s.tokens.index_select(1, t)  # (N, 1) token t, pad for ended rows
-    pos = cache.begin_step(t, s.done)  # (N, 1) where each row's token t goes
-    h = model(tok, position_ids=pos, kv_cache=cache, return_hidden=True)  # (N, 1, H)
-    logits = lm_head(h[:, 0]).float()  # (N, V)
-    nxt, lp = sample(logits, None if u is None else u.index_select(0, t + 1)[0])  # (N,), (N,)
-    record(s, t + 1, nxt, lp)
-    s.step.add_(1)
+CHUNK = 512  # block size of the two-level inverse CDF in _draw
 
 
-def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, stop_strings, tokenizer, generator,
-                P: int, G: int, pad_id: int, temperature: float, decode_mode: str = "eager") -> DecodeState:  # fmt: skip
-    """The decode loop: up to max_new tokens for each row of the cache, the first from `logits` (N, V) (the
-    prefill's, or an extension's). `generator`: one per prompt (its G rows draw G uniforms a step) or one for
-    all; `decode_mode` wraps the step (static_decode.Stepper)."""
-    from nanogrpo.model.static_decode import CAPTURED, Stepper
+def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
 
-    dev, N = logits.device, logits.shape[0]
-    s = DecodeState(
-        tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=dev),
-        logps=torch.zeros(N, max_new, dtype=torch.float32, device=dev),
-        length=torch.full((N,), max_new, dtype=torch.long, device=dev),
-        done=torch.zeros(N, dtype=torch.bool, device=dev),
-        eos=torch.tensor(list(eos_ids), dtype=torch.long, device=dev), pad=torch.tensor(pad_id, device=dev),
-        step=torch.zeros(1, dtype=torch.long, device=dev),
-    )  # fmt: skip
-    u = draw_uniforms(generator, P, G, max_new, dev) if temperature > 0 else None  # (max_new, N)
-    u = None if u is None else u[:, :, None]  # (max_new, N, 1)
-    stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
-    record(s, s.step, *sample(logits, None if u is None else u[0]))  # the first token, from `logits`
-    captured = decode_mode in CAPTURED  # the fast paths: compiled, or recorded per key bucket (Stepper)
-    step = Stepper(decode_step, decode_mode, dev) if captured else lambda *a, key: decode_step(*a)
-    every = SYNC_EVERY if captured else 1  # a host sync a step costs a captured step its gain
-    made = 1  # tokens sampled so far
-    while made < max_new:
-        if made % every == 0:
-            if stops is not None:
-                stops(s, made)
-            if bool(s.done.all()):
+    Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
+    does) costs an order of magnitude more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
+    a token inside it, since a full-length cumsum is sequential and slow. u lies in (0, total], so a
+    zero-weight token (a flat step of the CDF) is never picked.
+    """
+    N, K = w.shape
+    if u is None:
+        u = torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in [0, 1)
+    u = 1.0 - u  # (N, 1) in (0, 1]
+    if K <= 4 * CHUNK:
+        cdf = w.cumsum(-1)  # (N, K)
+        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=K - 1)
+    blocks = (F.pad(w, (0, -K % CHUNK)) if K % CHUNK else w).view(N, -1, CHUNK)  # (N, nb, C)
+    mass = blocks.sum(-1)  # (N, nb)
+    cs = mass.cumsum(-1)  # (N, nb)
+    u = u * cs[:, -1:]
+    b = torch.searchsorted(cs, u).clamp_(max=cs.shape[1] - 1)  # (N, 1) block
+    u = u - (cs.gather(1, b) - mass.gather(1, b))  # (N, 1) what is left inside the block
+    inner = blocks.gather(1, b[:, :, None].expand(N, 1, CHUNK)).squeeze(1).cumsum_(-1)  # (N, C)
+    j = torch.searchsorted(inner, u).clamp_(max=CHUNK - 1)  # (N, 1)
+    return (b * CHUNK + j).clamp_(max=K - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
+
+    logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
+    `u` (N, 1) in [0, 1) are the rows' uniforms when the caller draws them (else from `generator`).
+    `logits` may be overwritten.
+    """
+    if temperature == 0:
+        tok = logits.argmax(-1)  # (N,)
+        return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
+    z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    if 0 < top_k < z.shape[1] or top_p < 1.0:
+        return sample_filtered(z, top_p, top_k, generator, u)
+    # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token whose p
+    # underflows to 0 can never be drawn)
+    p = z.softmax(-1)  # (N, V)
+    tok = _draw(p, generator, u)  # (N, 1)
+    return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
+
+
+def sample_filtered(
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, u: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_tokens with top-k and / or top-p on logits z (N, V) already divided by the temperature: the draw
+    from the kept tokens, the log-prob under the whole softmax(z)."""
+    V = z.shape[1]
+    k = top_k if 0 < top_k < V else V
+    lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
+    if k < V:
+        zs, idx = z.topk(k, dim=-1)  # (N, k) most likely first
+        p = (zs - lse).exp_()  # (N, k)
+    else:
+        # top-p alone: a partial sort that already holds top_p of the mass (a full sort of a 50k-150k
+        # vocabulary is slow on a CPU); grow it in the rare case it does not
+        k = min(V, 256)
+        while True:
+            zs, idx = z.topk(k, dim=-1)  # (N, k)
+            p = (zs - lse).exp_()  # (N, k)
+            if k == V or bool((p.sum(-1) >= top_p).all()):
                 break
-        cache.visible = cache.keys_for(made, bucketed=captured)  # keys this step reads
-        step(model, lm_head, cache, s, u, sample, key=cache.visible)
-        made += 1
-    if stops is not None:
-        stops(s, made)
-    return s
+            k = min(V, 8 * k)
+    if top_p < 1.0:
+        # drop a token when the mass before it reaches top_p (of the top-k mass when top-k is on, as in
+        # transformers); the most likely token always stays
+        cum = p.cumsum(-1)  # (N, k)
+        total = cum[:, -1:] if 0 < top_k < V else 1.0
+        p.masked_fill_(cum - p >= top_p * total, 0.0)
+    tok = idx.gather(1, _draw(p, generator, u))  # (N, 1)
+    return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
 
 
-class Sampler:
-    """Rows that decode together, each with its own cache row and length (RowKVCache, below), continued
-    as an episode goes on. `lm_head` (n, H) -> (n, V) comes from sampling_weights; `turn` is the most tokens
-    one `decode` samples; `limit` (0: none) the most a row will hold. The cache grows as the rows do (a copy
-    of what they hold, its room doubled, at most `limit`)."""
+@dataclass
+class DecodeState:
+    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
 
-    def __init__(
-        self, model, lm_head, turn: int, packed=None, amp: torch.dtype | None = None, limit: int = 0
-    ):
-        self.model, self.lm_head, self.turn, self.packed, self.amp = model, lm_head, turn, packed, amp
-        self.limit = limit
-        self.cache: RowKVCache | None = None
-        self.pending: list[int] = []  # each row's last sampled token: not yet through the model
-
-    def _forward(self, cache: RowKVCache, chunks: list[list[int]]) -> torch.Tensor:
-        """Each row's chunk of new tokens through the model, after the row's own (right-padded into one
-        block), the cache grown first if the chunk and a turn after it do not fit; the logits of each chunk's
-        last token (B, V)."""
-        dev, T = self.model.lm_head_weight.device, max(map(len, chunks))
-        if cache.top + T + self.turn > cache.max_len:  # room for the chunk and the turn that follows it
-            rows = torch.arange(len(chunks), device=dev)
-            room = max(2 * cache.max_len, cache.top + T + self.turn)
-            cache = self.cache = cache.rows(rows, min(room, self.limit) if self.limit else room)
-        ids = torch.tensor([c + [0] * (T - len(c)) for c in chunks], device=dev)  # (B, T)
-        new = torch.tensor([len(c) for c in chunks], device=dev)  # (B,)
-        cache.visible = min(cache.top + T, cache.max_len)
-        pos = cache.begin(new, T)  # (B, T)
-        h = self.model(ids, position_ids=pos, kv_cache=cache, return_hidden=True)  # (B, T, H)
-        cache.top = int(cache.lengths.max())
-        return self.lm_head(h[torch.arange(len(chunks), device=dev), new - 1]).float()  # (B, V)
-
-    def prefill(self, prompts: list[list[int]], rows: Sequence[int]) -> torch.Tensor:
-        """Run each prompt once (the tokens they all start with once for all: a system prompt, a game's
-        rules); row k then holds a copy of prompt rows[k]'s keys. The logits of each row's first new token
-        (N, V)."""
-        room, dtype = max(map(len, prompts)) + self.turn, cache_dtype(self.model, self.amp)
-        common = len(os.path.commonprefix(prompts)) if len(prompts) > 1 else 0
-        common = min(common, min(map(len, prompts)) - 1)  # each prompt keeps a token: its logits
-        if common >= 16:  # the shared start once, then each prompt's rest after a copy of it
-            self.cache = RowKVCache.empty(self.model, 1, room, dtype)
-            self._forward(self.cache, [prompts[0][:common]])
-            self.cache = self.cache.rows(
-                torch.zeros(len(prompts), dtype=torch.long, device=self.cache.lengths.device)
-            )
-            prompts = [p[common:] for p in prompts]
-        else:
-            self.cache = RowKVCache.empty(self.model, len(prompts), room, dtype)
-        logits = self._forward(self.cache, prompts)  # (P, V)
-        index = torch.tensor(list(rows), device=logits.device)  # (N,)
-        self.cache, self.pending = self.cache.rows(index, self.limit), []  # room for all they will hold
-        return logits.index_select(0, index)  # (N, V)
-
-    def extend(self, chunks: list[list[int]]) -> torch.Tensor:
-        """Each row's pending token, then chunks[k] (an observation), through the model; no other token is
-        computed again. The logits of each row's next token (N, V)."""
-        assert self.cache is not None and len(chunks) == len(self.pending), "decode before extending"
-        return self._forward(self.cache, [[p, *c] for p, c in zip(self.pending, chunks)])
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows go on (the episodes still running), in this order."""
-        assert self.cache is not None
-        if list(rows) != list(range(len(self.pending))):
-            self.cache = self.cache.rows(torch.tensor(list(rows), device=self.cache.lengths.device))
-            self.pending = [self.pending[k] for k in rows]
-        if self.packed is not None:  # MKL's packed weights serve one row count: packed again when it pays
-            self.packed.shrunk(len(rows), steps_left=self.turn)
-
-    def decode(self, logits, max_new: int, generator, *, group: int = 1, temperature: float = 1.0,
-               top_p: float = 1.0, top_k: int = 0, eos_ids=(), stop_strings=(), tokenizer=None, pad_id: int = 0,
-               decode_mode: str = "eager") -> Generation:  # fmt: skip
-        """Up to max_new tokens for every row, the first from `logits` (N, V); `generator`: one per `group`
-        consecutive rows (an episode's: one a row), or one for all. Afterwards each row's cache holds its
-        tokens but the last, which the next `extend` feeds first."""
-        assert self.cache is not None
-        start = self.cache.lengths.clone()  # (N,)
-        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
-        N = logits.shape[0]
-        s = decode_loop(self.model, self.lm_head, self.cache, logits, max_new, sample, eos_ids, stop_strings,
-                        tokenizer, generator, N // group, group, pad_id, temperature, decode_mode)  # fmt: skip
-        self.cache.lengths.copy_(start + s.length - 1)  # what went through the model, whatever the loop wrote
-        self.cache.top = int(self.cache.lengths.max())
-        self.pending = s.tokens.gather(1, (s.length - 1)[:, None]).squeeze(1).tolist()  # (N,) last tokens
-        return finish(s.tokens, s.logps, s.length, s.done, pad_id)
-
-
-class RowKVCache:
-    """Each row's own keys/values, per layer k/v (max_len + 1, B, n_kv, D), and its length (B,): the tokens it
-    holds, at positions 0 .. length - 1 (the positions RoPE counts too). The last slot is scratch that no
-    query sees: a forward of rows with fewer new tokens than others writes their pads there.
-
-    Time-major: the keys the rows hold are one block of memory per layer, which a decode step reads as a
-    stream (attention reads them through a (B, n_kv, S, D) view), and which `rows` copies in one pass. Each
-    layer has a buffer of its own: a compiled step writes each in place (slices of one buffer would be views
-    of one graph input, which inductor copies whole at every write)."""
-
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor):
-        self.k, self.v, self.lengths = k, v, lengths  # per layer (max_len + 1, B, n_kv, D); (B,) long
-        self.top = int(lengths.max())  # on the host: the longest row (an upper bound as rows decode)
-        self.visible = self.top  # key slots the next forward reads: set before it (`begin` reads it)
+    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
+    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
+    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
+    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
+    eos: torch.Tensor  # (E,) long, the EOS ids
+    pad: torch.Tensor  # () long, the pad id
+    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
 
     @classmethod
-    def empty(cls, model, batch: int, max_len: int, dtype: torch.dtype | None = None) -> RowKVCache:
-        c, w = model.config, model.lm_head_weight
-        shape = (max_len + 1, batch, c.num_key_value_heads, c.head_dim)
-        k = [torch.zeros(shape, dtype=dtype or w.dtype, device=w.device) for _ in range(c.num_hidden_layers)]
-        v = [torch.zeros_like(x) for x in k]
-        return cls(k, v, torch.zeros(batch, dtype=torch.long, device=w.device))
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[0] - 1
-
-    @property
-    def length(self) -> int:
-        return 0  # Transformer.forward's bookkeeping: rows keep their own lengths, and positions are given
-
-    @length.setter
-    def length(self, value: int) -> None:
-        pass
-
-    def begin(self, new: torch.Tensor, T: int) -> torch.Tensor:
-        """Before a forward of T token columns, `new` (B,) of them real in each row (the rest pads): where they
-        are written (after each row's own tokens; pads into the scratch slot), which keys each query sees (its
-        row's, up to itself, among the first `visible`), the rows' new lengths. Returns the columns' positions
-        (B, T). Nothing on the host changes: a compiled or recorded step calls it."""
-        _, B, nkv, D = self.k[0].shape
-        cols = torch.arange(T, device=self.lengths.device)  # (T,)
-        pos = self.lengths[:, None] + cols  # (B, T)
-        slot = torch.where(cols < new[:, None], pos, self.max_len)  # (B, T) pads into the scratch slot
-        self.index = slot.T[:, :, None, None].expand(T, B, nkv, D)  # where update writes k/v
-        keys = torch.arange(self.visible, device=pos.device)  # (S,)
-        self.mask = (keys <= pos[:, :, None])[:, None]  # (B, 1, T, S)
-        self.lengths.add_(new)
-        return pos
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new k/v (B, n_kv, T, D) where `begin` said; return the first `visible` slots as
-        (B, n_kv, S, D) views."""
-        dtype = self.k[layer].dtype
-        self.k[layer].scatter_(0, self.index, k.permute(2, 0, 1, 3).to(dtype))
-        self.v[layer].scatter_(0, self.index, v.permute(2, 0, 1, 3).to(dtype))
-        S = self.visible
-        return self.k[layer][:S].permute(1, 2, 0, 3), self.v[layer][:S].permute(1, 2, 0, 3)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-        return attention(q, k, v, self.mask)  # (B, T, nh, D); the forward's own mask is for other caches
-
-    def begin_step(self, t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """A decode step (sampling.decode_step): each row's next token after its own; an ended row's into the
-        scratch slot, its length kept. Returns the positions (B, 1)."""
-        return self.begin((~done).long(), 1)
-
-    def keys_for(self, made: int, bucketed: bool = False) -> int:
-        """The key slots the decode step after `made` sampled tokens reads: every row's own up to its newest
-        (at most top + made); a compiled or recorded step reads a bucket of them (visible_keys), so that only
-        a few shapes occur."""
-        need = self.top + made
-        return visible_keys(need, self.max_len) if bucketed else min(need, self.max_len)
-
-    def rows(self, index: torch.Tensor, max_len: int = 0) -> RowKVCache:
-        """A new cache whose row i is row index[i] of this one, with room for `max_len` tokens (0: as many as
-        this one): a prompt's row repeated for its G samples, the rows of the episodes still running, more
-        room for the next turn. One copy of the slots the rows hold; the others zero."""
-        max_len, n = max_len or self.max_len, self.top
-
-        def pick(x: torch.Tensor) -> torch.Tensor:
-            y = x.new_empty(max_len + 1, len(index), *x.shape[2:])  # (max_len + 1, B', n_kv, D)
-            torch.index_select(x[:n], 1, index, out=y[:n])
-            y[n:].zero_()  # what no row holds yet: finite, since masked keys still meet a 0 weight
-            return y
-
-        return RowKVCache(
-            [pick(x) for x in self.k], [pick(x) for x in self.v], self.lengths.index_select(0, index)
+    def start(cls, N: int, max_new: int, eos_ids: Sequence[int], pad_id: int, device) -> DecodeState:
+        """N rows, nothing sampled yet: every token pad, every row running, at step 0."""
+        return cls(
+            tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=device),
+            logps=torch.zeros(N, max_new, dtype=torch.float32, device=device),
+            length=torch.full((N,), max_new, dtype=torch.long, device=device),
+            done=torch.zeros(N, dtype=torch.bool, device=device),
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
+            pad=torch.tensor(pad_id, device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
         )
+
+
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
+    feeds); mark the rows that hit an EOS id now."""
+    tok = torch.where(s.done, s.pad, tok)  # (N,)
+    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see grouped.StaticGroupedKVCache)
+    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
+    if len(s.eos):
+        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
+        # calls unique(), which reads a size back to the host (no graph can hold that)
+        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
+        s.length.copy_(torch.where(new, t + 1, s.length))
+        s.done.logical_or_(new)
+
+
+class StopCheck:
+    """Stop strings, checked every few steps on the host with the eager loop's rule: the row ends at the
+    first token i whose window (the last `window` tokens up to i) decodes to a text holding a stop string.
+
+    One decode per live row covers all the steps since the last check (window + new tokens): a stop string
+    in a window's text is then in this text too, since it only extends the window on the left and right.
+    Only the rows whose text holds a stop string (or a U+FFFD from split UTF-8 bytes, or every row when the
+    tokenizer rewrites spaces around punctuation) get the per-token check that finds where it ends."""
+
+    def __init__(self, stop_strings: Sequence[str], tokenizer):
+        self.stops, self.tok = list(stop_strings), tokenizer
+        self.window = (
+            max(len(s.encode()) for s in self.stops) + 2
+        )  # a stop string of b UTF-8 bytes spans <= b tokens
+        self.exact_only = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.checked = 0  # steps checked so far
+
+    def __call__(self, s: DecodeState, upto: int) -> None:
+        """Check steps checked .. upto - 1 of the rows not ended before them; end the rows that hit."""
+        first, w = self.checked, self.window
+        lo = max(0, first - w + 1)
+        ids, lengths = s.tokens[:, lo:upto].tolist(), s.length.tolist()
+        ended_before = (s.done & (s.length <= first)).tolist()
+        hits = {}
+        rows = [r for r in range(len(ids)) if not ended_before[r]]
+        last = {r: min(upto, lengths[r]) for r in rows}  # a row ended by EOS here: up to its EOS
+        texts = self.tok.batch_decode([ids[r][: last[r] - lo] for r in rows])
+        suspects = [r for r, x in zip(rows, texts) if self.exact_only or "\ufffd" in x or self.hit(x)]
+        for r in suspects:
+            for i in range(first, last[r]):
+                if self.hit(self.tok.decode(ids[r][max(lo, i - w + 1) - lo : i + 1 - lo])):
+                    hits[r] = i
+                    break
+        if hits:
+            idx = torch.tensor(list(hits), device=s.length.device)
+            s.length[idx] = torch.tensor([i + 1 for i in hits.values()], device=s.length.device)
+            s.done[idx] = True
+        self.checked = upto
+
+    def hit(self, text: str) -> bool:
+        return any(x in text for x in self.stops)
+
+
+def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
+    """(the ids that end a completion, the pad id) the sampler is given: the EOS ids of the model's
+    config.json, then the tokenizer's; its pad token, else the first EOS id (0 when there is none). Pads are
+    masked and cut off when decoding, so the pad id never changes a completion."""
+    eos = [*(getattr(model_config, "eos_token_ids", None) or ())]
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    eos = list(dict.fromkeys(eos))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return eos, pad
+
+
+@dataclass
+class Generation:
+    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
+
+    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
+    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
+    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
+    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(1).long()  # (B*G,)
+
+    def texts(
+        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped), each finished by
+        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
+        rule of training, eval.py generate and the final eval."""
+        ids = self.completion_ids.tolist()
+        return [
+            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
+            for row, n in zip(ids, self.lengths.tolist())
+        ]
+
+
+def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
+    """`text` up to the end of its first stop string, the stop string kept.
+
+    The sampler stops at the token that completes a stop string, and a token may carry characters past
+    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
+    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
+    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
+    """
+    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
+    longest completion, pad and 0 after each row's end."""
+    T = int(length.max())
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
+    return Generation(
+        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
+        mask=mask.float(),
+        logp=logps[:, :T].masked_fill(~mask, 0.0),
+        truncated=~ended,
+    )
 
 
 @torch.inference_mode()
@@ -299,8 +311,8 @@ def generate(
     numerics; on the CPU the packed float32 weights are faster. `fold_lora`: where nothing is packed (a GPU),
     each LoRA layer folded into one weight for the call (False runs the adapters as the trainer does).
 
-    `decode`: 'plain' (this file's loop, a cache row a sample), 'eager' (the grouped cache, ended rows dropped:
-    grouped.py, the default), 'static' (this loop's step over the grouped cache on fixed shapes), 'compiled'
+    `decode`: 'plain' (plain_generate, the reference), 'eager' (the grouped cache, ended rows dropped:
+    grouped.py, the default), 'static' (row_sampler.decode_step over the grouped cache on fixed shapes), 'compiled'
     (that step through torch.compile), 'graph' or 'compiled-graph' (recorded once per key bucket as a CUDA
     graph and replayed; off CUDA they run as 'static' and 'compiled'). All draw the same tokens from the same
     generators, log-probs to float32 rounding.
@@ -314,12 +326,39 @@ def generate(
     with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
         if decode != "plain":  # the fast paths (grouped.py): a prompt's keys once for its G rows
             return generate_fast(model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
-                                 stop_strings, tokenizer, generator, pad_id, amp, decode, decode_loop)  # fmt: skip
-        sampler = Sampler(model, head, new, packed, amp)
-        logits = sampler.prefill(prompts, [i for i in range(len(prompts)) for _ in range(G)])
-        return sampler.decode(logits, new, generator, group=G, temperature=temperature, top_p=top_p, top_k=top_k,
-                              eos_ids=eos_ids, stop_strings=stop_strings, tokenizer=tokenizer, pad_id=pad_id,
-                              decode_mode=decode)  # fmt: skip
+                                 stop_strings, tokenizer, generator, pad_id, amp, decode)  # fmt: skip
+        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
+        return plain_generate(model, head, prompts, G, new, sample, eos_ids, stop_strings, tokenizer, generator,
+                              pad_id, cache_dtype(model, amp), temperature)  # fmt: skip
+
+
+def plain_generate(model, lm_head, prompts: list[list[int]], G: int, max_new: int, sample, eos_ids, stop_strings,
+                   tokenizer, generator, pad_id: int, dtype: torch.dtype | None, temperature: float) -> Generation:  # fmt: skip
+    """The plain loop (module docstring): `lm_head` (n, H) -> (n, V) from sampling_weights, `sample` (logits
+    (N, V), uniforms (N, 1) or None) -> (tokens (N,), log-probs (N,)), `generator` one per prompt or one for
+    all (no uniforms drawn when `temperature` is 0: greedy), `dtype` the cache's."""
+    P, N, dev = len(prompts), len(prompts) * G, model.lm_head_weight.device
+    ids, attn = (t.to(dev) for t in pad_left(prompts, pad_id))  # (P, Tp) each
+    cache = model.new_kv_cache(P, ids.shape[1] + max_new, dtype)
+    h = model(ids, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, Tp, H)
+    rows = torch.arange(P, device=dev).repeat_interleave(G)  # (N,) the prompt of each row
+    cache, attn = cache.select(rows), attn[rows]  # each prompt's keys copied to its G rows; (N, Tp)
+    logits = lm_head(h[rows, -1]).float()  # (N, V) only the last position needs the LM head
+    u = draw_uniforms(generator, P, G, max_new, dev) if temperature > 0 else None  # (max_new, N)
+    s = DecodeState.start(N, max_new, eos_ids, pad_id, dev)
+    stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
+    for t in range(max_new):  # s.step is t: where record writes
+        record(s, s.step, *sample(logits, None if u is None else u[t, :, None]))  # token t of every row
+        if stops is not None:
+            stops(s, t + 1)
+        if t + 1 == max_new or bool(s.done.all()):
+            break
+        tok = s.tokens[:, t : t + 1]  # (N, 1) token t, pad for ended rows (nothing reads what they compute)
+        attn = F.pad(attn, (0, 1), value=1)  # (N, Tp + t + 1)
+        h = model(tok, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (N, 1, H)
+        logits = lm_head(h[:, 0]).float()  # (N, V)
+        s.step.add_(1)
+    return finish(s.tokens, s.logps, s.length, s.done, pad_id)
 
 
 def cache_dtype(model, amp=None) -> torch.dtype | None:

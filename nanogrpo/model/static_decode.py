@@ -1,7 +1,7 @@
 """The decode step compiled, or recorded as a CUDA graph (`--sampling.decode compiled | graph | compiled-graph`):
-the plain loop's one step (sampling.decode_step) wrapped, not a loop of its own.
+the row sampler's one step (row_sampler.decode_step) wrapped, not a loop of its own.
 
-Every step of the plain loop has the same shapes: the cache is preallocated, positions and lengths are tensors,
+Every step of that loop has the same shapes: the cache is preallocated, positions and lengths are tensors,
 attention reads a fixed number of key slots and masks the ones a row has not written (kvcache.visible_keys:
 64, 128, 256, ... slots, at most twice those written; each bucket is one more compile or recording, a few per
 call), ended rows keep computing with their tokens forced to pad, and the uniforms of every step are drawn
@@ -17,7 +17,7 @@ before the loop. So the step can be captured:
 - `graph` (CUDA only): the step recorded once per key bucket as a CUDA graph and replayed for the bucket's
   later tokens (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile.
   `compiled-graph` records the compiled step. A graph replays fixed addresses, so the step keeps all its
-  state in tensors that live for the whole call (the cache, draw.DecodeState, the uniforms) and its step
+  state in tensors that live for the whole call (the cache, sampling.DecodeState, the uniforms) and its step
   index on the device: within a bucket no argument changes from one step to the next, and no Python value
   either. The recordings are made again for every call (the buffers are new), each costing about one step.
 

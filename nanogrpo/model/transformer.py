@@ -28,7 +28,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanogrpo.model.attention import attention, varlen
-from nanogrpo.model.kvcache import KVCache
 from nanogrpo.model.rope import LENGTH_DEPENDENT, rope_inv_freq
 
 # architectures[0] in config.json -> model_type; both spellings are accepted
@@ -171,7 +170,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, kv_cache, layer: int) -> torch.Tensor:
-        """x (B, T, H); mask as built in Transformer.forward; kv_cache a cache (kvcache.py, sampling.RowKVCache)
+        """x (B, T, H); mask as built in Transformer.forward; kv_cache a cache (KVCache, kvcache.py, row_sampler.RowKVCache)
         or None."""
         B, T, _ = x.shape
         nh, nkv, D = self.nh, self.nkv, self.hd
@@ -229,6 +228,40 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(Block(a) for _ in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, k/v (L, B, n_kv, max_len, D), and the filled length:
+    rows left-padded to one length, written in place as tokens come (the plain sampler's, and the grouped
+    sampler's prefill). A cache offers the attention layer two calls: `update` (store this block's keys and
+    values, return those to attend to) and `attend` (attention over them, and whatever the cache keeps
+    apart); kvcache.py and the samplers hold the others."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
+        self.k, self.v, self.length = k, v, length
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new k/v (B, n_kv, T, D) after the filled part; return all keys/values so far."""
+        end = self.length + k.shape[2]
+        assert end <= self.max_len, f"KV cache full: {end} > max_len {self.max_len}"
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, n_kv, S, D)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        return attention(q, k, v, mask)  # (B, T, nh, D)
+
+    def select(self, rows: torch.Tensor) -> KVCache:
+        """A new cache holding only the given batch rows (e.g. the unfinished sequences)."""
+        return KVCache(self.k[:, rows], self.v[:, rows], self.length)
 
 
 class Transformer(nn.Module):
@@ -292,7 +325,8 @@ class Transformer(nn.Module):
         return_hidden: bool = False,
     ) -> torch.Tensor:
         """input_ids (B, T); attention_mask (B, S), S = cached + T, 1 = real token, 0 = (left) padding;
-        kv_cache: a KVCache, GroupedKVCache or PrefixKV (nanogrpo/model/kvcache.py), or None.
+        kv_cache: a KVCache (below), GroupedKVCache (grouped.py), RowKVCache (row_sampler.py) or PrefixKV
+        (kvcache.py), or None.
 
         Returns logits (B, T, V), or with return_hidden the final-normed hidden states (B, T, H).
         """

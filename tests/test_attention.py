@@ -20,7 +20,6 @@ from nanogrpo.config import ModelConfig, TrainConfig
 from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.model.attention import (
     Varlen,
-    attention,
     check_flash,
     decode_attention,
     fused_takes,
@@ -28,8 +27,9 @@ from nanogrpo.model.attention import (
     repeat_kv,
     varlen,
 )
+from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.kvcache import PrefixKV
-from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.transformer import Transformer, attention
 from train import main as train_main
 
 CUDA = torch.cuda.is_available()

@@ -14,8 +14,9 @@ from nanogrpo.grpo import (
     compute_advantages,
     finalize_stats,
     grpo_loss,
+    kl_estimate,
+    kl_penalty,
 )
-from nanogrpo.grpo import kl_estimate, kl_penalty
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

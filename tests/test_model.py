@@ -23,7 +23,8 @@ from transformers import (
 )
 
 from nanogrpo.model.grouped import GroupedKVCache
-from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.hf_config import ModelArgs
+from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
 
 SMALL = dict(

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from nanogrpo.model.transformer import ModelArgs, Transformer
+from nanogrpo.model.hf_config import ModelArgs
+from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import RANDOM_SHAPES, random_config, random_transformer, resolve_model
 
 # a Qwen2.5-0.5B with every dimension shrunk (bias on q/k/v, tied embeddings and GQA kept)

@@ -29,9 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from nanogrpo.config import GRPOConfig
-from nanogrpo.grpo import compute_advantages, grpo_loss
+from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
 from nanogrpo.infra.flag_checks import LAB
-from nanogrpo.grpo import kl_penalty
 from nanogrpo.lab.toy import TabularPolicy
 from nanogrpo_base.ranges import check_or_exit
 

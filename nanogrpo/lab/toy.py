@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from nanogrpo.config import GRPOConfig
-from nanogrpo.grpo import compute_advantages, grpo_loss
-from nanogrpo.grpo import kl_penalty
+from nanogrpo.grpo import compute_advantages, grpo_loss, kl_penalty
 
 
 class TabularPolicy:

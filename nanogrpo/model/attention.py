@@ -1,13 +1,8 @@
-"""Attention of a block of queries over its keys: the one function every cache calls (`attend`).
+"""The attention kernels beside SDPA that the model's one attention call (transformer.attention) takes, and why.
 
-    y = attention(q, k, v, mask)     # q (B, nh, T, D), k/v (B, n_kv, S, D) -> y (B, T, nh, D)
+    y = attention(q, k, v, mask)     # transformer.py: q (B, nh, T, D), k/v (B, n_kv, S, D) -> y (B, T, nh, D)
 
-`mask` says which keys each query sees: "causal" (no padding, no cache: SDPA's own causal mask), "flash"
-(the same through flash-attn, which aligns its causal mask bottom-right, as a query block after a cache
-needs), a `Varlen` (left-padded rows through flash-attn's varlen kernel, see below), None (one new token per
-row that sees every key) or a boolean tensor (B, 1, T, S).
-
-Where this departs from a plain SDPA call, for speed on the CPU (same results to float32 rounding):
+Where the call departs from a plain SDPA call, for speed on the CPU (same results to float32 rounding):
 - bf16 queries and keys are cast to float32 first: there the float32 attention kernels are several times
   faster than the bf16 ones, forward and backward (the sampler keeps a float32 cache for this reason);
 - a single query per row runs as two batched matmuls with the query heads of a KV head stacked as rows
@@ -67,30 +62,6 @@ def varlen(attention_mask: torch.Tensor, T: int, mask: torch.Tensor) -> Varlen:
         mask, real_q.flatten().nonzero().squeeze(1), real_k.flatten().nonzero().squeeze(1),
         cu(n_q), cu(n_k), int(max_q), int(max_k),
     )  # fmt: skip
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q (B, nh, T, D) against k, v (B, n_kv, S, D), masked as the module docstring says -> (B, T, nh, D)."""
-    T, S = q.shape[2], k.shape[2]
-    if isinstance(mask, Varlen) or (isinstance(mask, str) and mask == "flash"):
-        q, k, v = autocast_inputs(q, k, v)
-        if q.dtype in FLASH_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
-            return flash(q, k, v, mask)  # (B, T, nh, D)
-        # flash-attn has no float32 kernel: the same call through SDPA
-        mask = mask.mask if isinstance(mask, Varlen) else causal_mask(T, S, q.device)
-    causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
-    dtype = q.dtype
-    if q.device.type == "cpu" and (dtype != torch.float32 or k.dtype != torch.float32):
-        q, k, v = q.float(), k.float(), v.float()
-    if T == 1 and q.device.type == "cpu":
-        y = decode_attention(q, k, v, mask)  # (B, nh, 1, D)
-    elif q.device.type == "cpu" or k.shape[1] == q.shape[1]:
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
-        )  # (B, nh, T, D)
-    else:
-        y = gqa_sdpa(q, k, v, mask, causal)  # (B, nh, T, D)
-    return y.transpose(1, 2).to(dtype)  # (B, T, nh, D)
 
 
 def gqa_sdpa(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from nanogrpo.model.attention import attention
+from nanogrpo.model.transformer import attention
 
 MIN_VISIBLE = 64  # key slots a captured step reads at the least; then 128, 256, ... (visible_keys)
 

@@ -8,13 +8,10 @@ the model applies them with transformer.py's `rope_tables` and `apply_rope`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from nanogrpo.model.transformer import ModelArgs
-
+from nanogrpo.model.hf_config import ModelArgs
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 """The rope types whose tables depend on the sequence length: the forward reads it on the host every call."""

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 import torch
 
-from nanogrpo.model.attention import attention
 from nanogrpo.model.kvcache import visible_keys
 from nanogrpo.model.sampling import (
     DecodeState,
@@ -41,6 +40,7 @@ from nanogrpo.model.sampling import (
     record,
     sample_tokens,
 )
+from nanogrpo.model.transformer import attention
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
 

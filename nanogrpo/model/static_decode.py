@@ -46,8 +46,8 @@ def check_decode(decode: str, device: torch.device, parallel: str, model_path: s
     FSDP's forward (`parallel` as dist.parallel_mode says), whose Python hooks gather each block's weights;
     a traced step for a model (`model_path`, its config.json read) whose RoPE reads the length on the host."""
     if decode in CAPTURED and model_path is not None:
+        from nanogrpo.model.hf_config import ModelArgs
         from nanogrpo.model.memory import model_config
-        from nanogrpo.model.transformer import ModelArgs
 
         check_rope(decode, ModelArgs.from_hf(model_config(model_path)).rope_scaling)
     if decode in GRAPHED and device.type != "cuda":

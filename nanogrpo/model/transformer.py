@@ -1,5 +1,7 @@
-"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2, its RoPE (`rope_tables`,
-`apply_rope`; rope.py: the scalings HF configs name), and its HF loader.
+"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2 (its shape: hf_config.py's
+ModelArgs), its RoPE (`rope_tables`, `apply_rope`; rope.py: the scalings HF configs name), its one attention
+call (`attention`: SDPA, with attention.py's kernels where they are faster), its KV cache (`KVCache`), and
+its HF loader.
 
 The module and parameter names are Hugging Face's (`model.layers.{i}.self_attn.q_proj`, ...), so an HF
 safetensors state dict loads as is and LoRA adapters get PEFT's key names. The variants differ only in:
@@ -19,7 +21,6 @@ and a float32 call runs SDPA (flash-attn has no float32 kernel): nanogrpo/model/
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,100 +28,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanogrpo.model.attention import attention, varlen
+from nanogrpo.model.attention import (
+    FLASH_DTYPES,
+    Varlen,
+    autocast_inputs,
+    causal_mask,
+    decode_attention,
+    flash,
+    gqa_sdpa,
+    varlen,
+)
+from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.rope import LENGTH_DEPENDENT, rope_inv_freq
-
-# architectures[0] in config.json -> model_type; both spellings are accepted
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Phi3ForCausalLM": "phi3",
-}
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
-
-
-@dataclass
-class ModelArgs:
-    """The fields of an HF config.json that the forward pass needs (attribute names are HF's)."""
-
-    model_type: str = "llama"
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 11008
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 32
-    head_dim: int = 128
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2, or Llama/Qwen3 with attention_bias)
-    o_bias: bool = False  # bias on o_proj (Llama/Qwen3 with attention_bias)
-    mlp_bias: bool = False
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
-    rope_theta: float = 10000.0
-    rope_scaling: dict = field(default_factory=dict)  # rope_type + its fields; {} is plain RoPE
-    partial_rotary_factor: float = 1.0
-    bos_token_id: int | None = None
-    pad_token_id: int | None = None
-    eos_token_ids: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> ModelArgs:
-        archs = cfg.get("architectures") or []
-        mtype = cfg.get("model_type") or (ARCHITECTURES.get(archs[0]) if archs else None)
-        unknown = [a for a in archs if a not in ARCHITECTURES]
-        if mtype not in ARCHITECTURES.values() or unknown:
-            raise ValueError(
-                f"unsupported model: architectures={archs} model_type={mtype!r}; nanogrpo supports "
-                f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
-            )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"hidden_act={cfg['hidden_act']!r} is not supported; nanogrpo implements SwiGLU (silu)"
-            )
-        heads = cfg["num_attention_heads"]
-        # transformers >= 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        rope_type = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
-        rope.pop("type", None)
-        if mtype == "phi3" and rope_type in ("su", "yarn"):
-            rope_type = "longrope"  # Phi-3's early configs call longrope 'su' (or 'yarn')
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope type {rope_type!r} is not supported; use one of {ROPE_TYPES}")
-        theta = rope.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
-        partial = rope.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0
-        if rope_type in ("llama3", "yarn", "longrope"):
-            # Phi-3 keeps it at top level, and that value wins (as in transformers)
-            orig = cfg.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
-            rope["original_max_position_embeddings"] = orig or cfg["max_position_embeddings"]
-        rope = {"rope_type": rope_type, **rope} if rope_type != "default" else {}
-        bias = bool(cfg.get("attention_bias", False))
-        eos: list[int] = []
-        for src in (cfg, generation_config or {}):
-            e = src.get("eos_token_id")
-            for t in [e] if isinstance(e, int) else (e or []):
-                if t not in eos:
-                    eos.append(t)
-        same = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps")
-        same += ("max_position_embeddings", "bos_token_id", "pad_token_id", "tie_word_embeddings")
-        return cls(
-            **{k: cfg[k] for k in same if k in cfg},
-            model_type=mtype,
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
-            o_bias=bias and mtype in ("llama", "qwen3"),
-            mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
-            qk_norm=mtype == "qwen3",
-            rope_theta=float(theta),
-            rope_scaling=rope,
-            partial_rotary_factor=float(partial),
-            eos_token_ids=eos,
-        )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -141,6 +60,38 @@ def rope_tables(
     freqs = position_ids[..., None, None].float() * inv_freq  # (B, T, 1, rot/2)
     cos, sin = freqs.cos() * scale, freqs.sin() * scale
     return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """q (B, nh, T, D) against k, v (B, n_kv, S, D) -> (B, T, nh, D): the one attention call of every layer
+    and cache. `mask` says which keys each query sees: "causal" (no padding, no cache), "flash" (the same
+    through flash-attn, causal aligned bottom-right), a Varlen (left-padded rows through flash-attn's varlen
+    kernel), None (one new token per row that sees every key) or a boolean tensor (B, 1, T, S).
+
+    SDPA, with attention.py's kernels where they are faster (same results to float32 rounding; attention.py
+    says why): on the CPU in float32, one query per row as two matmuls (decode_attention); on a GPU, grouped
+    -query attention with a mask on a fused kernel (gqa_sdpa); fp16/bf16 through flash-attn with --model.attn
+    flash."""
+    T, S = q.shape[2], k.shape[2]
+    if isinstance(mask, Varlen) or (isinstance(mask, str) and mask == "flash"):
+        q, k, v = autocast_inputs(q, k, v)
+        if q.dtype in FLASH_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
+            return flash(q, k, v, mask)  # (B, T, nh, D)
+        # flash-attn has no float32 kernel: the same call through SDPA
+        mask = mask.mask if isinstance(mask, Varlen) else causal_mask(T, S, q.device)
+    causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
+    dtype = q.dtype
+    if q.device.type == "cpu" and (dtype != torch.float32 or k.dtype != torch.float32):
+        q, k, v = q.float(), k.float(), v.float()
+    if T == 1 and q.device.type == "cpu":
+        y = decode_attention(q, k, v, mask)  # (B, nh, 1, D)
+    elif q.device.type == "cpu" or k.shape[1] == q.shape[1]:
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+        )  # (B, nh, T, D)
+    else:
+        y = gqa_sdpa(q, k, v, mask, causal)  # (B, nh, T, D)
+    return y.transpose(1, 2).to(dtype)  # (B, T, nh, D)
 
 
 class RMSNorm(nn.Module):

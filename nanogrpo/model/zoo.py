@@ -85,7 +85,8 @@ def _check_model(folder: Path, tokenizer: bool = True) -> None:
     import torch
     from safetensors import safe_open
 
-    from nanogrpo.model.transformer import ModelArgs, Transformer
+    from nanogrpo.model.hf_config import ModelArgs
+    from nanogrpo.model.transformer import Transformer
 
     cfg = json.loads((folder / "config.json").read_text())
     with torch.device("meta"):
@@ -260,7 +261,8 @@ def _random_state_dict(cfg: dict, device: str, dtype, seed: int = 0) -> dict:
     """HF-named tensors for cfg: matrices and biases ~ N(0, 0.02), norm weights 1 (tied head not stored)."""
     import torch
 
-    from nanogrpo.model.transformer import ModelArgs, Transformer
+    from nanogrpo.model.hf_config import ModelArgs
+    from nanogrpo.model.transformer import Transformer
 
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in Transformer(ModelArgs.from_hf(cfg)).state_dict().items()}
@@ -282,7 +284,8 @@ def random_transformer(spec: str, device: str = "cpu", dtype=None):
     architecture and shapes as resolve_model('random:SPEC'), weights drawn the same way."""
     import torch
 
-    from nanogrpo.model.transformer import ModelArgs, Transformer
+    from nanogrpo.model.hf_config import ModelArgs
+    from nanogrpo.model.transformer import Transformer
 
     spec = spec.removeprefix("random:")
     cfg = random_config(spec)

@@ -28,13 +28,12 @@ from nanogrpo.config import TrainConfig
 from nanogrpo.dynamic import draw_step
 from nanogrpo.envs.episode import episode_rollout, failure_causes
 from nanogrpo.infra import config_file, dist
-from nanogrpo.infra.run_dir import check_resume
 from nanogrpo.model.logprobs import Batch, completion_logprobs
 from nanogrpo.optim import Update, in_slices, step_counts, update
-from nanogrpo.recipes.presets import PRESETS
+from nanogrpo.recipes.presets import PRESETS, cli_help
 from nanogrpo.rollout import Rollout, loss_rows, rollout
 from nanogrpo.stages import Run, step_function
-from nanogrpo.startup import NonFiniteStep, after_step, finish, start
+from nanogrpo.startup import NonFiniteStep, after_step, check_flags, finish, start
 from nanogrpo.summary import (
     draw_summary,
     episode_summary,
@@ -209,40 +208,15 @@ def empty_step(run: Run, step: int, roll: Rollout, draw) -> dict:
 def cli(argv: list[str] | None = None) -> TrainConfig:
     """`train.py [PRESET] [--flags]`: the preset (default 'demo') sets the defaults that flags override.
 
-    With --resume the defaults are the run's own config.json instead, so flags name only what changes, and
-    a change that would break exact resumption is refused (nanogrpo/infra/run_dir.py). With --config FILE they are
-    FILE (a run's config.json, or any TrainConfig JSON) for a new run in a folder of its own."""
+    With --resume the defaults are the run's own config.json instead, so flags name only what changes; with
+    --config FILE they are FILE (a run's config.json, or any TrainConfig JSON) for a new run in a folder of
+    its own (startup.check_flags)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv and argv[0] in PRESETS else None
     config = config_file.pop_config_flag(argv)
-    presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
-    description = (
-        f"nanogrpo: GRPO (or SFT, CPT, DPO, PPO) for language models. Presets (first argument): {presets}. Defaults below "
-        f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json. --config FILE: a new run "
-        "whose defaults are FILE (a run's config.json, or a TrainConfig JSON with some fields) instead of a preset."
-    )
     default = PRESETS[name or "demo"][1] if config is None else config_file.rerun_defaults(config, name)
-    cfg = tyro.cli(TrainConfig, default=default, args=argv, description=description)
-    if config is not None:
-        config_file.check_rerun_dir(config, cfg)  # --config: a new run, in a folder of its own
-    saved = None
-    if cfg.resume:
-        # the run's config is its preset: the one named here only chose the default --out-dir
-        if name and os.environ.get("RANK", "0") == "0":
-            print(f"note: --resume continues {cfg.out_dir}/config.json; the '{name}' preset is not applied")
-        saved = config_file.load_config(cfg.out_dir)
-        cfg = tyro.cli(TrainConfig, default=saved, args=argv, description=description)
-    if os.environ.get("NANOGRPO_ALLOW_USER_CODE") == "1":  # as --reward.allow-user-code (docs/RUNS.md)
-        cfg = replace(cfg, reward=replace(cfg.reward, allow_user_code=True))
-    beta_given = any(a == "--grpo.beta" or a.startswith("--grpo.beta=") for a in argv)
-    if beta_given and cfg.grpo.kl_placement == "none":
-        raise ValueError(
-            "--grpo.beta has no effect with --grpo.kl-placement none: "
-            "add --grpo.kl-placement loss|reward or drop --grpo.beta"
-        )
-    if saved is not None:
-        check_resume(saved, cfg)  # before anything loads (main checks again, for callers of main())
-    return cfg
+    parse = lambda default: tyro.cli(TrainConfig, default=default, args=argv, description=cli_help(name))  # noqa: E731
+    return check_flags(parse(default), parse, argv, name, config)  # --config's folder, --resume's config, ...
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -30,12 +30,19 @@ from nanogrpo.eval.during import HeldOutEval, check_eval_every, final_eval, held
 from nanogrpo.eval.report import write_report
 from nanogrpo.infra import checkpoint as ckpt
 from nanogrpo.infra import dist
+from nanogrpo.infra.config_file import check_rerun_dir, load_config
 from nanogrpo.infra.device import resolve_device_dtype, seed_everything
 from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.infra.heap import keep_freed_memory
 from nanogrpo.infra.metrics import Logger, console_line, fsync_path, step_line
 from nanogrpo.infra.provenance import write_environment
-from nanogrpo.infra.run_dir import check_run_record, prepare_run_dir, release_run_dir, started_record
+from nanogrpo.infra.run_dir import (
+    check_resume,
+    check_run_record,
+    prepare_run_dir,
+    release_run_dir,
+    started_record,
+)
 from nanogrpo.model import judge_backend
 from nanogrpo.model.attention import check_flash
 from nanogrpo.model.memory_fit import fit_to_memory
@@ -78,6 +85,36 @@ def start(cfg: TrainConfig) -> Run:
     run.evaluator.start(logger, run.step0)  # step 0, before any update: a metrics.jsonl line of its own
     run.notes = StepNotes(cfg)  # a paused entropy bonus, no tool call, episodes cut by a budget: said once
     return run
+
+
+def check_flags(
+    cfg: TrainConfig, parse, argv: list[str], preset: str | None, config: str | None
+) -> TrainConfig:
+    """train.py's flags, parsed over the preset (`cfg`), checked before anything loads: --config FILE starts a
+    new run in a folder of its own; with --resume they are parsed again (`parse(defaults)`) over the run's
+    own config.json, and a change that would break exact resumption is refused (infra/run_dir.py);
+    NANOGRPO_ALLOW_USER_CODE=1 is --reward.allow-user-code (docs/RUNS.md); --grpo.beta without a KL
+    placement is refused."""
+    if config is not None:
+        check_rerun_dir(config, cfg)  # --config: a new run, in a folder of its own
+    saved = None
+    if cfg.resume:
+        # the run's config is its preset: the one named here only chose the default --out-dir
+        if preset and os.environ.get("RANK", "0") == "0":
+            print(f"note: --resume continues {cfg.out_dir}/config.json; the '{preset}' preset is not applied")
+        saved = load_config(cfg.out_dir)
+        cfg = parse(saved)
+    if os.environ.get("NANOGRPO_ALLOW_USER_CODE") == "1":
+        cfg = replace(cfg, reward=replace(cfg.reward, allow_user_code=True))
+    beta_given = any(a == "--grpo.beta" or a.startswith("--grpo.beta=") for a in argv)
+    if beta_given and cfg.grpo.kl_placement == "none":
+        raise ValueError(
+            "--grpo.beta has no effect with --grpo.kl-placement none: "
+            "add --grpo.kl-placement loss|reward or drop --grpo.beta"
+        )
+    if saved is not None:
+        check_resume(saved, cfg)  # before anything loads (main checks again, for callers of main())
+    return cfg
 
 
 def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torch.dtype]:

@@ -311,11 +311,9 @@ def generate(
     numerics; on the CPU the packed float32 weights are faster. `fold_lora`: where nothing is packed (a GPU),
     each LoRA layer folded into one weight for the call (False runs the adapters as the trainer does).
 
-    `decode`: 'plain' (plain_generate, the reference), 'eager' (the grouped cache, ended rows dropped:
-    grouped.py, the default), 'static' (row_sampler.decode_step over the grouped cache on fixed shapes), 'compiled'
-    (that step through torch.compile), 'graph' or 'compiled-graph' (recorded once per key bucket as a CUDA
-    graph and replayed; off CUDA they run as 'static' and 'compiled'). All draw the same tokens from the same
-    generators, log-probs to float32 rounding.
+    `decode`: 'plain' (plain_generate, the reference) or a fast path (module docstring): 'eager' (the
+    default), 'static', 'compiled', 'graph', 'compiled-graph' (the last two run as 'static' and 'compiled' off
+    CUDA). All draw the same tokens from the same generators, log-probs to float32 rounding.
     """
     from nanogrpo.model.grouped import generate_fast
     from nanogrpo.model.static_decode import check_generate

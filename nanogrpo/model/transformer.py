@@ -182,18 +182,12 @@ class Backbone(nn.Module):
 
 
 class KVCache:
-    """Preallocated keys and values for every layer, k/v (L, B, n_kv, max_len, D), and the filled length:
-    rows left-padded to one length, written in place as tokens come (the plain sampler's, and the grouped
-    sampler's prefill). A cache offers the attention layer two calls: `update` (store this block's keys and
-    values, return those to attend to) and `attend` (attention over them, and whatever the cache keeps
-    apart); kvcache.py and the samplers hold the others."""
+    """Keys and values for every layer, k/v (L, B, n_kv, max_len, D), rows left-padded to one length, written
+    in place as tokens come (the plain sampler's cache; the grouped sampler's prefill). Every cache offers the
+    layers `update` (store this block's keys, return those to attend to) and `attend`."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0):
         self.k, self.v, self.length = k, v, length
-
-    @property
-    def batch(self) -> int:
-        return self.k.shape[1]
 
     @property
     def max_len(self) -> int:

@@ -282,3 +282,13 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         ),
     ),
 }
+
+
+def cli_help(name: str | None) -> str:
+    """train.py's --help description: the presets, and whose defaults the flags show."""
+    presets = "; ".join(f"'{k}': {desc}" for k, (desc, _) in PRESETS.items())
+    return (
+        f"nanogrpo: GRPO (or SFT, CPT, DPO, PPO) for language models. Presets (first argument): {presets}. Defaults below "
+        f"are the '{name or 'demo'}' preset's; with --resume they are the run's config.json. --config FILE: a new run "
+        "whose defaults are FILE (a run's config.json, or a TrainConfig JSON with some fields) instead of a preset."
+    )

@@ -97,8 +97,8 @@ def check_rope(decode: str, rope_scaling: dict) -> None:
 class Stepper:
     """The row sampler's step (row_sampler.decode_step) as --sampling.decode runs it: as it is (static; eager
     and plain for an episode's rows), through torch.compile (compiled), or recorded once per key bucket as a
-    CUDA graph and replayed (graph, compiled-graph). Called with the step's arguments, the same tensors every step, and `key`: the key
-    slots the step reads (a new bucket, a new recording)."""
+    CUDA graph and replayed (graph, compiled-graph). Called with the step's arguments, the same tensors every
+    step, and `key`: the key slots the step reads (a new bucket, a new recording)."""
 
     def __init__(self, step: Callable[..., None], decode: str, device: torch.device):
         self.step = compiled_step(step) if decode in COMPILED else step

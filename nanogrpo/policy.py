@@ -30,10 +30,10 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.infra.dist import parallel_mode
 from nanogrpo.model import lora
+from nanogrpo.model.draw import eos_and_pad
 from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
-from nanogrpo.model.sampling import eos_and_pad
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
 from nanogrpo_base.files import save_tensors

@@ -87,7 +87,7 @@ def rollout(
             decode=s.decode,
         )  # fmt: skip
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
-    texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (sampling.finish_text)
+    texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (draw.finish_text)
     roll = assemble(rows, texts, completion_ids, cmask, gen.logp, gen.truncated, policy.pad_id, device)
     roll.seconds = time.perf_counter() - t0
     return roll

@@ -536,7 +536,7 @@ class Scripted:
             def decode(self, logits, max_new, generator, *, pad_id=0, **kw):
                 import torch
 
-                from nanogrpo.model.sampling import finish
+                from nanogrpo.model.draw import finish
 
                 turn = Scripted.turns[S.k]
                 S.k += 1

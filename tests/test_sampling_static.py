@@ -316,9 +316,9 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
     value back to the host would raise there, and every tensor the recorded steps' ops take is on the model's
     device (a CPU tensor in a CUDA graph is a copy the graph cannot replay). LoRA folded into the weights, as
     on a GPU."""
+    from nanogrpo.model.draw import sample_tokens
     from nanogrpo.model.grouped import StaticGroupedKVCache, prefill_grouped
     from nanogrpo.model.packed import folded_lora
-    from nanogrpo.model.sampling import sample_tokens
 
     spec = "qwen2.5-1.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
     cpu = random_transformer(spec, dtype=torch.float32)

@@ -56,7 +56,7 @@ def generate_completions(
     episodes: list | None = None,
 ) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
     """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
-    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
+    hits a stop string ends right after it, the stop string kept, as in training (draw.finish_text).
 
     `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
     rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a
@@ -75,7 +75,8 @@ def generate_completions(
     from tqdm import tqdm
 
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.sampling import eos_and_pad, generate
+    from nanogrpo.model.draw import eos_and_pad
+    from nanogrpo.model.sampling import generate
 
     prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
     # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.

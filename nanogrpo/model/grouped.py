@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from nanogrpo.model.draw import Generation, cache_dtype, finish, sample_tokens
 from nanogrpo.model.kvcache import visible_keys
 from nanogrpo.model.row_sampler import decode_loop
-from nanogrpo.model.sampling import Generation, cache_dtype, finish, sample_tokens
 from nanogrpo.model.transformer import KVCache
 
 

@@ -10,10 +10,10 @@ An episode continues its rows from turn to turn instead of reading its history a
     gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on
 
 A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
-RowKVCache, below), samples the next from its logits (sampling.sample_tokens) and records it
-(sampling.record); a row that samples an EOS id has ended and rides along, its tokens pad. Between steps
+RowKVCache, below), samples the next from its logits (draw.sample_tokens) and records it
+(draw.record); a row that samples an EOS id has ended and rides along, its tokens pad. Between steps
 (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every row
-has ended. The state of the loop lives in tensors of fixed shape (sampling.DecodeState, the cache, the
+has ended. The state of the loop lives in tensors of fixed shape (draw.DecodeState, the cache, the
 uniforms), so the same step runs as it is, compiled, or recorded as a CUDA graph (--sampling.decode
 static|compiled|graph, static_decode.py); the grouped cache's fixed-shape modes (grouped.py) run this loop
 too.
@@ -29,8 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nanogrpo.model.kvcache import visible_keys
-from nanogrpo.model.sampling import (
+from nanogrpo.model.draw import (
     DecodeState,
     Generation,
     StopCheck,
@@ -40,6 +39,7 @@ from nanogrpo.model.sampling import (
     record,
     sample_tokens,
 )
+from nanogrpo.model.kvcache import visible_keys
 from nanogrpo.model.transformer import attention
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step

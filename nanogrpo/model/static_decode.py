@@ -17,7 +17,7 @@ before the loop. So the step can be captured:
 - `graph` (CUDA only): the step recorded once per key bucket as a CUDA graph and replayed for the bucket's
   later tokens (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile.
   `compiled-graph` records the compiled step. A graph replays fixed addresses, so the step keeps all its
-  state in tensors that live for the whole call (the cache, sampling.DecodeState, the uniforms) and its step
+  state in tensors that live for the whole call (the cache, draw.DecodeState, the uniforms) and its step
   index on the device: within a bucket no argument changes from one step to the next, and no Python value
   either. The recordings are made again for every call (the buffers are new), each costing about one step.
 

@@ -1,0 +1,283 @@
+"""How the sampler draws a token per row, records it, and ends a row: the rules every decode path shares.
+
+    tok, logp = sample_tokens(logits, temperature, top_p, top_k, u=u)     # logits (N, V); u (N, 1) uniforms
+
+- One uniform per row and step, from the row's own generator (`draw_uniforms`: per prompt, G per step, in the
+  same order whatever has ended), so a row's sample depends only on its generator, not on the rows batched
+  with it: a torchrun rank and a resumed run draw the same.
+- softmax(logits / temperature), then top-k and top-p (`sample_filtered`), then the inverse CDF at the row's
+  uniform.
+- The log-prob kept is the sampled token's under softmax(logits / temperature) in float32, taken *before*
+  top-k / top-p filtering (softmax(logits) when greedy): what the trainer compares its own against. GRPO
+  refuses top-k / top-p, whose samples come from a distribution the loss does not see (docs/KL.md).
+- A row ends at an EOS id (`record`, on the device) or at the token that completes a stop string
+  (`StopCheck`, on the host, with the rule the grouped loop applies every step: the same ends); its text ends
+  right after the stop string (`finish_text`). `finish` makes a loop's records a Generation.
+- The cache's dtype (`cache_dtype`): float32 on the CPU for a bf16 model, whose float32 attention kernels are
+  the faster ones there.
+
+Where this departs from transformers' sampling: one uniform per row through the CDF of the kept tokens, with
+top-k and top-p on a partial sort, not K Gumbel noises and a full-vocabulary mask (an order of magnitude
+faster on a CPU), and no logits processors beyond temperature, top-k and top-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
+    """(max_new, N) uniforms for every step and row, in the order the eager loop draws them: per prompt,
+    G per step (per-prompt generators); or N per step from one generator (None: torch's default)."""
+    if isinstance(generator, (list, tuple)):
+        if device.type == "cpu":  # the CPU generator draws serially: one call equals max_new calls of G
+            cols = [torch.rand(max_new, G, generator=g) for g in generator]  # each (max_new, G)
+        else:  # Philox offsets advance per call: draw as the eager loop does, one call per step
+            cols = [torch.stack([torch.rand(G, generator=g, device=device) for _ in range(max_new)])
+                    for g in generator]  # fmt: skip
+        return torch.cat(cols, 1).to(device)  # (max_new, N)
+    return torch.rand(max_new, P * G, generator=generator, device=device)  # (max_new, N)
+
+
+CHUNK = 512  # block size of the two-level inverse CDF in _draw
+
+
+def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
+
+    Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
+    does) costs an order of magnitude more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
+    a token inside it, since a full-length cumsum is sequential and slow. u lies in (0, total], so a
+    zero-weight token (a flat step of the CDF) is never picked.
+    """
+    N, K = w.shape
+    if u is None:
+        u = torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in [0, 1)
+    u = 1.0 - u  # (N, 1) in (0, 1]
+    if K <= 4 * CHUNK:
+        cdf = w.cumsum(-1)  # (N, K)
+        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=K - 1)
+    blocks = (F.pad(w, (0, -K % CHUNK)) if K % CHUNK else w).view(N, -1, CHUNK)  # (N, nb, C)
+    mass = blocks.sum(-1)  # (N, nb)
+    cs = mass.cumsum(-1)  # (N, nb)
+    u = u * cs[:, -1:]
+    b = torch.searchsorted(cs, u).clamp_(max=cs.shape[1] - 1)  # (N, 1) block
+    u = u - (cs.gather(1, b) - mass.gather(1, b))  # (N, 1) what is left inside the block
+    inner = blocks.gather(1, b[:, :, None].expand(N, 1, CHUNK)).squeeze(1).cumsum_(-1)  # (N, C)
+    j = torch.searchsorted(inner, u).clamp_(max=CHUNK - 1)  # (N, 1)
+    return (b * CHUNK + j).clamp_(max=K - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
+
+    logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
+    `u` (N, 1) in [0, 1) are the rows' uniforms when the caller draws them (else from `generator`).
+    `logits` may be overwritten.
+    """
+    if temperature == 0:
+        tok = logits.argmax(-1)  # (N,)
+        return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
+    z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    if 0 < top_k < z.shape[1] or top_p < 1.0:
+        return sample_filtered(z, top_p, top_k, generator, u)
+    # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token whose p
+    # underflows to 0 can never be drawn)
+    p = z.softmax(-1)  # (N, V)
+    tok = _draw(p, generator, u)  # (N, 1)
+    return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
+
+
+def sample_filtered(
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, u: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_tokens with top-k and / or top-p on logits z (N, V) already divided by the temperature: the draw
+    from the kept tokens, the log-prob under the whole softmax(z)."""
+    V = z.shape[1]
+    k = top_k if 0 < top_k < V else V
+    lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
+    if k < V:
+        zs, idx = z.topk(k, dim=-1)  # (N, k) most likely first
+        p = (zs - lse).exp_()  # (N, k)
+    else:
+        # top-p alone: a partial sort that already holds top_p of the mass (a full sort of a 50k-150k
+        # vocabulary is slow on a CPU); grow it in the rare case it does not
+        k = min(V, 256)
+        while True:
+            zs, idx = z.topk(k, dim=-1)  # (N, k)
+            p = (zs - lse).exp_()  # (N, k)
+            if k == V or bool((p.sum(-1) >= top_p).all()):
+                break
+            k = min(V, 8 * k)
+    if top_p < 1.0:
+        # drop a token when the mass before it reaches top_p (of the top-k mass when top-k is on, as in
+        # transformers); the most likely token always stays
+        cum = p.cumsum(-1)  # (N, k)
+        total = cum[:, -1:] if 0 < top_k < V else 1.0
+        p.masked_fill_(cum - p >= top_p * total, 0.0)
+    tok = idx.gather(1, _draw(p, generator, u))  # (N, 1)
+    return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
+
+
+@dataclass
+class DecodeState:
+    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
+
+    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
+    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
+    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
+    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
+    eos: torch.Tensor  # (E,) long, the EOS ids
+    pad: torch.Tensor  # () long, the pad id
+    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
+
+    @classmethod
+    def start(cls, N: int, max_new: int, eos_ids: Sequence[int], pad_id: int, device) -> DecodeState:
+        """N rows, nothing sampled yet: every token pad, every row running, at step 0."""
+        return cls(
+            tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=device),
+            logps=torch.zeros(N, max_new, dtype=torch.float32, device=device),
+            length=torch.full((N,), max_new, dtype=torch.long, device=device),
+            done=torch.zeros(N, dtype=torch.bool, device=device),
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
+            pad=torch.tensor(pad_id, device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
+        )
+
+
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
+    feeds); mark the rows that hit an EOS id now."""
+    tok = torch.where(s.done, s.pad, tok)  # (N,)
+    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see grouped.StaticGroupedKVCache)
+    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
+    if len(s.eos):
+        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
+        # calls unique(), which reads a size back to the host (no graph can hold that)
+        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
+        s.length.copy_(torch.where(new, t + 1, s.length))
+        s.done.logical_or_(new)
+
+
+class StopCheck:
+    """Stop strings, checked every few steps on the host with the eager loop's rule: the row ends at the
+    first token i whose window (the last `window` tokens up to i) decodes to a text holding a stop string.
+
+    One decode per live row covers all the steps since the last check (window + new tokens): a stop string
+    in a window's text is then in this text too, since it only extends the window on the left and right.
+    Only the rows whose text holds a stop string (or a U+FFFD from split UTF-8 bytes, or every row when the
+    tokenizer rewrites spaces around punctuation) get the per-token check that finds where it ends."""
+
+    def __init__(self, stop_strings: Sequence[str], tokenizer):
+        self.stops, self.tok = list(stop_strings), tokenizer
+        self.window = (
+            max(len(s.encode()) for s in self.stops) + 2
+        )  # a stop string of b UTF-8 bytes spans <= b tokens
+        self.exact_only = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.checked = 0  # steps checked so far
+
+    def __call__(self, s: DecodeState, upto: int) -> None:
+        """Check steps checked .. upto - 1 of the rows not ended before them; end the rows that hit."""
+        first, w = self.checked, self.window
+        lo = max(0, first - w + 1)
+        ids, lengths = s.tokens[:, lo:upto].tolist(), s.length.tolist()
+        ended_before = (s.done & (s.length <= first)).tolist()
+        hits = {}
+        rows = [r for r in range(len(ids)) if not ended_before[r]]
+        last = {r: min(upto, lengths[r]) for r in rows}  # a row ended by EOS here: up to its EOS
+        texts = self.tok.batch_decode([ids[r][: last[r] - lo] for r in rows])
+        suspects = [r for r, x in zip(rows, texts) if self.exact_only or "\ufffd" in x or self.hit(x)]
+        for r in suspects:
+            for i in range(first, last[r]):
+                if self.hit(self.tok.decode(ids[r][max(lo, i - w + 1) - lo : i + 1 - lo])):
+                    hits[r] = i
+                    break
+        if hits:
+            idx = torch.tensor(list(hits), device=s.length.device)
+            s.length[idx] = torch.tensor([i + 1 for i in hits.values()], device=s.length.device)
+            s.done[idx] = True
+        self.checked = upto
+
+    def hit(self, text: str) -> bool:
+        return any(x in text for x in self.stops)
+
+
+def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
+    """(the ids that end a completion, the pad id) the sampler is given: the EOS ids of the model's
+    config.json, then the tokenizer's; its pad token, else the first EOS id (0 when there is none). Pads are
+    masked and cut off when decoding, so the pad id never changes a completion."""
+    eos = [*(getattr(model_config, "eos_token_ids", None) or ())]
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    eos = list(dict.fromkeys(eos))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return eos, pad
+
+
+@dataclass
+class Generation:
+    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
+
+    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
+    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
+    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
+    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(1).long()  # (B*G,)
+
+    def texts(
+        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped), each finished by
+        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
+        rule of training, eval.py generate and the final eval."""
+        ids = self.completion_ids.tolist()
+        return [
+            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
+            for row, n in zip(ids, self.lengths.tolist())
+        ]
+
+
+def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
+    """`text` up to the end of its first stop string, the stop string kept.
+
+    The sampler stops at the token that completes a stop string, and a token may carry characters past
+    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
+    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
+    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
+    """
+    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
+    longest completion, pad and 0 after each row's end."""
+    T = int(length.max())
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
+    return Generation(
+        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
+        mask=mask.float(),
+        logp=logps[:, :T].masked_fill(~mask, 0.0),
+        truncated=~ended,
+    )
+
+
+def cache_dtype(model, amp=None) -> torch.dtype | None:
+    """The sampler cache's dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32 kernels
+    are the faster ones there); elsewhere autocast's dtype, else the weights'."""
+    W = model.lm_head_weight
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp

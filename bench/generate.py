@@ -22,6 +22,9 @@ in the samplers' table and in the roofline's; a compiled loop's first call (the 
 loops that replay a CUDA graph (graph, compiled-graph) run on a GPU only; elsewhere their rows are skipped with
 a line saying so.
 
+--stop 'A,B' gives nanogrpo's sampler stop strings (its side only: the transformers side is then skipped);
+strings that never occur make every step check every row, what the check costs.
+
 Works without transformers (its side is skipped, with a line saying so) and without a tokenizer (the
 prompts are then plain questions through `tokenizers`, or random token ids), so a random model of a real
 shape ('random:qwen2.5-0.5b', see nanogrpo.model.zoo) runs on a machine with torch alone; without
@@ -293,6 +296,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--eos", action="store_true", help="stop at EOS (lengths then differ between the two)")
+    ap.add_argument(
+        "--stop", default="", help="stop strings for nanogrpo's sampler, comma-separated (its side only)"
+    )
     ap.add_argument("--greedy", action="store_true", help="temperature 0 instead of 1")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument(
@@ -342,6 +348,12 @@ def main() -> None:
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else margs.pad_token_id or 0
     temperature = 0.0 if args.greedy else 1.0
     only = args.only
+    stops = [x for x in args.stop.split(",") if x]
+    if stops and tok is None:
+        sys.exit("--stop needs the model's tokenizer (a model folder with one)")
+    if stops and only != "nanogrpo":
+        notes.append("--stop: transformers side skipped (the stop strings are nanogrpo's side only)")
+        only = "nanogrpo"
     if only != "nanogrpo" and (in_memory or importlib.util.find_spec("transformers") is None):
         if only == "transformers":
             sys.exit("--only transformers: transformers is not installed (or the model has no folder)")
@@ -368,7 +380,7 @@ def main() -> None:
             def call() -> int:
                 g = generate(
                     model, prompts[:P], group_size=G, max_new_tokens=N, temperature=temperature,
-                    eos_ids=eos, generator=gen, pad_id=pad, decode=decode,
+                    eos_ids=eos, stop_strings=stops, tokenizer=tok, generator=gen, pad_id=pad, decode=decode,
                 )  # fmt: skip
                 return int(g.mask.sum())
 

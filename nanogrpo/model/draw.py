@@ -11,8 +11,8 @@
   top-k / top-p filtering (softmax(logits) when greedy): what the trainer compares its own against. GRPO
   refuses top-k / top-p, whose samples come from a distribution the loss does not see (docs/KL.md).
 - A row ends at an EOS id (`record`, on the device) or at the token that completes a stop string
-  (`StopCheck`, on the host, with the rule the grouped loop applies every step: the same ends); its text ends
-  right after the stop string (`finish_text`). `finish` makes a loop's records a Generation.
+  (`StopCheck`, on the host, the same rule in every loop); its text ends right after the stop string
+  (`finish_text`). `finish` makes a loop's records a Generation.
 - The cache's dtype (`cache_dtype`): float32 on the CPU for a bf16 model, whose float32 attention kernels are
   the faster ones there.
 
@@ -171,8 +171,9 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
 
 
 class StopCheck:
-    """Stop strings, checked every few steps on the host with the eager loop's rule: the row ends at the
-    first token i whose window (the last `window` tokens up to i) decodes to a text holding a stop string.
+    """Stop strings, checked on the host (every step, or every few steps of a captured one), for every decode
+    loop: the row ends at the first token i whose window (the last `window` tokens up to i) decodes to a text
+    holding a stop string.
 
     One decode per live row covers all the steps since the last check (window + new tokens): a stop string
     in a window's text is then in this text too, since it only extends the window on the left and right.

@@ -22,12 +22,11 @@ an episode's rows part after their first turn, so episodes sample with the row s
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.draw import Generation, cache_dtype, finish, sample_tokens
+from nanogrpo.model.draw import DecodeState, Generation, StopCheck, cache_dtype, finish, sample_tokens
 from nanogrpo.model.kvcache import visible_keys
 from nanogrpo.model.row_sampler import decode_loop
 from nanogrpo.model.transformer import KVCache
@@ -269,12 +268,9 @@ def generate_grouped(
     N = len(prompts) * G
     logits, cache, next_pos = prefill_grouped(model, lm_head, prompts, G, max_new, pad_id, amp)  # (N, V), ...
 
-    tokens = torch.empty(N, max_new, dtype=torch.long, device=dev)  # (N, max_new)
-    logps = torch.empty(N, max_new, dtype=torch.float32, device=dev)  # (N, max_new)
-    length = torch.full((N,), max_new, dtype=torch.long, device=dev)  # (N,) tokens up to and incl. the end
-    ended = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) hit EOS or a stop string
-    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
-    stops = StopStrings(stop_strings, tokenizer, N) if stop_strings else None
+    s = DecodeState.start(N, max_new, eos_ids, pad_id, dev)  # each output row's tokens, length, end
+    tokens, logps, length, ended, eos = s.tokens, s.logps, s.length, s.done, s.eos
+    stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
     check_end = stops is not None or len(eos) > 0
     # the batch shrinks as completions end: `rows` maps batch position -> output row (None: the identity),
     # `done` marks rows that have ended but still ride along until dropping them is worth a cache copy
@@ -294,15 +290,14 @@ def generate_grouped(
         else:
             tokens[rows, t], logps[rows, t] = tok, lp
         if check_end:
-            hit = torch.isin(tok, eos) if len(eos) else torch.zeros_like(done)  # (n,)
-            if stops is not None:
-                out_rows = range(len(tok)) if rows is None else rows.tolist()
-                for i in stops(out_rows, tok.tolist(), done.tolist()):
-                    hit[i] = True
-            new = hit & ~done  # (n,)
-            if bool(new.any()):
-                out = new.nonzero().squeeze(1) if rows is None else rows[new]
+            if len(eos):
+                hit = torch.isin(tok, eos) & ~done  # (n,)
+                out = hit.nonzero().squeeze(1) if rows is None else rows[hit]
                 length[out], ended[out] = t + 1, True
+            if stops is not None:
+                stops(s, t + 1)  # ends the rows whose text now holds a stop string
+            new = (ended if rows is None else ended[rows]) & ~done  # (n,)
+            if bool(new.any()):
                 done |= new
                 n_done = int(done.sum())
                 if n_done == len(done):
@@ -342,27 +337,3 @@ def generate_fast(
     s = decode_loop(model, head, cache, logits, new, sample, eos_ids, stop_strings, tokenizer, generator,
                     len(prompts), G, pad_id, temperature, decode)  # fmt: skip
     return finish(s.tokens, s.logps, s.length, s.done, pad_id)
-
-
-class StopStrings:
-    """Incremental stop-string check: decode only a window of recent tokens per row."""
-
-    def __init__(self, stop_strings: Sequence[str], tokenizer, n_rows: int):
-        self.stops = list(stop_strings)
-        self.tok = tokenizer
-        # a stop string of b UTF-8 bytes spans at most b tokens; 2 more so the window never starts on it
-        self.window = max(len(s.encode()) for s in self.stops) + 2
-        self.hist: list[list[int]] = [[] for _ in range(n_rows)]
-
-    def __call__(self, rows: list[int], tokens: list[int], done: list[bool]) -> list[int]:
-        """Append each row's new token; return the batch positions whose text now holds a stop string."""
-        hits = []
-        for i, (row, t) in enumerate(zip(rows, tokens)):
-            if done[i]:
-                continue
-            h = self.hist[row]
-            h.append(t)
-            text = self.tok.decode(h[-self.window :])
-            if any(s in text for s in self.stops):
-                hits.append(i)
-        return hits

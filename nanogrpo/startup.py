@@ -1,5 +1,6 @@
 """A run's start and end, around train.py's loop: one call each, so that the loop reads as the algorithm.
 
+    cfg = check_flags(cfg, ...)   # train.py's cli: --config's folder, --resume's own config.json
     run = start(cfg)              # every check that needs no model, then the model, the optimizer, --resume
     after_step(run, step, m, bar) # the step's line (and a note when it learns nothing), a checkpoint saved
     summary = finish(run)         # the final adapter or model, the held-out table, the plots, the run page
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -88,7 +90,11 @@ def start(cfg: TrainConfig) -> Run:
 
 
 def check_flags(
-    cfg: TrainConfig, parse, argv: list[str], preset: str | None, config: str | None
+    cfg: TrainConfig,
+    parse: Callable[[TrainConfig], TrainConfig],
+    argv: list[str],
+    preset: str | None,
+    config: str | None,
 ) -> TrainConfig:
     """train.py's flags, parsed over the preset (`cfg`), checked before anything loads: --config FILE starts a
     new run in a folder of its own; with --resume they are parsed again (`parse(defaults)`) over the run's

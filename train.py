@@ -215,7 +215,7 @@ def cli(argv: list[str] | None = None) -> TrainConfig:
     name = argv.pop(0) if argv and argv[0] in PRESETS else None
     config = config_file.pop_config_flag(argv)
     default = PRESETS[name or "demo"][1] if config is None else config_file.rerun_defaults(config, name)
-    parse = lambda default: tyro.cli(TrainConfig, default=default, args=argv, description=cli_help(name))  # noqa: E731
+    parse = lambda d: tyro.cli(TrainConfig, default=d, args=argv, description=cli_help(name))  # noqa: E731
     return check_flags(parse(default), parse, argv, name, config)  # --config's folder, --resume's config, ...
 
 

@@ -158,8 +158,8 @@ def check_start(
 
     if decode in ("eager", "static") and dist.is_main():
         print(
-            f"note: episodes sample with the row sampler, a cache row of its own continued from turn to turn (the grouped "
-            f"cache of --sampling.decode {decode} shares a prompt's keys among rows that part after turn 1)"
+            "note: episodes sample with the row sampler, a cache row of its own continued from turn to turn (the "
+            f"grouped cache of --sampling.decode {decode} shares a prompt's keys among rows that part after turn 1)"
         )
     if env.tools:
         env = with_calls(env, tok)

@@ -2,9 +2,9 @@
 once for its whole group, and ended completions dropped from the batch.
 
 The plain loop (sampling.plain_generate) gives each completion a cache row of its own, holding a copy of its
-prompt's keys. Here the G completions of a prompt share them (GroupedKVCache): a decode step reads a prompt's keys once for
-its whole group, the query rows of its G completions stacked into one matmul, which saves memory and memory
-traffic for long prompts and large groups. The prompts are left-padded into one batch (an attention mask
+prompt's keys. Here the G completions of a prompt share them (GroupedKVCache): a decode step reads a
+prompt's keys once for its whole group, the query rows of its G completions stacked into one matmul, which
+saves memory and memory traffic for long prompts and large groups. The prompts are left-padded into one batch (an attention mask
 hides the pads; positions count real tokens only) and prefilled once (`prefill_grouped`).
 
 - `generate_grouped` (--sampling.decode eager): the eager loop over a GroupedKVCache. A row that has hit an
@@ -218,8 +218,8 @@ class StaticGroupedKVCache(GroupedKVCache):
         return visible_keys(made, self.own.shape[0])
 
     def begin_step(self, t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """The row sampler's decode step (row_sampler.decode_step): token t of every row, ended or not, written at
-        own slot t; returns its positions (N, 1): each row's prompt length (`next_pos`, set after the prefill)
+        """The row sampler's decode step (row_sampler.decode_step): token t of every row, ended or not,
+        written at own slot t; returns its positions (N, 1): each row's prompt length (`next_pos`, set after the prefill)
         + t."""
         self.set_step(t)
         return self.next_pos + t
@@ -231,7 +231,8 @@ def prefill_grouped(model, lm_head, prompts, G: int, max_new: int, pad_id: int, 
     Returns the logits of each row's first new token (N, V) float32, a GroupedKVCache (the prompts' keys
     and values once, shared by their G completions, their padding kept, so decode steps pass no attention
     mask) and each row's position of the first new token (N, 1). `amp`: the autocast dtype, the cache's;
-    `cache_cls`: GroupedKVCache (None), or StaticGroupedKVCache for row_sampler.decode_step's fixed-shape steps.
+    `cache_cls`: GroupedKVCache (None), or StaticGroupedKVCache for the row sampler's fixed-shape decode
+    steps (row_sampler.decode_step).
     """
     cache_cls = cache_cls or GroupedKVCache
     dev = model.lm_head_weight.device

@@ -3,8 +3,8 @@ whose one step runs as it is, compiled, or recorded as a CUDA graph.
 
 An episode continues its rows from turn to turn instead of reading its history again (envs/episode.py):
 
-    s = Sampler(model, head, turn)               # inside sampling.sampling_weights(...), which gives the head
-    logits = s.prefill(prompts, rows)            # each prompt once; row k holds a copy of prompt rows[k]'s keys
+    s = Sampler(model, head, turn)               # in sampling.sampling_weights(...), which gives the head
+    logits = s.prefill(prompts, rows)            # each prompt once; row k a copy of prompt rows[k]'s keys
     gen = s.decode(logits, max_new, gens, ...)   # turn 1
     logits = s.extend(observations)              # each row's last sampled token and its observation, only
     gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on

@@ -121,8 +121,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hd, a.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, kv_cache, layer: int) -> torch.Tensor:
-        """x (B, T, H); mask as built in Transformer.forward; kv_cache a cache (KVCache, kvcache.py, row_sampler.RowKVCache)
-        or None."""
+        """x (B, T, H); mask as built in Transformer.forward; kv_cache a cache (KVCache, kvcache.py,
+        row_sampler.RowKVCache) or None."""
         B, T, _ = x.shape
         nh, nkv, D = self.nh, self.nkv, self.hd
         if self.packed_qkv is not None:

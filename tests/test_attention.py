@@ -24,6 +24,7 @@ from nanogrpo.model.attention import (
     decode_attention,
     fused_takes,
     gqa_sdpa,
+    kernel_attention,
     repeat_kv,
     varlen,
 )
@@ -120,6 +121,31 @@ def test_cpu_paths_unchanged(call, dtype):
     mask = "causal" if causal else padding_mask(lens, T, S)
     q, k, v = (t.detach().to(dtype) for t in qkv(3, 6, 2, T, S, 16))
     torch.testing.assert_close(attention(q, k, v, mask), old_attention(q, k, v, mask), atol=0, rtol=0)
+
+
+def test_sdpa_runs_as_it_is_only_where_no_kernel_is_faster(monkeypatch):
+    """kernel_attention hands a call back to attention's own SDPA call (None) exactly when it is a float32
+    CPU call of several queries or a GPU call (the meta device stands in) with as many KV heads as query
+    heads; a GPU grouped-query call reaches gqa_sdpa, and the model's output is SDPA's either way."""
+    import nanogrpo.model.attention as attention_py
+
+    routed = []
+    monkeypatch.setattr(attention_py, "gqa_sdpa", lambda q, k, v, mask, causal: routed.append(1) or q)
+    mask = padding_mask([5, 3], 5, 5)  # (2, 1, 5, 5)
+    for nkv, device, dtype, T, plain in [
+        (4, "cpu", torch.float32, 5, True),
+        (2, "cpu", torch.float32, 5, True),
+        (2, "cpu", torch.float32, 1, False),  # decode_attention
+        (4, "cpu", torch.bfloat16, 5, False),  # cast to float32
+        (4, "meta", torch.bfloat16, 5, True),
+        (2, "meta", torch.bfloat16, 5, False),  # gqa_sdpa
+    ]:
+        q = torch.zeros(2, 4, T, 8, dtype=dtype, device=device)
+        k = v = torch.zeros(2, nkv, 5, 8, dtype=dtype, device=device)
+        m = mask[:, :, -T:].to(device)
+        assert (kernel_attention(q, k, v, m) is None) == plain, (nkv, device, dtype, T)
+        assert attention(q, k, v, m).shape == (2, T, 4, 8)
+    assert len(routed) == 2  # the meta GQA call, once from each of the two calls above
 
 
 def test_fused_checks_answer_false_off_cuda():

@@ -1,4 +1,5 @@
-"""The attention kernels beside SDPA that the model's one attention call (transformer.attention) takes, and why.
+"""The attention kernels beside SDPA that the model's one attention call (transformer.attention) takes
+(`kernel_attention` picks one), and why.
 
     y = attention(q, k, v, mask)     # transformer.py: q (B, nh, T, D), k/v (B, n_kv, S, D) -> y (B, T, nh, D)
 
@@ -62,6 +63,36 @@ def varlen(attention_mask: torch.Tensor, T: int, mask: torch.Tensor) -> Varlen:
         mask, real_q.flatten().nonzero().squeeze(1), real_k.flatten().nonzero().squeeze(1),
         cu(n_q), cu(n_k), int(max_q), int(max_k),
     )  # fmt: skip
+
+
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor | None:
+    """transformer.attention's call through this file's kernels where one is faster (module docstring) ->
+    (B, T, nh, D), or None where SDPA as it is is the faster call: a float32 CPU call of several queries, a
+    GPU call whose head counts match and whose mask is not flash-attn's."""
+    T, S, cpu = q.shape[2], k.shape[2], q.device.type == "cpu"
+    flash_call = isinstance(mask, Varlen) or (isinstance(mask, str) and mask == "flash")
+    to_float32 = cpu and (q.dtype != torch.float32 or k.dtype != torch.float32)
+    if not (flash_call or to_float32 or (cpu and T == 1) or (not cpu and k.shape[1] != q.shape[1])):
+        return None
+    if flash_call:
+        q, k, v = autocast_inputs(q, k, v)
+        if q.dtype in FLASH_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
+            return flash(q, k, v, mask)  # (B, T, nh, D)
+        # flash-attn has no float32 kernel: the same call through SDPA
+        mask = mask.mask if isinstance(mask, Varlen) else causal_mask(T, S, q.device)
+    causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
+    dtype = q.dtype
+    if cpu and (dtype != torch.float32 or k.dtype != torch.float32):
+        q, k, v = q.float(), k.float(), v.float()
+    if T == 1 and cpu:
+        y = decode_attention(q, k, v, mask)  # (B, nh, 1, D)
+    elif cpu or k.shape[1] == q.shape[1]:
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+        )  # (B, nh, T, D)
+    else:
+        y = gqa_sdpa(q, k, v, mask, causal)  # (B, nh, T, D)
+    return y.transpose(1, 2).to(dtype)  # (B, T, nh, D)
 
 
 def gqa_sdpa(

@@ -28,16 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from nanogrpo.model.attention import (
-    FLASH_DTYPES,
-    Varlen,
-    autocast_inputs,
-    causal_mask,
-    decode_attention,
-    flash,
-    gqa_sdpa,
-    varlen,
-)
+from nanogrpo.model.attention import kernel_attention, varlen
 from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.rope import LENGTH_DEPENDENT, rope_inv_freq
 
@@ -68,30 +59,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.
     through flash-attn, causal aligned bottom-right), a Varlen (left-padded rows through flash-attn's varlen
     kernel), None (one new token per row that sees every key) or a boolean tensor (B, 1, T, S).
 
-    SDPA, with attention.py's kernels where they are faster (same results to float32 rounding; attention.py
-    says why): on the CPU in float32, one query per row as two matmuls (decode_attention); on a GPU, grouped
-    -query attention with a mask on a fused kernel (gqa_sdpa); fp16/bf16 through flash-attn with --model.attn
-    flash."""
-    T, S = q.shape[2], k.shape[2]
-    if isinstance(mask, Varlen) or (isinstance(mask, str) and mask == "flash"):
-        q, k, v = autocast_inputs(q, k, v)
-        if q.dtype in FLASH_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype:
-            return flash(q, k, v, mask)  # (B, T, nh, D)
-        # flash-attn has no float32 kernel: the same call through SDPA
-        mask = mask.mask if isinstance(mask, Varlen) else causal_mask(T, S, q.device)
-    causal, mask = isinstance(mask, str), mask if isinstance(mask, torch.Tensor) else None
-    dtype = q.dtype
-    if q.device.type == "cpu" and (dtype != torch.float32 or k.dtype != torch.float32):
-        q, k, v = q.float(), k.float(), v.float()
-    if T == 1 and q.device.type == "cpu":
-        y = decode_attention(q, k, v, mask)  # (B, nh, 1, D)
-    elif q.device.type == "cpu" or k.shape[1] == q.shape[1]:
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
-        )  # (B, nh, T, D)
-    else:
-        y = gqa_sdpa(q, k, v, mask, causal)  # (B, nh, T, D)
-    return y.transpose(1, 2).to(dtype)  # (B, T, nh, D)
+    SDPA; attention.py's kernels take the calls where they are faster, with the same results to float32
+    rounding (on the CPU every call, in float32; on a GPU grouped-query calls, and flash-attn's)."""
+    y = kernel_attention(q, k, v, mask)  # (B, T, nh, D), or None where SDPA as it is is the faster call
+    if y is not None:
+        return y
+    causal = isinstance(mask, str)  # "causal"
+    y = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+    )  # (B, nh, T, D)
+    return y.transpose(1, 2).to(q.dtype)  # (B, T, nh, D); autocast may run SDPA in its own dtype
 
 
 class RMSNorm(nn.Module):

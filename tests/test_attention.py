@@ -116,11 +116,22 @@ def test_repeat_kv_pairs_heads_as_enable_gqa():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("call", CALLS)
 def test_cpu_paths_unchanged(call, dtype):
-    """On the CPU attention() is the old function, bit for bit (float32 cast, decode matmuls, SDPA)."""
+    """On the CPU attention() is the old function, bit for bit (float32 cast, decode matmuls, SDPA), and
+    plain SDPA's result in float64 to the dtype's rounding."""
     T, S, lens, causal = CALLS[call]
     mask = "causal" if causal else padding_mask(lens, T, S)
     q, k, v = (t.detach().to(dtype) for t in qkv(3, 6, 2, T, S, 16))
     torch.testing.assert_close(attention(q, k, v, mask), old_attention(q, k, v, mask), atol=0, rtol=0)
+    ref = F.scaled_dot_product_attention(
+        q.double(),
+        k.double(),
+        v.double(),
+        attn_mask=None if causal else mask,
+        is_causal=causal,
+        enable_gqa=True,
+    ).transpose(1, 2)  # (B, T, nh, D)
+    atol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's rounding, 2^-8 of values ~1
+    torch.testing.assert_close(attention(q, k, v, mask).double(), ref, atol=atol, rtol=0)
 
 
 def test_sdpa_runs_as_it_is_only_where_no_kernel_is_faster(monkeypatch):

@@ -201,6 +201,7 @@ def run_generate(args: Generate) -> None:
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
     # --env.*: the environment, checked and one instance built, before the model
+    args.env.check_used()  # --env.* flags without an environment
     env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code") if args.env.on else None  # fmt: skip
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
     if env is not None:  # the template, a reset on the first row and its first message's length

@@ -9,7 +9,7 @@ properties. The resolved config is saved as config.json in the run folder.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Literal
 
 from nanogrpo_base.ranges import ANY, Range, above, at_least, within
@@ -304,6 +304,17 @@ class EnvConfig:
     @property
     def on(self) -> bool:
         return bool(self.name or self.spec)
+
+    def check_used(self) -> None:
+        """A ValueError naming the --env.* flags given without an environment: they would change nothing."""
+        if self.on:
+            return
+        set_ = [f"--env.{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != f.default]
+        if set_:
+            raise ValueError(
+                f"{', '.join(set_)}: no effect without an environment; add --env.name or --env.spec, or drop "
+                f"{'it' if len(set_) == 1 else 'them'}"
+            )
 
 
 @dataclass(frozen=True)

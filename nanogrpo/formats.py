@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nanogrpo.infra.metrics import replace_atomically
+from nanogrpo.infra.metrics import json_line, replace_atomically
 from nanogrpo_base.rows import (
     MAX_LINE_BYTES,
     DataError,
@@ -313,10 +313,7 @@ def _hub_rows(spec: str) -> Iterator[tuple[int, dict]]:
 def jsonl_text(rows: Iterable[dict]) -> str:
     """Rows as JSONL, one a line; keys starting with '_' are the reader's bookkeeping (the source line, the
     prompt's tokens), not data."""
-    return "".join(
-        json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, ensure_ascii=False) + "\n"
-        for row in rows
-    )
+    return "".join(json_line({k: v for k, v in row.items() if not k.startswith("_")}) + "\n" for row in rows)
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:

@@ -7,6 +7,7 @@ so a logged mean is the mean over the whole step, not a mean of per-rank means.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,14 @@ def grpo_summary(
     return m
 
 
+def count(info: dict, key: str) -> float:
+    """info[key] as a count the summary adds up: a finite number >= 0 (not a bool); anything else an
+    environment put under that key (a list, text, NaN) counts 0."""
+    x = info.get(key)
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    return float(x) if ok else 0.0
+
+
 def episode_summary(roll) -> dict:
     """--env: the step's episodes over all ranks: turns and observation tokens per episode, the share
     truncated by a budget (and by the turn budget), the share with an invalid action, and the episodes their
@@ -134,8 +143,8 @@ def episode_summary(roll) -> dict:
         "invalid": float(sum(bool(i.get("invalid")) for i in infos)), "failed": float(roll.failed.sum()),
         "trunc": float(roll.truncated.sum()), "n": float(len(infos)), "ok": float(len(ok)),
         "out_of_turns": float(sum(bool(i.get("truncated")) and i["turns"] >= i["max_turns"] for i in infos)),
-        "tools": float(sum("tool_calls" in i for i in ok)), "calls": float(sum(i.get("tool_calls", 0) for i in ok)),
-        "parse": float(sum(i.get("tool_parse_errors", 0) for i in ok)), "no_call": float(sum(not i.get("tool_calls") for i in ok)),
+        "tools": float(sum("tool_calls" in i for i in ok)), "calls": float(sum(count(i, "tool_calls") for i in ok)),
+        "parse": float(sum(count(i, "tool_parse_errors") for i in ok)), "no_call": float(sum(not count(i, "tool_calls") for i in ok)),
         "games": float(sum("won" in i for i in ok)), "won": float(sum(i.get("won") is True for i in ok)),
     }).reduce().sums  # fmt: skip
     n, ok_n = t["n"], max(t["ok"], 1.0)
@@ -239,8 +248,9 @@ class StepNotes:
     its condition starts (again only after it has ended, and at most once in `gap` steps), after the step's
     line. Read from the logged metrics, over all ranks; the main rank prints them (startup.after_step)."""
 
-    def __init__(self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10):
+    def __init__(self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10, own_turns: int = 0):
         self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
+        self.own_turns = own_turns  # the environment's own max_turns (0: not known)
         self.no_call = 0  # steps in a row whose episodes made no tool call
         self.holding: set[str] = set()  # the conditions that hold now (each said when it began)
         self.said: dict[str, int] = {}  # the step each was last said at
@@ -285,13 +295,22 @@ class StepNotes:
 
     def cut_line(self, m: dict) -> str:
         e, share, turns = self.cfg.env, m["env/truncated"], m.get("env/truncated_turns") or 0.0
-        raise_ = []
-        if turns > 0:
+        raise_, own = [], self.own_turns and e.max_turns >= self.own_turns  # turns at the environment's limit
+        if turns > 0 and not own:
             raise_.append(f"--env.max-turns (now {e.max_turns}; at most the environment's own max_turns)")
         if share - turns > 1e-9:
             raise_.append(f"--env.max-tokens (now {e.max_tokens}: sampled and observation tokens)")
+        x = e.truncated_score
+        scores = (
+            "the sum of its steps' rewards" if x == -1 else "the lowest reward of the environment's range" if x == 0
+            else "the highest reward of the environment's range" if x == 1
+            else f"the point {x:g} of the way up the environment's reward range"
+        )  # fmt: skip
+        fix = f"raise {' and '.join(raise_)}" if raise_ else ""
+        if turns > 0 and own:
+            limit = f"the environment's own max_turns ({self.own_turns}) ended the episodes that ran out of turns"
+            fix = f"{fix}; {limit}" if fix else f"{limit}, which no flag raises: the environment sets it"
         return (
             f"{share:.0%} of the episodes were cut by a budget before the environment was done (env/truncated; "
-            f"{turns:.0%} ran out of turns), and each scores --env.truncated-score ({e.truncated_score:g}): "
-            f"raise {' and '.join(raise_)}"
+            f"{turns:.0%} ran out of turns), and each scores {scores} (--env.truncated-score {x:g}): {fix}"
         )

@@ -329,13 +329,15 @@ def test_get_reward_is_the_episodes_reward_however_it_ends(files):
 
 
 def test_a_tool_class_that_tools_cannot_describe_is_refused(files, tmp_path):
+    """Building an instance (in a worker, at start-up: tests/test_env_isolation.py) says what is wrong."""
+    factory = make_factory(spec=f"{files / 'tools.py'}:NoDoc", allow_user_code=True)  # nothing of it ran
     with pytest.raises(ValueError, match=r"tool class NoDoc: tool add: .*no docstring.*docstring with Args:"):
-        make_factory(spec=f"{files / 'tools.py'}:NoDoc", allow_user_code=True)
+        factory()
     (tmp_path / "args.py").write_text(
         "class Needs:\n    def __init__(self, x):\n        pass\n    def reset(self): pass\n"
     )
     with pytest.raises(ValueError, match=r"Needs\(\) failed .*__init__ takes no argument"):
-        make_factory(spec=f"{tmp_path / 'args.py'}:Needs", allow_user_code=True)
+        make_factory(spec=f"{tmp_path / 'args.py'}:Needs", allow_user_code=True)()
 
 
 def test_tool_prompt_example_follows_the_first_tools_types():

@@ -34,6 +34,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +173,9 @@ def make_factory(
         if not allow_user_code:
             raise ValueError(f"--env.spec {spec!r} runs your Python code; add {allow_flag} to allow it")
         factory = load_user_class(spec)
-        if not callable(getattr(factory, "step", None)):  # a TRL-style class: tools as methods
-            from nanogrpo.envs.tools import tool_class_factory
+        from nanogrpo.envs.tools import is_tool_class, tool_class_factory
 
-            factory = tool_class_factory(factory)
-        return factory
+        return tool_class_factory(factory) if is_tool_class(factory) else factory
     _load_builtins()
     key, _, arg = name.partition(":")
     if key not in _REGISTRY:
@@ -190,24 +189,34 @@ def protocol_attrs(env: Any) -> dict[str, Any]:
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
             raise ValueError(f"it has no {method}() method (see docs/ENVS.md)")
-    d = Environment
-    turns, stop = getattr(env, "max_turns", d.max_turns), getattr(env, "stop", d.stop)
-    role, span = getattr(env, "role", d.role), getattr(env, "reward_range", d.reward_range)
+    names = ("max_turns", "stop", "role", "reward_range", "tools")
+    return checked_attrs({k: getattr(env, k, getattr(Environment, k)) for k in names})
+
+
+def checked_attrs(a: dict[str, Any]) -> dict[str, Any]:
+    """The protocol's attributes `a` checked and made plain (tuples, floats, the tools as JSON data); a
+    ValueError naming the one that is wrong. The worker reads them off an instance with this check, and the
+    trainer checks its reply with it again."""
+    turns, stop, role, span = a["max_turns"], a["stop"], a["role"], a["reward_range"]
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
         raise ValueError(f"max_turns {turns!r} must be a whole number >= 1")
     if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
         raise ValueError(f"stop {stop!r} must be a tuple of non-empty strings, e.g. ('</calc>',) or ()")
     if role not in ("user", "tool"):
         raise ValueError(f"role {role!r} must be 'user' or 'tool'")
-    try:
-        lo, hi = (float(x) for x in span)
-    except (TypeError, ValueError):
-        raise ValueError(f"reward_range {span!r} must be two numbers (low, high)") from None
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"reward_range {(lo, hi)} must be two finite numbers, low < high")
-    tools = getattr(env, "tools", d.tools) or ()
+    numbers = isinstance(span, (tuple, list)) and len(span) == 2
+    numbers = numbers and all(isinstance(x, Real) and not isinstance(x, bool) for x in span)
+    if not numbers:
+        raise ValueError(f"reward_range {span!r} must be two numbers (low, high)")
+    lo, hi = float(span[0]), float(span[1])
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi and math.isfinite(hi - lo)):
+        raise ValueError(
+            f"reward_range {(lo, hi)} must be two finite numbers, low < high, whose difference is finite "
+            "(the `env` grader divides by it)"
+        )
+    tools = a["tools"] or ()
     try:  # plain data, as the chat template and the trainer's process take it, each tool a named function
-        tools = json.loads(json.dumps(list(tools)))
+        tools = json.loads(json.dumps(list(tools), allow_nan=False))
         named = all(isinstance(t["function"]["name"], str) for t in tools)
     except (TypeError, ValueError, KeyError):
         named = False

@@ -44,6 +44,7 @@ import torch
 from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.spec import EnvSpec
+from nanogrpo.envs.workers import printable
 from nanogrpo.model.draw import finish_text
 from nanogrpo.model.row_sampler import Sampler
 from nanogrpo.model.sampling import sampling_weights
@@ -244,7 +245,7 @@ def note_failures(trajs: list[Trajectory], label: str, most: int = 5) -> None:
         if t.failed and kind not in _NOTED and len(_NOTED) < most:
             _NOTED.add(kind)
             print(
-                f"note: environment {label!r} failed an episode: {t.failed} (counted in env/failed)",
+                f"note: environment {label!r} failed an episode: {printable(t.failed)} (counted in env/failed)",
                 flush=True,
             )
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from nanogrpo.envs import make_factory, tool_calls
 from nanogrpo.envs.render import TurnFormat
-from nanogrpo.envs.workers import Workers
+from nanogrpo.envs.workers import Workers, printable
 
 CHARS_PER_TOKEN = 16
 """An observation is cut at this many characters per token of the episode's budget before it is tokenized (a
@@ -64,6 +64,8 @@ class EnvSpec:
     None: the sum of its steps' rewards."""
     tools: tuple[dict, ...] = ()
     """The environment's tools, as JSON schemas (its `tools` attribute); () for an environment without."""
+    own_turns: int = 0
+    """The environment's own max_turns (max_turns is at most it)."""
     tool_format: str = "auto"
     """--env.tool-format: 'auto' (the chat template's own call format) or 'plain'."""
     calls: str = ""
@@ -122,13 +124,19 @@ def build_spec(factory: Callable[[], Any], label: str, e, max_new_tokens: int) -
     _first_call(workers, "make", None, label)  # built as every episode's instance will be: in a worker
     attrs = _first_call(workers, "attrs", None, label)
     workers.call({0: ("end", None)})
+    if e.tool_format != "auto" and not attrs["tools"]:
+        workers.close()
+        raise ValueError(
+            f"--env.tool-format {e.tool_format}: environment {label!r} has no tools (its `tools` attribute, or a "
+            "TRL-style class's methods), so there is no call to format; drop the flag"
+        )
     turns = min(e.max_turns, attrs["max_turns"]) if e.max_turns else attrs["max_turns"]
     tokens = e.max_tokens or turns * (max_new_tokens + 64)
     (lo, hi), frac = attrs["reward_range"], e.truncated_score  # where a budget-cut episode lands
     return EnvSpec(
         label, factory, turns, tokens, attrs["stop"], attrs["role"], attrs["reward_range"], e.step_timeout_s,
         e.format, workers=workers, cut_reward=None if frac == -1 else lo + frac * (hi - lo),
-        tools=attrs["tools"], tool_format=e.tool_format,
+        tools=attrs["tools"], tool_format=e.tool_format, own_turns=attrs["max_turns"],
     )  # fmt: skip
 
 
@@ -142,7 +150,7 @@ def _first_call(workers: Workers, op: str, arg, label: str, where: str = "") -> 
     if err.endswith(" s") and "over" in err:
         err += " (--env.step-timeout-s sets the limit)"
     workers.close()
-    raise ValueError(f"environment {label!r}: {err}{where}")
+    raise ValueError(f"environment {label!r}: {printable(err)}{where}")
 
 
 def check_start(

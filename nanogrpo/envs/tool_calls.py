@@ -17,7 +17,9 @@ formats the tools go to the template as `tools=` (the model reads them as it was
 back as a `tool` message, rendered by the template (envs/render.py). One call a turn: the turn stops at the
 format's closing tag (Llama 3's template allows one call a turn anyway); the arguments may be sent under
 "arguments" or "parameters", and as a JSON string (as OpenAI's API sends them); a call written inside a
-<think> block is thought, not made.
+<think> block is thought, not made: one in a closed block is not read (only what follows </think> is), and one
+in a block not closed yet (the turn stopped at the call's closing tag, before </think>) is answered as a call
+that cannot run, saying to close the thinking first.
 """
 
 from __future__ import annotations
@@ -66,9 +68,14 @@ FORMATS = {f.name: f for f in (PLAIN, HERMES, LLAMA3)}
 def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | None:
     """(tool name, arguments) of the first call in a turn written in `fmt`; None when the turn holds no call
     (with a tag pair: no opening tag; llama3: the turn does not start with '{'); ToolCallError saying what is
-    wrong, and the form expected, when it holds one that does not parse. A thinking model's <think> block is
-    not read: only what follows its </think> (as Qwen3's template splits a turn)."""
-    text = text.rpartition("</think>")[2]
+    wrong, and the form expected, when it holds one that does not parse, or one written inside a <think> block
+    not closed yet (a thinking model's thought is not read: answer_part)."""
+    text, thought = answer_part(text)
+    if fmt.open and fmt.open in thought:
+        raise ToolCallError(
+            f"the tool call is inside a <think> block that is not closed, so it was thought, not made; close the "
+            f"thinking with </think>, then write the call as {fmt.form}"
+        )
     if fmt.open:
         start = text.find(fmt.open)
         if start < 0:
@@ -82,13 +89,13 @@ def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | No
         if not body.lstrip().startswith("{"):
             return None
     body = body.strip().strip("`").strip().removeprefix("json").strip()  # a call in a ```json fence
-    try:
-        call, _ = json.JSONDecoder().raw_decode(
-            body
-        )  # what follows the object (an end token's text) is not its
+    try:  # what follows the object (an end token's text) is not its
+        call, _ = json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError as e:
         why = f"the tool call is not JSON ({e.msg} at character {e.pos})"
         raise ToolCallError(f"{why}; write the call as {fmt.form}") from e
+    except RecursionError:
+        raise ToolCallError(f"the tool call is nested too deeply to read; write the call as {fmt.form}") from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ToolCallError(f"the tool call needs a name; write the call as {fmt.form}")
     args = call.get("arguments", call.get("parameters", {}))
@@ -97,11 +104,21 @@ def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | No
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
             raise ToolCallError(f"the arguments are not JSON ({e.msg}); write the call as {fmt.form}") from e
+        except RecursionError:
+            raise ToolCallError(f"the arguments are nested too deeply to read; write the call as {fmt.form}") from None
     if not isinstance(args, dict):
         raise ToolCallError(
             f"the arguments must be a JSON object, got {type(args).__name__}; write the call as {fmt.form}"
         )
     return call["name"], args
+
+
+def answer_part(text: str) -> tuple[str, str]:
+    """(what a turn says, what it only thinks): the text after its last </think> (as Qwen3's template splits a
+    turn), up to a <think> that is not closed; the rest of it, from that <think> on, is thought."""
+    text = text.rpartition("</think>")[2]
+    said, opened, thought = text.partition("<think>")
+    return said, opened + thought
 
 
 _NAME, _VALUE = "probe_tool_4e7c", "VALUE-9b2f"  # a made-up tool and argument no template writes by itself

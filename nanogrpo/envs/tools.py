@@ -54,12 +54,25 @@ def call_maybe_async(fn, *args, **kwargs):
 
 
 def tool_methods(obj: Any) -> dict[str, Any]:
-    """The tools of a TRL-style instance, by name (sorted): its public methods but reset and get_reward."""
-    return {
-        name: m
-        for name, m in inspect.getmembers(obj, predicate=inspect.ismethod)
-        if name not in ("reset", "get_reward") and not name.startswith("_")
-    }
+    """The tools of a TRL-style instance, by name (sorted): its public methods but reset and get_reward, `step`
+    included. Found without running anything else of the instance: a property is not a tool, and is not read."""
+    tools = {}
+    for name in sorted(dir(obj)):
+        if name.startswith("_") or name in ("reset", "get_reward"):
+            continue
+        static = inspect.getattr_static(obj, name, None)
+        if inspect.isfunction(static) or isinstance(static, classmethod) or inspect.ismethod(static):
+            method = getattr(obj, name)
+            if inspect.ismethod(method):
+                tools[name] = method
+    return tools
+
+
+def _type_of(p: dict) -> str:
+    """A parameter's JSON type as one word: the first of a union's ('integer' of ['integer', 'string']), 'any'
+    when the schema names none."""
+    t = p.get("type", "any")
+    return str(t[0] if isinstance(t, list) and t else t)
 
 
 def tool_prompt(schemas: list[dict]) -> str:
@@ -68,7 +81,8 @@ def tool_prompt(schemas: list[dict]) -> str:
     for s in schemas:
         f = s["function"]
         props, required = f["parameters"].get("properties", {}), f["parameters"].get("required", [])
-        sig = ", ".join(f"{k}: {p.get('type', 'any')}{'' if k in required else ' (optional)'}"
+        sig = ", ".join(f"{k}: {'|'.join(map(str, p['type'])) if isinstance(p.get('type'), list) else _type_of(p)}"
+                        f"{'' if k in required else ' (optional)'}"
                         for k, p in props.items())  # fmt: skip
         lines.append(f"- {f['name']}({sig}): {f.get('description', '')}".rstrip())
         lines += [f"    {k}: {p['description']}" for k, p in props.items() if p.get("description")]
@@ -77,7 +91,7 @@ def tool_prompt(schemas: list[dict]) -> str:
         {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}},
     )
     args = {
-        k: values.get(p.get("type"), "text") for k, p in first["parameters"].get("properties", {}).items()
+        k: values.get(_type_of(p), "text") for k, p in first["parameters"].get("properties", {}).items()
     }
     lines.append(  # placeholder values by type
         f"To call a tool, write {PLAIN.write(first['name'], args)} and stop; its result comes back in the next "
@@ -99,10 +113,20 @@ class ToolEnv(Environment):
     stop, role = (), "tool"  # the run adds the call format's closing tag to the stop strings
     tool_format = PLAIN.name  # the run sets the model's own format (envs/spec.py) before reset
 
-    def __init__(self, cls: type, schemas: list[dict]):
-        self.obj, self.tools = cls(), schemas
-        self.max_turns = int(getattr(cls, "max_turns", 8))
-        self.reward_range = tuple(getattr(cls, "reward_range", (0.0, 1.0)))
+    def __init__(self, cls: type):
+        label = f"tool class {cls.__name__}"
+        try:
+            self.obj = cls()
+        except Exception as e:
+            raise ValueError(
+                f"{label}: {cls.__name__}() failed ({type(e).__name__}: {e}); __init__ takes no argument"
+            ) from e
+        self.methods = tool_methods(self.obj)
+        if not self.methods:
+            raise ValueError(f"{label} has no tool: each public method but reset and get_reward is one")
+        self.tools = tool_schemas(self.methods, label)
+        self.max_turns = getattr(cls, "max_turns", 8)
+        self.reward_range = getattr(cls, "reward_range", (0.0, 1.0))
         self.total = 0.0
 
     def reward_now(self) -> float:
@@ -128,7 +152,7 @@ class ToolEnv(Environment):
 
     def _run(self, name: str, args: dict) -> str:
         """The result of one call, as text; ToolCallError when it cannot run or the tool raised."""
-        tools = tool_methods(self.obj)
+        tools = self.methods
         if name not in tools:
             raise ToolCallError(f"no tool {name!r}; the tools are {', '.join(tools)}")
         try:
@@ -164,13 +188,12 @@ class ToolEnv(Environment):
 def tool_schemas(tools: dict[str, Any], label: str) -> list[dict]:
     """The JSON schemas of tools by name (OpenAI's function format: name, description, parameters with their
     types, descriptions and which are required), from their type hints and docstrings' Args: sections by
-    transformers' get_json_schema; a ValueError naming the tool it cannot describe."""
-    from transformers.utils import get_json_schema
-
+    transformers' get_json_schema, made once per function in a process; a ValueError naming the tool it
+    cannot describe."""
     schemas = []
     for name, fn in tools.items():
         try:
-            schemas.append(get_json_schema(fn))
+            schemas.append(_schema(getattr(fn, "__func__", fn)))
         except Exception as e:  # no docstring, an argument without a type hint or description
             raise ValueError(
                 f"{label}: tool {name}: {e} (a tool needs type hints and a docstring with Args:)"
@@ -178,23 +201,38 @@ def tool_schemas(tools: dict[str, Any], label: str) -> list[dict]:
     return schemas
 
 
-def tool_class_factory(cls: type):
-    """The factory of a TRL-style class's trajectories; its tools' schemas are made (and checked) now."""
-    label = f"tool class {cls.__name__}"
-    if not callable(getattr(cls, "reset", None)):
-        raise ValueError(f"{label}: define reset(self, **row) (it may return text for the first message)")
+@functools.lru_cache(maxsize=256)
+def _schema(fn) -> dict:
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(fn)
+
+
+def is_tool_class(cls: type) -> bool:
+    """Whether a user's class is TRL-style (its public methods are tools) rather than a nanogrpo environment:
+    an environment subclasses Environment, or has step(text) and a reset that takes (row, seed); any other
+    class is a tool class, and a method of it named `step` is a tool like the rest (as in TRL)."""
+    if issubclass(cls, Environment):
+        return False
+    step, reset = inspect.getattr_static(cls, "step", None), inspect.getattr_static(cls, "reset", None)
+    if not (inspect.isfunction(step) and inspect.isfunction(reset)):
+        return True
     try:
-        probe = cls()
-    except Exception as e:
+        inspect.signature(reset).bind(None, {}, 0)
+        inspect.signature(step).bind(None, "")
+    except TypeError:
+        return True
+    return False
+
+
+def tool_class_factory(cls: type):
+    """The factory of a TRL-style class's trajectories. Nothing of the class runs here: each instance is built
+    and inspected (its tools, their schemas) in a worker, under the time limit (envs/workers.py); a class that
+    cannot be built, or whose tools cannot be described, is refused at start-up in one line."""
+    if not callable(getattr(cls, "reset", None)):
         raise ValueError(
-            f"{label}: {cls.__name__}() failed ({type(e).__name__}: {e}); __init__ takes no argument"
-        ) from e
-    tools = tool_methods(probe)
-    if not tools:
-        raise ValueError(f"{label} has no tool: each public method but reset and get_reward is one")
-    return functools.partial(ToolEnv, cls, tool_schemas(tools, label))
+            f"tool class {cls.__name__}: define reset(self, **row) (it may return text for the first message)"
+        )
+    from transformers.utils import get_json_schema  # noqa: F401  (imported here, not in each worker)
 
-
-@register("trl")
-def _trl(target: str):
-    return tool_class_factory(import_class(target, f"trl:{target}"))
+    return functools.partial(ToolEnv, cls)

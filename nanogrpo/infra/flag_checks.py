@@ -39,6 +39,7 @@ def check_config(cfg: TrainConfig) -> None:
 def _check_env(cfg: TrainConfig) -> None:
     """--env.*: what episodes cannot do yet, and a budget that cannot hold one turn."""
     e = cfg.env
+    e.check_used()  # --env.* flags without an environment
     if not e.on:
         return
     if cfg.algo != "grpo":

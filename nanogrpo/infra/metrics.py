@@ -22,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -133,12 +134,31 @@ def console_line(m: dict[str, Any]) -> str:
 
 
 def json_safe(x: Any) -> Any:
-    """JSON-safe: tensors to floats, NaN/inf to None."""
-    if hasattr(x, "item"):
-        x = x.item()
+    """JSON-safe, all the way down: tensors to numbers, NaN/inf to None, lone surrogates in text (a file name
+    decoded with os.fsdecode, an exception's message) replaced, tuples to lists."""
+    if hasattr(x, "item") and not isinstance(x, (dict, list, tuple, str)):
+        try:
+            x = x.item()
+        except (ValueError, RuntimeError):  # an array of several values
+            x = x.tolist()
     if isinstance(x, float) and not math.isfinite(x):
         return None
+    if isinstance(x, str):
+        return x.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(x) else x
+    if isinstance(x, dict):
+        return {json_safe(k) if isinstance(k, str) else k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
     return x
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_line(obj: Any) -> str:
+    """One line of JSON for a log or a JSONL file: json_safe, written as UTF-8 text; never NaN, never a
+    character UTF-8 cannot hold (a ValueError if anything else slipped through)."""
+    return json.dumps(json_safe(obj), ensure_ascii=False, allow_nan=False)
 
 
 def _parse_lines(path: Path) -> tuple[list[str], list[dict], bool]:
@@ -294,7 +314,7 @@ class JsonlWriter:
         return any(o.get("step") == step for o in read_jsonl(self.path))
 
     def write(self, obj: dict) -> None:
-        self.append_line(json.dumps({k: json_safe(v) for k, v in obj.items()}, ensure_ascii=False))
+        self.append_line(json_line(obj))
 
     def append_line(self, line: str) -> None:
         """One whole line at the end, never through a link (open_run_file)."""

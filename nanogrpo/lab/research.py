@@ -202,8 +202,31 @@ def judge_check(path: Path) -> tuple[float, float, int]:
     return agree[0] / max(n, 1), agree[1] / max(n, 1), n
 
 
+def check_flags(flags: list[str]) -> int:
+    """0 when train.py takes `flags` over both its stages' presets (parsed and checked as its start-up does,
+    before any model loads); else tyro's message or one `error:` line is printed, and the exit code."""
+    import tyro
+
+    from nanogrpo.config import TrainConfig
+    from nanogrpo.infra.flag_checks import check_config
+
+    for preset in ("research-sft", "research"):
+        try:
+            check_config(tyro.cli(TrainConfig, default=PRESETS[preset][1], args=flags, prog=f"train.py {preset}"))
+        except SystemExit as e:  # tyro said what is wrong (or printed --help)
+            return e.code if isinstance(e.code, int) else 2
+        except ValueError as e:
+            print(f"error: train.py {preset}: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def run(flags: list[str]) -> int:
-    """The three stages in order, each printed before it runs and skipped when its output is there."""
+    """The three stages in order, each printed before it runs and skipped when its output is there; the flags
+    for train.py's stages are checked first, so that a typo is said before the first stage runs."""
+    if code := check_flags(flags):
+        print("research: the flags after `run` go to train.py's two stages; nothing has run", file=sys.stderr)
+        return code
     t0 = time.perf_counter()
     for name, done, cmd in stages(flags):
         shown = " ".join(["python", *cmd[1:]]).replace(TRAIN, "train.py")

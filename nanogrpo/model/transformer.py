@@ -305,6 +305,8 @@ class Transformer(nn.Module):
         """Load an HF folder: config.json (+ generation_config.json) and *.safetensors (sharded or not)."""
         from safetensors.torch import load_file
 
+        from nanogrpo.model.static_decode import private_inductor_cache
+
         path = Path(path)
         cls.check_attn(attn)  # before any weight is read
         if not (path / "config.json").is_file():
@@ -328,6 +330,7 @@ class Transformer(nn.Module):
             sd.pop("lm_head.weight", None)
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
 
+        private_inductor_cache()  # the meta device below imports torch's compiler: its cache is ours, not /tmp's
         with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
             model = cls(args)
         missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)

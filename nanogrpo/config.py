@@ -309,7 +309,9 @@ class EnvConfig:
         """A ValueError naming the --env.* flags given without an environment: they would change nothing."""
         if self.on:
             return
-        set_ = [f"--env.{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != f.default]
+        set_ = [
+            f"--env.{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) != f.default
+        ]
         if set_:
             raise ValueError(
                 f"{', '.join(set_)}: no effect without an environment; add --env.name or --env.spec, or drop "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import json
 import math
 import os
 import re

@@ -248,7 +248,9 @@ class StepNotes:
     its condition starts (again only after it has ended, and at most once in `gap` steps), after the step's
     line. Read from the logged metrics, over all ranks; the main rank prints them (startup.after_step)."""
 
-    def __init__(self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10, own_turns: int = 0):
+    def __init__(
+        self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10, own_turns: int = 0
+    ):
         self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
         self.own_turns = own_turns  # the environment's own max_turns (0: not known)
         self.no_call = 0  # steps in a row whose episodes made no tool call
@@ -308,7 +310,9 @@ class StepNotes:
         )  # fmt: skip
         fix = f"raise {' and '.join(raise_)}" if raise_ else ""
         if turns > 0 and own:
-            limit = f"the environment's own max_turns ({self.own_turns}) ended the episodes that ran out of turns"
+            limit = (
+                f"the environment's own max_turns ({self.own_turns}) ended the episodes that ran out of turns"
+            )
             fix = f"{fix}; {limit}" if fix else f"{limit}, which no flag raises: the environment sets it"
         return (
             f"{share:.0%} of the episodes were cut by a budget before the environment was done (env/truncated; "

@@ -163,8 +163,14 @@ def test_episodes_cut_by_a_budget_are_said_with_the_budget_to_raise(no_calls) ->
     assert all(m["env/truncated"] == 1.0 and m["env/truncated_turns"] == 1.0 for m in metrics(out))
     assert printed.count("100% of the episodes were cut by a budget") == 1
     # NoCalls' own max_turns is 3: no flag raises it, and the note does not advise one
-    assert "--env.max-turns" not in printed and "each scores the lowest reward of the environment's range" in printed
-    assert "the environment's own max_turns (3) ended the episodes that ran out of turns, which no flag" in printed
+    assert (
+        "--env.max-turns" not in printed
+        and "each scores the lowest reward of the environment's range" in printed
+    )
+    assert (
+        "the environment's own max_turns (3) ended the episodes that ran out of turns, which no flag"
+        in printed
+    )
 
 
 def test_samples_mark_the_trained_turns(no_calls) -> None:

@@ -95,7 +95,9 @@ def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | No
         why = f"the tool call is not JSON ({e.msg} at character {e.pos})"
         raise ToolCallError(f"{why}; write the call as {fmt.form}") from e
     except RecursionError:
-        raise ToolCallError(f"the tool call is nested too deeply to read; write the call as {fmt.form}") from None
+        raise ToolCallError(
+            f"the tool call is nested too deeply to read; write the call as {fmt.form}"
+        ) from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ToolCallError(f"the tool call needs a name; write the call as {fmt.form}")
     args = call.get("arguments", call.get("parameters", {}))
@@ -105,7 +107,9 @@ def parse_tool_call(text: str, fmt: CallFormat = PLAIN) -> tuple[str, dict] | No
         except json.JSONDecodeError as e:
             raise ToolCallError(f"the arguments are not JSON ({e.msg}); write the call as {fmt.form}") from e
         except RecursionError:
-            raise ToolCallError(f"the arguments are nested too deeply to read; write the call as {fmt.form}") from None
+            raise ToolCallError(
+                f"the arguments are nested too deeply to read; write the call as {fmt.form}"
+            ) from None
     if not isinstance(args, dict):
         raise ToolCallError(
             f"the arguments must be a JSON object, got {type(args).__name__}; write the call as {fmt.form}"

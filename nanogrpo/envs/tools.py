@@ -90,9 +90,7 @@ def tool_prompt(schemas: list[dict]) -> str:
         schemas[0]["function"],
         {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}},
     )
-    args = {
-        k: values.get(_type_of(p), "text") for k, p in first["parameters"].get("properties", {}).items()
-    }
+    args = {k: values.get(_type_of(p), "text") for k, p in first["parameters"].get("properties", {}).items()}
     lines.append(  # placeholder values by type
         f"To call a tool, write {PLAIN.write(first['name'], args)} and stop; its result comes back in the next "
         "message. When you are done, answer without a tool call."
@@ -236,3 +234,8 @@ def tool_class_factory(cls: type):
     from transformers.utils import get_json_schema  # noqa: F401  (imported here, not in each worker)
 
     return functools.partial(ToolEnv, cls)
+
+
+@register("trl")
+def _trl(target: str):
+    return tool_class_factory(import_class(target, f"trl:{target}"))

@@ -99,7 +99,8 @@ def printable(text: str) -> str:
     rewrite a line, or start one of its own."""
     bidi = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
     return "".join(
-        c if c == "\t" or (unicodedata.category(c) != "Cc" and c not in bidi) else ascii(c)[1:-1] for c in text
+        c if c == "\t" or (unicodedata.category(c) != "Cc" and c not in bidi) else ascii(c)[1:-1]
+        for c in text
     )
 
 
@@ -307,7 +308,9 @@ def serve(sock: socket.socket, factory) -> None:
         try:
             payload = json.dumps(reply, ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError, UnicodeError) as e:  # not plain data after all: the call failed
-            payload = json.dumps({"id": rid, "ok": False, "error": f"{op}: a reply JSON cannot write ({e})"[:400]})
+            payload = json.dumps(
+                {"id": rid, "ok": False, "error": f"{op}: a reply JSON cannot write ({e})"[:400]}
+            )
             payload = payload.encode("utf-8")
         try:
             send_frame(sock, payload)
@@ -332,7 +335,8 @@ def _worker(sock: socket.socket, out_fd: int, factory, keeper: int) -> None:
     os.close(null)
     os.close(out_fd)
     sys.stdout, sys.stderr = (
-        open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False) for fd in (1, 2)
+        open(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+        for fd in (1, 2)
     )  # line by line into the pipe (the trainer's streams were flushed before the fork)
     gc.enable()
     if "torch" in sys.modules:

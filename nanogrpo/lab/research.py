@@ -212,7 +212,9 @@ def check_flags(flags: list[str]) -> int:
 
     for preset in ("research-sft", "research"):
         try:
-            check_config(tyro.cli(TrainConfig, default=PRESETS[preset][1], args=flags, prog=f"train.py {preset}"))
+            check_config(
+                tyro.cli(TrainConfig, default=PRESETS[preset][1], args=flags, prog=f"train.py {preset}")
+            )
         except SystemExit as e:  # tyro said what is wrong (or printed --help)
             return e.code if isinstance(e.code, int) else 2
         except ValueError as e:

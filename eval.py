@@ -208,11 +208,15 @@ def run_generate(args: Generate) -> None:
         n = model.config.max_position_embeddings
         env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples, "plain")  # fmt: skip
     episodes: list[dict] = []  # with --env: each episode's transcript, reward and info
-    outs = generation.generate_completions(
-        model, tokenizer, rows, batch_size=args.batch_size, num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        stop=args.stop, system_prompt=args.system_prompt, seed=args.seed, env=env, episodes=episodes,
-    )  # fmt: skip
+    try:
+        outs = generation.generate_completions(
+            model, tokenizer, rows, batch_size=args.batch_size, num_samples=args.num_samples,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            stop=args.stop, system_prompt=args.system_prompt, seed=args.seed, env=env, episodes=episodes,
+        )  # fmt: skip
+    finally:  # the environment's processes, and all they started, end with the episodes
+        if env is not None and env.workers is not None:
+            env.workers.close()
     recs = [
         {**r, "completion": c, **({"sample": k} if args.num_samples > 1 else {})}
         for r, cs in zip(rows, outs)

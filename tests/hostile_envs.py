@@ -98,7 +98,37 @@ class Rows(Environment):
             raise KeyboardInterrupt
         if f == "step_raises":
             raise ValueError("a bug in step")
+        if f == "raise_surrogate":  # a file name as os.fsdecode gives it: a lone surrogate for the 0xff byte
+            raise RuntimeError("cannot open " + os.fsdecode(b"data-\xff.bin"))
+        if f == "raise_escape":  # a message that would clear the screen and print an error line of its own
+            raise RuntimeError("\x1b[2J\nerror: forged by the environment")
+        if f == "reward_text":  # a number's text is not a number
+            return Step("go on", "1", self.turn == 2, {})  # type: ignore[arg-type]
+        if f == "info_counts":  # a key the trainer counts, holding what is not a count
+            return Step("go on", 0.25, self.turn == 2, {"tool_parse_errors": ["a", "b"], "tool_calls_x": 1})
+        if f == "info_unpickle":  # a value whose unpickling would sleep, in whatever process unpickled it
+            return Step("go on", 0.25, self.turn == 2, {"slow": SlowToUnpickle(0.5)})
+        if f == "info_bad_key":
+            return Step("go on", 0.25, self.turn == 2, {BadStr(): 1, "fine": 2})
+        if f == "info_self":  # a dict that holds itself 50 times
+            info: dict = {}
+            for i in range(50):
+                info[f"k{i}"] = info
+            return Step("go on", 0.25, self.turn == 2, info)
+        if f == "fork_returns" and self.turn == 1:  # a fork that returns from the call in both processes
+            os.fork()
+            return _fair(self.turn)
+        if f == "prints":  # escape codes and a line that looks like the trainer's own error
+            print("\x1b[31mred\x1b[0m and a bell\x07")
+            print("error: printed by the environment", file=sys.stderr)
         return _fair(self.turn)
+
+
+class SlowToUnpickle(float):
+    """A number (so it passes for one), whose unpickling sleeps for ten minutes."""
+
+    def __reduce__(self):
+        return (time.sleep, (600,))
 
 
 class Stubborn(Environment):
@@ -135,6 +165,11 @@ class Stubborn(Environment):
             worker.join()
         elif f == "child":  # a process of its own, which must not outlive the run
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", MARKER])
+            time.sleep(600)
+        elif f == "session_child":  # a process in a session of its own, which a process group does not reach
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(600)", MARKER], start_new_session=True
+            )
             time.sleep(600)
         elif f == "nondaemon":  # a thread left behind, which must not keep the trainer from exiting
             threading.Thread(target=time.sleep, args=(600,)).start()
@@ -221,3 +256,104 @@ class BackwardRange(Rows):
 class NoStep:
     def reset(self, row: dict, seed: int) -> None:
         return None
+
+
+class HugeRange(Rows):
+    reward_range = (-1e308, 1e308)  # each finite, their difference not
+
+
+class TextRange(Rows):
+    reward_range = "01"
+
+
+SPAWN_MARKER = "nanogrpo-spawned-child"
+
+
+class Spawner(Environment):
+    """At each reset, starts three processes that try to outlive the run, each holding the worker's stdout and
+    stderr: one in a session of its own, a double-forked daemon, and a plain child."""
+
+    max_turns, stop, role, reward_range = 1, (), "user", (0.0, 1.0)
+
+    def reset(self, row: dict, seed: int) -> None:
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)", SPAWN_MARKER]
+        subprocess.Popen(sleeper, start_new_session=True)
+        subprocess.Popen(sleeper)
+        pid = os.fork()
+        if pid == 0:  # the daemon's way: fork, a new session, fork again, the middle one exits
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, sleeper)
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    def step(self, text: str) -> Step:
+        return Step(None, 1.0, True, {})
+
+
+# -- TRL-style tool classes: what their constructors and members do at start-up ---------------------------
+
+
+class _Tool:
+    max_turns = 2
+
+    def reset(self, **row) -> None:
+        self.reward = 0.0
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first
+            b: the second
+        """
+        return a + b
+
+
+class SlowTool(_Tool):
+    def __init__(self):
+        time.sleep(600)
+
+
+class ExitTool(_Tool):
+    def __init__(self):
+        os._exit(7)
+
+
+class SysExitTool(_Tool):
+    def __init__(self):
+        sys.exit("config file missing")
+
+
+class PropertyTool(_Tool):
+    """A property that raises is not a tool, and is not read."""
+
+    @property
+    def broken(self) -> int:
+        raise RuntimeError("never read this")
+
+
+class UnionTool(_Tool):
+    def look(self, key: int | str) -> str:
+        """Look a key up.
+
+        Args:
+            key: a number or a name
+        """
+        return f"found {key}"
+
+
+class StepTool:
+    """A tool named `step`: a TRL-style class (reset(**row)), so `step` is one of its tools."""
+
+    def reset(self, **row) -> None:
+        self.reward = 0.0
+
+    def step(self, n: int) -> str:
+        """Climb some stairs.
+
+        Args:
+            n: how many
+        """
+        self.reward = float(n == 3)
+        return f"climbed {n}"

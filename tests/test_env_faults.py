@@ -48,6 +48,15 @@ FAULTS = {
     "os_exit": "step: the environment's process died (exit code 5)",
     "keyboard": "step: KeyboardInterrupt",
     "step_raises": "step: ValueError: a bug in step",
+    "raise_surrogate": "step: RuntimeError: cannot open data-?.bin",  # the lone surrogate replaced
+    "raise_escape": "step: RuntimeError: \x1b[2J\nerror: forged by the environment",
+    "reward_text": "step: step returned the reward str, not a number",
+    "info_counts": "",
+    "info_unpickle": "",
+    "info_bad_key": "",
+    "info_self": "",
+    "fork_returns": "",
+    "prints": "",
 }
 G = 2
 
@@ -87,14 +96,38 @@ def leftovers(marker: str) -> list[str]:
     return found
 
 
-def test_a_run_survives_every_fault_an_environment_can_return(tmp_path) -> None:
+def strict_json_lines(path: Path) -> list:
+    """Every line of a JSONL file the run wrote, parsed as JSON strictly: no NaN or Infinity, and UTF-8 text
+    (a lone surrogate cannot be written)."""
+    return [
+        json.loads(line, parse_constant=pytest.fail) for line in path.read_text(encoding="utf-8").splitlines()
+    ]
+
+
+def no_forged_lines(*outputs: str) -> None:
+    """Nothing an environment wrote draws on the console (no escape code, no bell) or starts a line of its own
+    that reads as the trainer's error."""
+    for text in outputs:
+        assert "\x1b" not in text and "\x07" not in text, text[-2000:]
+        assert not any(line.startswith("error:") for line in text.splitlines()), text[-2000:]
+
+
+def test_a_run_survives_every_fault_an_environment_can_return(tmp_path, capfd) -> None:
     """One step of every fault (one a row): the run ends as usual, each faulty episode failed with its
-    reason and the others trained; a relative --out-dir holds although an environment changed directory."""
+    reason and the others trained; a relative --out-dir holds although an environment changed directory.
+    Every file the run writes is JSON, and what an environment prints or raises reaches the console as text
+    that cannot draw on it or forge the trainer's lines (the worker's output behind `env| `)."""
     data = rows_file(tmp_path / "faults.jsonl", FAULTS)
     r = run_train_here(*run_args("Rows", data, Path("run"), "--steps", "1", "--prompts-per-step", str(len(FAULTS))),
                        cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    printed = capfd.readouterr()
+    no_forged_lines(r.stdout, r.stderr, printed.out, printed.err)
+    assert "env| \\x1b[31mred\\x1b[0m and a bell\\x07" in printed.err
+    assert "env| error: printed by the environment" in printed.err
     out = tmp_path / "run"
+    for log in ("metrics.jsonl", "samples.jsonl"):
+        strict_json_lines(out / log)
     (m,) = metrics(out)
     assert m["env/failed"] == G * sum(bool(e) for e in FAULTS.values()) and m["loss"] is not None
     for c in completions(out):
@@ -113,7 +146,7 @@ def test_generate_writes_every_episode_whatever_its_environment_returned(tmp_pat
     r = run_eval("generate", "--data", data, "--model", "tiny", "--env.spec", f"{HOSTILE}:Rows", "--allow-user-code",
                  "--max-new-tokens", "6", "--env.max-tokens", "160", "--out", out, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    got = {row["fault"]: row for row in map(json.loads, out.read_text().splitlines())}
+    got = {row["fault"]: row for row in strict_json_lines(out)}
     assert list(got) == list(FAULTS)
     info = {f: got[f]["env_info"] for f in FAULTS}
     assert all(
@@ -131,6 +164,15 @@ def test_generate_writes_every_episode_whatever_its_environment_returned(tmp_pat
     assert observations["obs_surrogate"] == ["a lone ? surrogate"] and observations["obs_number"] == ["12345"]
     assert observations["no_observation"] == [""]
     assert got["huge_obs"]["env_info"]["turns"] == 1  # cut, then too long for the budget: the episode ends
+    assert info["raise_surrogate"]["error"] == "step: RuntimeError: cannot open data-?.bin"
+    assert info["info_counts"]["tool_parse_errors"] == ["a", "b"]  # kept as it was, counted as no count
+    assert info["info_unpickle"]["slow"] == 0.5  # the number it holds, as JSON: never unpickled
+    assert info["info_bad_key"]["<BadStr>"] == 1 and info["info_bad_key"]["fine"] == 2
+    deep = info["info_self"]
+    for _ in range(7):  # written eight levels deep, then as text
+        deep = deep["k0"]
+    assert isinstance(deep["k0"], str) and len(json.dumps(info["info_self"])) < 2_000_000
+    assert got["fork_returns"]["env_reward"] == FAIR and got["fork_returns"]["env_info"]["done"] is True
 
 
 def test_the_time_limit_holds_whatever_the_environment_does(tmp_path) -> None:
@@ -209,6 +251,20 @@ def test_a_constructor_that_fails_or_hangs_later_ends_those_episodes_only(env, t
         ("NoTurns", (), "max_turns 0 must be a whole number >= 1"),
         ("SystemRole", (), "role 'system' must be 'user' or 'tool'"),
         ("BackwardRange", (), "reward_range (1.0, 0.0) must be two finite numbers, low < high"),
+        (
+            "HugeRange",
+            (),
+            "reward_range (-1e+308, 1e+308) must be two finite numbers, low < high, whose difference",
+        ),
+        ("TextRange", (), "reward_range '01' must be two numbers (low, high)"),
+        ("Rows", ("--env.tool-format", "plain"), "--env.tool-format plain: environment"),
+        (
+            "SlowTool",
+            ("--env.step-timeout-s", "0.5"),
+            "make: over 0.5 s (--env.step-timeout-s sets the limit)",
+        ),
+        ("ExitTool", (), "make: the environment's process died (exit code 7)"),
+        ("SysExitTool", (), "make: SystemExit: config file missing"),
         (
             "NeedsArgument",
             (),

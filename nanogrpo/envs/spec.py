@@ -145,10 +145,10 @@ def _first_call(workers: Workers, op: str, arg, label: str, where: str = "") -> 
     value, err = workers.call({0: (op, arg)})[0]
     if not err:
         return value
-    if err.startswith("make:"):
-        err += " (an environment is built with no arguments, one instance per episode)"
     if err.endswith(" s") and "over" in err:
         err += " (--env.step-timeout-s sets the limit)"
+    elif err.startswith("make: TypeError"):
+        err += " (an environment is built with no arguments, one instance per episode)"
     workers.close()
     raise ValueError(f"environment {label!r}: {printable(err)}{where}")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -200,23 +201,19 @@ def run_generate(args: Generate) -> None:
         )
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
-    # --env.*: the environment, checked and one instance built, before the model
-    args.env.check_used()  # --env.* flags without an environment
-    env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code") if args.env.on else None  # fmt: skip
+    # --env.*: the environment, checked and one instance built, before the model (None without one)
+    env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code")
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
     if env is not None:  # the template, a reset on the first row and its first message's length
         n = model.config.max_position_embeddings
         env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples, "plain")  # fmt: skip
     episodes: list[dict] = []  # with --env: each episode's transcript, reward and info
-    try:
+    with closing(env.workers) if env else nullcontext():  # its processes, and all they started, end here
         outs = generation.generate_completions(
             model, tokenizer, rows, batch_size=args.batch_size, num_samples=args.num_samples,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             stop=args.stop, system_prompt=args.system_prompt, seed=args.seed, env=env, episodes=episodes,
         )  # fmt: skip
-    finally:  # the environment's processes, and all they started, end with the episodes
-        if env is not None and env.workers is not None:
-            env.workers.close()
     recs = [
         {**r, "completion": c, **({"sample": k} if args.num_samples > 1 else {})}
         for r, cs in zip(rows, outs)

@@ -1,6 +1,6 @@
 """What running environments in worker processes costs (nanogrpo/envs/workers.py), side by side with calling
 them in the trainer's process as before: a step's round trip, a rollout's environment time, a worker's fork
-(before and after a model is loaded) and its memory.
+and its keeper's (before and after a model is loaded) and their memory.
 
     python bench/env_calls.py                      # the guess game, 24 episodes (the guess preset's step)
     python bench/env_calls.py --episodes 64 --model smollm2
@@ -17,6 +17,7 @@ import statistics
 import time
 
 from nanogrpo.envs.builtin import Guess
+from nanogrpo.envs.keeper import descendants
 from nanogrpo.envs.workers import Workers
 
 
@@ -74,7 +75,9 @@ def main() -> None:
         workers.call({0: ("end", None)})
         one_trip.append(time.perf_counter() - t0)
     one_trip.sort()
-    mem = statistics.median(private_kb(p.pid) for p in workers.procs if p is not None)
+    mem = statistics.median(
+        private_kb(p.pid) + sum(map(private_kb, descendants(p.pid))) for p in workers.procs if p
+    )
     fork_big = None
     if a.model:
         from nanogrpo.model.transformer import Transformer
@@ -97,10 +100,12 @@ def main() -> None:
     print(f"| added per call | {(w - d) / calls * 1e6:.0f} us |")
     print(f"| one call's round trip: median / 99th percentile of 200 | {one_trip[100] * 1e6:.0f} / "
           f"{one_trip[198] * 1e6:.0f} us |")  # fmt: skip
-    print(f"| forking a worker before the model loads (start-up) | {fork_small * 1e3:.1f} ms |")
+    print(
+        f"| forking a worker and its keeper before the model loads (start-up) | {fork_small * 1e3:.1f} ms |"
+    )
     if fork_big is not None:
         print(f"| forking one with {a.model} loaded (a worker replaced mid-run) | {fork_big * 1e3:.1f} ms |")
-    print(f"| an idle worker's own memory (private pages), median | {mem / 1024:.1f} MiB |")
+    print(f"| an idle worker's and its keeper's own memory (private pages), median | {mem / 1024:.1f} MiB |")
     print(f"\npython bench/env_calls.py --episodes {n} --turns {a.turns} --model {a.model}")
 
 

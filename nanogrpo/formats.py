@@ -23,12 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from nanogrpo.infra.metrics import json_line, replace_atomically
+from nanogrpo.infra.metrics import replace_atomically
 from nanogrpo_base.rows import (
     MAX_LINE_BYTES,
     DataError,
     check_prompt,
     check_values,
+    json_line,
     numbered_rows,
     parse_line,
     read_rows,

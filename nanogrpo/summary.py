@@ -248,11 +248,11 @@ class StepNotes:
     its condition starts (again only after it has ended, and at most once in `gap` steps), after the step's
     line. Read from the logged metrics, over all ranks; the main rank prints them (startup.after_step)."""
 
-    def __init__(
-        self, cfg, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10, own_turns: int = 0
-    ):
+    def __init__(self, cfg, env=None, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10):
         self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
-        self.own_turns = own_turns  # the environment's own max_turns (0: not known)
+        self.own_turns = (
+            env.own_turns if env is not None else 0
+        )  # the environment's own max_turns (0: unknown)
         self.no_call = 0  # steps in a row whose episodes made no tool call
         self.holding: set[str] = set()  # the conditions that hold now (each said when it began)
         self.said: dict[str, int] = {}  # the step each was last said at

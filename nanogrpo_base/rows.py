@@ -1,4 +1,5 @@
-"""Reading JSONL rows safely: the one reader behind train.py's data, `eval.py grade` and the eval files.
+"""Reading JSONL rows safely: the one reader behind train.py's data, `eval.py grade` and the eval files; and
+writing them (`json_line`: the one writer of a JSONL line, of rows and of the run's logs).
 
 Each line is one JSON object. A bad file or line stops the caller with a `DataError` (a ValueError) that
 names the file, the line and, where it applies, the field, and says what to do, before any model or grader
@@ -223,3 +224,26 @@ def prompt_text(prompt: Any) -> str:
 def turn_text(turns: list[dict]) -> str:
     """Messages as 'role: text' paragraphs: how judges, the run page and the W&B table show an episode."""
     return "\n\n".join(f"{t.get('role', '?')}: {t.get('content', '')}" for t in turns)
+
+
+def json_safe(x: Any) -> Any:
+    """JSON-safe, all the way down: tensors to numbers, NaN/inf to None, tuples to lists, and lone surrogates in
+    text (a file name decoded with os.fsdecode, an exception's message) replaced."""
+    if isinstance(x, dict):
+        return {json_safe(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, str):
+        return x if x.isascii() else x.encode("utf-8", "replace").decode("utf-8")
+    if hasattr(x, "item") and not isinstance(x, (int, float)):
+        try:
+            x = x.item()
+        except (ValueError, RuntimeError):  # an array of several values
+            return json_safe(x.tolist())
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def json_line(obj: Any) -> str:
+    """One line of JSON for a log or a JSONL file: json_safe, written as UTF-8 text; never NaN, never a
+    character UTF-8 cannot hold (a ValueError if anything else slipped through)."""
+    return json.dumps(json_safe(obj), ensure_ascii=False, allow_nan=False)

@@ -596,3 +596,33 @@ def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
             ]
             logits = sampler.extend(chunks)
             assert sampler.cache.lengths.tolist() == [len(h) for h in history]
+
+
+# -- hostile environments in whole runs (tests/hostile_envs.py) ------------------------------------------------
+
+HOSTILE = str(Path(__file__).with_name("hostile_envs.py"))
+G = 2  # each row's episodes
+
+
+def rows_file(path: Path, faults) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"play {f or 'fair'}", "fault": f}) + "\n" for f in faults))
+    return path
+
+
+def run_args(env: str, data: Path, out: Path, *more) -> list:
+    return ["tiny", "--env.spec", f"{HOSTILE}:{env}", "--reward.allow-user-code", "--reward.spec", "env:1",
+            "--data.train", data, "--grpo.group-size", str(G), "--sampling.max-new-tokens", "8",
+            "--env.max-tokens", "160", "--eval-prompts", "0", "--no-plots", "--out-dir", out, *more]  # fmt: skip
+
+
+def leftovers(marker: str) -> list[str]:
+    """The command lines of running processes that hold `marker`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and d.name != str(os.getpid()):
+            found.append(cmd)
+    return found

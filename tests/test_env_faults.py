@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, run_eval, run_train_here
+from helpers import HOSTILE, ROOT, G, leftovers, rows_file, run_args, run_eval, run_train_here
 
 from nanogrpo import startup
 
-HOSTILE = str(Path(__file__).with_name("hostile_envs.py"))
 FAIR = 0.5  # a fair episode: two steps of 0.25
 
 # fault -> the error its episodes end with ('' = it plays on, what it returned kept as far as it can be)
@@ -58,18 +57,6 @@ FAULTS = {
     "fork_returns": "",
     "prints": "",
 }
-G = 2
-
-
-def rows_file(path: Path, faults) -> Path:
-    path.write_text("".join(json.dumps({"prompt": f"play {f or 'fair'}", "fault": f}) + "\n" for f in faults))
-    return path
-
-
-def run_args(env: str, data: Path, out: Path, *more) -> list:
-    return ["tiny", "--env.spec", f"{HOSTILE}:{env}", "--reward.allow-user-code", "--reward.spec", "env:1",
-            "--data.train", data, "--grpo.group-size", str(G), "--sampling.max-new-tokens", "8",
-            "--env.max-tokens", "160", "--eval-prompts", "0", "--no-plots", "--out-dir", out, *more]  # fmt: skip
 
 
 def metrics(out: Path) -> list[dict]:
@@ -81,19 +68,6 @@ def completions(out: Path) -> list[dict]:
     groups = json.loads((out / "samples.jsonl").read_text().splitlines()[0])["groups"]
     fault = [re.match(r"[Pp]lay \(?(\w+)", g["prompt"]).group(1).replace("fair", "") for g in groups]  # type: ignore[union-attr]
     return [{**c, "fault": f} for f, g in zip(fault, groups) for c in g["completions"]]
-
-
-def leftovers(marker: str) -> list[str]:
-    """The command lines of running processes that hold `marker`."""
-    found = []
-    for d in Path("/proc").iterdir():
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and d.name != str(os.getpid()):
-            found.append(cmd)
-    return found
 
 
 def strict_json_lines(path: Path) -> list:

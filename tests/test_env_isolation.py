@@ -13,19 +13,20 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from helpers import ROOT, run_eval, tiny
+from helpers import HOSTILE, ROOT, leftovers, rows_file, run_args, run_eval, tiny
 from hostile_envs import SPAWN_MARKER, PropertyTool, UnionTool
-from test_env_faults import HOSTILE, leftovers, rows_file, run_args
 
 from nanogrpo.config import EnvConfig
-from nanogrpo.envs import Environment, Step, make_factory
-from nanogrpo.envs import workers as workers_mod
+from nanogrpo.envs import Environment, Step, make_factory, serve
+from nanogrpo.envs.keeper import printable
+from nanogrpo.envs.serve import INFO_CHARS, INFO_NODES, as_json
 from nanogrpo.envs.spec import build_spec
 from nanogrpo.envs.tool_calls import FORMATS, HERMES, PLAIN, ToolCallError, parse_tool_call
 from nanogrpo.envs.tools import tool_class_factory
-from nanogrpo.envs.workers import INFO_CHARS, INFO_NODES, Workers, as_json, printable
+from nanogrpo.envs.workers import Workers
 from nanogrpo.summary import StepNotes
 
 
@@ -97,17 +98,17 @@ class Echo(Environment):
 def test_a_second_reply_is_dropped_and_named_never_taken_for_the_next_call(monkeypatch, capsys) -> None:
     """A worker whose every reply comes twice (as a fork of it serving on would send them): each call still
     gets its own answer, and the strays are counted and said once."""
-    real = workers_mod.send_frame
+    real = serve.send_frame
 
     def twice(sock, payload: bytes) -> None:
         real(sock, payload)
         real(sock, payload)
 
-    monkeypatch.setattr(workers_mod, "send_frame", twice)  # the workers fork with it
+    monkeypatch.setattr(serve, "send_frame", twice)  # the workers fork with it
     w = Workers(Echo, limit_s=5.0)
     try:
         w.grow(1)
-        monkeypatch.setattr(workers_mod, "send_frame", real)  # the trainer's requests go once
+        monkeypatch.setattr(serve, "send_frame", real)  # the trainer's requests go once
         assert w.call({0: ("make", None)}) == {0: (None, "")}
         assert w.call({0: ("reset", ({}, 7, 100))}) == {0: ("seed 7", "")}
         for text in ("a", "b", "c"):
@@ -122,12 +123,12 @@ def test_a_second_reply_is_dropped_and_named_never_taken_for_the_next_call(monke
 def test_replies_are_data_the_trainer_reads_without_running_code(monkeypatch) -> None:
     """What comes back is JSON: a reply that is not (bytes no worker of nanogrpo sends) fails that call and
     the worker is replaced; an object a step returns in info is its text."""
-    real = workers_mod.send_frame
-    monkeypatch.setattr(workers_mod, "send_frame", lambda sock, payload: real(sock, b"\x80\x04not json"))
+    real = serve.send_frame
+    monkeypatch.setattr(serve, "send_frame", lambda sock, payload: real(sock, b"\x80\x04not json"))
     w = Workers(Echo, limit_s=5.0)
     try:
         w.grow(1)  # a worker whose replies are not JSON
-        monkeypatch.setattr(workers_mod, "send_frame", real)  # the trainer's requests, and the next worker
+        monkeypatch.setattr(serve, "send_frame", real)  # the trainer's requests, and the next worker
         (value, err) = w.call({0: ("make", None)})[0]
         assert value is None and err.startswith(
             "make: the environment's process sent a reply that is not JSON"
@@ -267,10 +268,14 @@ def test_a_call_nested_too_deeply_is_an_invalid_call_not_a_crash() -> None:
 
 def test_the_cut_note_says_what_a_cut_episode_scores_and_no_flag_that_cannot_help() -> None:
     cfg = replace(tiny(Path("/tmp")), env=EnvConfig(max_turns=4, max_tokens=99, truncated_score=-1))
-    (line,) = StepNotes(cfg, own_turns=4)({"step": 1, "env/truncated": 1.0, "env/truncated_turns": 1.0})
+    (line,) = StepNotes(cfg, SimpleNamespace(own_turns=4))(
+        {"step": 1, "env/truncated": 1.0, "env/truncated_turns": 1.0}
+    )
     assert "each scores the sum of its steps' rewards (--env.truncated-score -1)" in line
     assert "--env.max-turns" not in line and "own max_turns (4)" in line
-    (line,) = StepNotes(cfg, own_turns=6)({"step": 1, "env/truncated": 1.0, "env/truncated_turns": 1.0})
+    (line,) = StepNotes(cfg, SimpleNamespace(own_turns=6))(
+        {"step": 1, "env/truncated": 1.0, "env/truncated_turns": 1.0}
+    )
     assert "raise --env.max-turns (now 4" in line
 
 

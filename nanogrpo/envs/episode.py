@@ -43,8 +43,8 @@ import torch
 
 from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
+from nanogrpo.envs.keeper import printable
 from nanogrpo.envs.spec import EnvSpec
-from nanogrpo.envs.workers import printable
 from nanogrpo.model.draw import finish_text
 from nanogrpo.model.row_sampler import Sampler
 from nanogrpo.model.sampling import sampling_weights

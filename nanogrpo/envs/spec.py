@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nanogrpo.envs import make_factory, tool_calls
+from nanogrpo.envs.keeper import printable
 from nanogrpo.envs.render import TurnFormat
-from nanogrpo.envs.workers import Workers, printable
+from nanogrpo.envs.workers import Workers
 
 CHARS_PER_TOKEN = 16
 """An observation is cut at this many characters per token of the episode's budget before it is tokenized (a
@@ -110,8 +111,12 @@ def resolve(cfg):
 
 def resolve_env(
     e, max_new_tokens: int, allow_user_code: bool = False, allow_flag: str = "--reward.allow-user-code"
-) -> EnvSpec:
-    """The EnvSpec of the EnvConfig `e` (--env.* of train.py or eval.py generate)."""
+) -> EnvSpec | None:
+    """The EnvSpec of the EnvConfig `e` (--env.* of train.py or eval.py generate); None without an environment,
+    where a --env.* flag given is refused (it would change nothing)."""
+    e.check_used()
+    if not e.on:
+        return None
     factory = make_factory(e.name, e.spec, allow_user_code, allow_flag)
     return build_spec(factory, e.name or e.spec, e, max_new_tokens)
 

@@ -20,13 +20,13 @@ import errno
 import hashlib
 import importlib
 import json
-import math
 import os
-import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
+
+from nanogrpo_base.rows import json_line, json_safe
 
 # What nanogrpo shows of a step: the one table the console line, the PNGs (infra/plots.py) and the run page
 # (eval/report.py) read. Rows: (key, panel, console label, console format), in the console line's order; a
@@ -131,34 +131,6 @@ def console_line(m: dict[str, Any]) -> str:
     if "t_step" in m:
         parts.append(f"{m['t_step']:.1f}s")
     return " | ".join(parts)
-
-
-def json_safe(x: Any) -> Any:
-    """JSON-safe, all the way down: tensors to numbers, NaN/inf to None, lone surrogates in text (a file name
-    decoded with os.fsdecode, an exception's message) replaced, tuples to lists."""
-    if hasattr(x, "item") and not isinstance(x, (dict, list, tuple, str)):
-        try:
-            x = x.item()
-        except (ValueError, RuntimeError):  # an array of several values
-            x = x.tolist()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, str):
-        return x.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(x) else x
-    if isinstance(x, dict):
-        return {json_safe(k) if isinstance(k, str) else k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    return x
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def json_line(obj: Any) -> str:
-    """One line of JSON for a log or a JSONL file: json_safe, written as UTF-8 text; never NaN, never a
-    character UTF-8 cannot hold (a ValueError if anything else slipped through)."""
-    return json.dumps(json_safe(obj), ensure_ascii=False, allow_nan=False)
 
 
 def _parse_lines(path: Path) -> tuple[list[str], list[dict], bool]:
@@ -445,10 +417,7 @@ class Logger:
         """samples.jsonl, and the completions table to W&B / TensorBoard."""
         if not self.enabled:
             return
-        from nanogrpo.infra.sample_table import (
-            sample_rows,
-            samples_markdown,
-        )  # it imports json_safe from here
+        from nanogrpo.infra.sample_table import sample_rows, samples_markdown
 
         self.samples.write({"step": step, "groups": groups})
         if self._wandb is not None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanogrpo.infra.metrics import json_safe
-from nanogrpo_base.rows import turn_text
+from nanogrpo_base.rows import json_safe, turn_text
 
 
 def completion_text(c: dict) -> str:

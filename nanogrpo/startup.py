@@ -54,6 +54,7 @@ from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
 from nanogrpo.recipes.presets import check_preset_inputs
 from nanogrpo.stages import Run, cpt, dpo
 from nanogrpo.summary import StepNotes
+from nanogrpo_base.rows import json_safe
 from rewards import RewardFunction, build_reward
 from rewards.judge import with_run_dir
 from rewards.options import with_max_tokens
@@ -302,7 +303,7 @@ def finish(run: Run) -> dict:
     if dist.is_main():
         if cfg.plots:
             write_report(out)  # the PNGs (nanogrpo/infra/plots.py) and index.html, which embeds them
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
     run.logger.close()
     release_run_dir(out)  # the folder's lock (nanogrpo/infra/run_dir.py)
     if run.env is not None:  # --env: the worker processes (on an error, they go at exit)

@@ -22,11 +22,11 @@ one slows the trainer for the rest of the run, one stuck in C holding the GIL st
 the process from exiting). A process can always be killed. What that costs (a round trip per call, two forks
 per worker, made once and reused) is measured in docs/ENVS.md.
 
-Three processes a worker's life, each with one job:
+Three processes a worker's life, each with one job (this file is the trainer's side):
 
     trainer --(requests: pickled; replies: JSON, each naming its request)--> worker: serves one instance
-       |                                                                       | stdout, stderr
-       +--(kill: one byte)--> keeper: the worker's parent; owns all it starts <-+ (shown as `env| ` lines)
+       |                                                                     (serve.py) | stdout, stderr
+       +--(kill: one byte)--> keeper (keeper.py): the worker's parent; owns all it starts <-+ (`env| ` lines)
 
 - The reply is plain data, made and checked in the worker: JSON (text with every lone surrogate replaced,
   finite numbers), read in the trainer by json.loads, which runs no code. It carries its request's number: a
@@ -40,9 +40,9 @@ Three processes a worker's life, each with one job:
   trainer's own (so `train.py | tee log` returns when the run ends), and what they print reaches the console
   one line at a time, behind `env| `, its control characters shown as escapes (no escape code, no fake
   `error:` line).
-- Each episode starts clean of the last one's timers: an alarm an episode set and never cancelled is cancelled
-  (with the itimers, and the three timer signals' handlers and mask restored) before the next instance is
-  built.
+- Each episode ends clean of its timers: an alarm it set and never cancelled is cancelled (with the interval
+  timers, and the three timer signals' handlers and mask restored) when it ends, and again before the next
+  instance is built.
 
 Workers are forked from the trainer: they inherit the factory as it is (nothing is pickled) and start in
 milliseconds. So an environment must not use the GPU (CUDA does not survive a fork), and class attributes are

@@ -25,7 +25,7 @@ from nanogrpo.eval.generation import generate_completions
 from nanogrpo.eval.provenance import meta_path
 from nanogrpo.formats import write_jsonl
 from nanogrpo.model import judge_backend
-from nanogrpo_base.rows import prompt_text
+from nanogrpo_base.rows import json_safe, prompt_text
 
 judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model.transformer
 
@@ -439,5 +439,5 @@ def save_eval(run_dir: str | Path, rows: Sequence[dict], result: dict) -> Path:
     summary = {"n": len(rows), "metrics": result["summary"]}
     if "answers" in result:
         summary["answers"] = result["answers"]
-    replace_atomically(path, json.dumps(summary, indent=2))
+    replace_atomically(path, json.dumps(json_safe(summary), indent=2, allow_nan=False))  # NaN: null
     return path

@@ -151,9 +151,10 @@ def test_generate_writes_every_episode_whatever_its_environment_returned(tmp_pat
 
 def test_the_time_limit_holds_whatever_the_environment_does(tmp_path) -> None:
     """Sleeping, ignoring or blocking the alarm signal, swallowing every exception, C code that holds the GIL,
-    joining a thread, a child process: each call is abandoned at the limit (its worker killed with its
-    children); a non-daemon thread left behind does not keep the run from exiting."""
-    stubborn = ["sleep", "ignore_alarm", "block_alarm", "swallow", "gil", "join", "child"]
+    joining a thread, a child process (in the worker's group, or in a session of its own): each call is
+    abandoned at the limit (its worker killed with every process it started); a non-daemon thread left behind
+    does not keep the run from exiting."""
+    stubborn = ["sleep", "ignore_alarm", "block_alarm", "swallow", "gil", "join", "child", "session_child"]
     data = rows_file(tmp_path / "stubborn.jsonl", ["", *stubborn, "nondaemon"])
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "train.py"), *map(str, run_args("Stubborn", data, out, "--steps", "1",

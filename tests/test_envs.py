@@ -323,8 +323,8 @@ def test_kill_9_anywhere_in_an_episode_run_then_resume_is_exact(straight, tmp_pa
         assert p.poll() is None, "the run ended before it was killed"
         p.send_signal(signal.SIGKILL)
         p.wait()
-        gone = time.monotonic() + 5  # each keeper sees the trainer die (its pidfd) and kills its worker's tree
-        while (left := [d for d in Path("/proc").iterdir() if d.name.isdigit() and str(run) in _cmdline(d)]):
+        gone = time.monotonic() + 5  # each keeper sees the trainer die (a pidfd) and kills its worker's tree
+        while left := [d for d in Path("/proc").iterdir() if d.name.isdigit() and str(run) in _cmdline(d)]:
             assert time.monotonic() < gone, [_cmdline(d) for d in left]
             time.sleep(0.05)
     r = run_train_here("tiny", "--out-dir", str(run), "--resume", "--reward.allow-user-code")

@@ -64,7 +64,7 @@ def parser_of(main, argv: list[str]) -> argparse.ArgumentParser:
 # a dataclass's ranges are read from its fields, the others' are their command's table
 COMMANDS = [
     ("train.py", TrainConfig, field_ranges(TrainConfig), "train.py"),
-    ("lab.research run", TrainConfig, field_ranges(TrainConfig), "nanogrpo/lab/research.py"),  # train.py's flags
+    ("lab.research run", TrainConfig, field_ranges(TrainConfig), "nanogrpo/lab/research.py"),  # train.py's
     *[(f"eval.py {n}", c, field_ranges(c), "eval.py") for n, c in eval_py.COMMANDS.items()],
     ("rewards.grade", grade.GradeArgs, field_ranges(grade.GradeArgs), "rewards/grade.py"),
     ("probe train", probe_cli.train, probe_cli.PROBE_TRAIN, "rewards/probe_cli.py"),

@@ -163,13 +163,10 @@ class Stubborn(Environment):
             worker = threading.Thread(target=time.sleep, args=(600,))
             worker.start()
             worker.join()
-        elif f == "child":  # a process of its own, which must not outlive the run
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", MARKER])
-            time.sleep(600)
-        elif f == "session_child":  # a process in a session of its own, which a process group does not reach
-            subprocess.Popen(
-                [sys.executable, "-c", "import time; time.sleep(600)", MARKER], start_new_session=True
-            )
+        elif f == "child":  # processes of its own, which must not outlive the run: one in the worker's group,
+            sleeper = [sys.executable, "-c", "import time; time.sleep(600)", MARKER]
+            subprocess.Popen(sleeper)
+            subprocess.Popen(sleeper, start_new_session=True)  # and one in a session of its own
             time.sleep(600)
         elif f == "nondaemon":  # a thread left behind, which must not keep the trainer from exiting
             threading.Thread(target=time.sleep, args=(600,)).start()

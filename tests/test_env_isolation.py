@@ -52,7 +52,7 @@ def test_what_an_environment_starts_ends_with_the_run_and_holds_no_pipe_of_the_t
     tmp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     t0 = time.monotonic()
-    r = subprocess.run(train_cmd(tmp_path, 2), env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(train_cmd(tmp_path, 1), env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert time.monotonic() - t0 < 120  # the pipes closed with the run, not when the sleepers would end
     assert gone_within(SPAWN_MARKER, 2.0) == []

@@ -30,6 +30,7 @@ from nanogrpo.envs.spec import check_start, resolve_env
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import jsonl_text, write_jsonl
 from nanogrpo.infra.outputs import output_file, write_or_keep
+from nanogrpo.model.paths import set_plain
 from nanogrpo_base.ranges import above, at_least, check_ranges, within
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
@@ -75,6 +76,8 @@ class Generate:
     """'auto': bfloat16 on a GPU or a CPU with bf16 units where oneDNN's bf16 path runs, float32 otherwise."""
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
+    plain: bool = False
+    """The reading path only, as train.py's --plain: the plain sampler loop on the weights as they are."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Episodes instead of single completions, as train.py's --env.* (docs/ENVS.md): rows get `turns`, `env_reward`, `env_info`."""
     allow_user_code: bool = False
@@ -201,6 +204,7 @@ def run_generate(args: Generate) -> None:
         )
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
+    set_plain(args.plain)  # --plain: the reading path only (nanogrpo/model/paths.py)
     # --env.*: the environment, checked and one instance built, before the model (None without one)
     env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code")
     model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
@@ -224,17 +228,10 @@ def run_generate(args: Generate) -> None:
     write_or_keep(out, jsonl_text(recs), "the completions")  # a late failure keeps them beside --out
     # how the file was made, and the training run it comes from (for the same-judge warning)
     meta = provenance.write_meta(
-        args.out,
-        data=args.data,
-        model=args.model,
-        adapter=args.adapter,
-        num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-    )
+        args.out, data=args.data, model=args.model, adapter=args.adapter, num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, plain=args.plain,
+    )  # fmt: skip
     print(f"wrote {len(recs)} completions to {args.out} (settings in {meta})")
 
 

@@ -344,6 +344,11 @@ class TrainConfig:
     the flags that fit; 'off': no check. SFT and DPO are not planned; --resume changes nothing."""
     seed: Annotated[int, at_least(0)] = 0
     """Seed for data order, sampling and initialisation."""
+    plain: bool = False
+    """Take the reading path only (docs/reading-path.txt): the plain sampler loop on the weights as they are,
+    the plain log-prob function, attention as SDPA computes it; none of the fast paths beside them (packed
+    weights with LoRA folded, the grouped cache, the shared-prompt head, the kernels). The same to rounding,
+    slower: for a change to the model, LoRA or the sampler that the fast paths do not follow."""
     out_dir: str = "runs/demo"
     """Run folder: config.json, metrics.jsonl, samples.jsonl, plots, checkpoints, index.html."""
     resume: bool = False

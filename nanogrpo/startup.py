@@ -48,6 +48,7 @@ from nanogrpo.infra.run_dir import (
 from nanogrpo.model import judge_backend
 from nanogrpo.model.attention import check_flash
 from nanogrpo.model.memory_fit import fit_to_memory
+from nanogrpo.model.paths import set_plain
 from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
@@ -145,7 +146,17 @@ def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torc
     check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path)  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
+    set_plain(cfg.plain)  # --plain: the reading path only, decided here for the run (model/paths.py)
+    if cfg.plain and dist.is_main():
+        print(PLAIN_LINE)
     return cfg, env, device, dtype
+
+
+PLAIN_LINE = (
+    "note: --plain: the run takes the reading path (docs/reading-path.txt): the plain sampler loop on the weights "
+    "as they are, the plain log-prob function, attention as SDPA computes it; the same to rounding as the fast "
+    "paths, and slower"
+)
 
 
 def check_with_data(

@@ -46,6 +46,7 @@ from nanogrpo.envs import Step
 from nanogrpo.envs.keeper import printable
 from nanogrpo.envs.spec import EnvSpec
 from nanogrpo.model.draw import finish_text
+from nanogrpo.model.paths import plain
 from nanogrpo.model.row_sampler import Sampler
 from nanogrpo.model.sampling import sampling_weights
 from nanogrpo.rollout import assemble, prompt_seed
@@ -124,7 +125,7 @@ def play(
                 out = sampler.decode(
                     logits, max(1, min(sampling.max_new_tokens, max(room))), gens, temperature=sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids, stop_strings=stop, tokenizer=tok,
-                    pad_id=pad_id, decode_mode=sampling.decode,
+                    pad_id=pad_id, decode_mode="plain" if plain() else sampling.decode,
                 )  # fmt: skip
                 texts, on_eos = _append_turns(trajs, live, out, room, tok, stop, eos_ids)
                 replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})

@@ -18,6 +18,8 @@ def check_config(cfg: TrainConfig) -> None:
     check_ranges(cfg)  # every number finite and in its field's range; no option means 'no limit' by inf
     if not cfg.out_dir.strip():
         raise ValueError("--out-dir '': name the run's folder (e.g. --out-dir runs/my-run)")
+    if cfg.plain:
+        _check_plain(cfg)
     if cfg.algo == "ppo":
         _check_ppo(cfg)
         return
@@ -34,6 +36,16 @@ def check_config(cfg: TrainConfig) -> None:
     if g.is_correction != "none" and not g.is_cap > 1:
         raise ValueError(f"--grpo.is-cap {g.is_cap}: the cap of an importance weight must be > 1 (e.g. 2)")
     _check_loss_variants(g)
+
+
+def _check_plain(cfg: TrainConfig) -> None:
+    """--plain runs the reading path: a fast path asked for beside it is refused, not silently skipped."""
+    if cfg.model.attn == "flash":
+        raise ValueError("--plain computes attention as SDPA does; drop --model.attn flash (or --plain)")
+    if cfg.sampling.decode not in ("eager", "plain"):
+        raise ValueError(
+            f"--plain samples with the plain loop; drop --sampling.decode {cfg.sampling.decode} (or --plain)"
+        )
 
 
 def _check_env(cfg: TrainConfig) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanogrpo.model.paths import plain
 from nanogrpo.model.shared_prompt import prompt_heads, shared_prompt_hidden
 from nanogrpo_kernels.logprobs import token_logprobs
 
@@ -167,8 +168,9 @@ class LogprobHead(torch.nn.Module):
         values: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         Tp, Tc = prompt_len, targets.shape[1]
+        fast = self.fast and not plain()  # --plain: the reading path (paths.py)
         # the first row of each shared prompt (N,) bool; None: the plain path (no prompt shared, or not fast)
-        first = prompt_heads(group, Tp) if self.fast else None
+        first = prompt_heads(group, Tp) if fast else None
         if first is None:  # the plain path: one pass over prompt + completion
             hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
             hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
@@ -182,7 +184,7 @@ class LogprobHead(torch.nn.Module):
         weight = self.model.lm_head_weight  # (V, H)
         if h.dtype != weight.dtype:
             h = h.to(weight.dtype)
-        if self.fast:  # the fast path: the LM head a chunk of rows at a time (Triton on GPUs)
+        if fast:  # the fast path: the LM head a chunk of rows at a time (Triton on GPUs)
             lp, ent = token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,), (n_tok,)
         else:
             lp, ent = plain_token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)

@@ -43,6 +43,7 @@ from nanogrpo.model.draw import (
 )
 from nanogrpo.model.logprobs import pad_left
 from nanogrpo.model.packed import folded_lora, packed_weights
+from nanogrpo.model.paths import plain
 
 
 @torch.inference_mode()
@@ -71,6 +72,7 @@ def generate(
     check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
                    tokenizer, decode)  # fmt: skip
     G, new = group_size, max_new_tokens
+    decode = "plain" if plain() else decode  # --plain: the reading path (paths.py)
     with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
         if decode != "plain":  # the fast paths (grouped.py): a prompt's keys once for its G rows
             return generate_fast(model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
@@ -113,7 +115,8 @@ def plain_generate(model, lm_head, prompts: list[list[int]], G: int, max_new: in
 def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.dtype | None = None):
     """What the sampler computes with, for the block: eval mode (no LoRA dropout); on the CPU every projection
     and the LM head packed with LoRA folded in (packed.py); elsewhere, with `fold_lora`, each LoRA layer folded
-    into one weight; on an accelerator, `autocast`'s dtype. Yields (the LM head (n, H) -> (n, V), the packed
+    into one weight; on an accelerator, `autocast`'s dtype. Under --plain the weights as they are (nothing
+    packed or folded: LoRA as its forward computes it). Yields (the LM head (n, H) -> (n, V), the packed
     weights or None, the autocast dtype or None)."""
     was_training = model.training
     model.eval()
@@ -121,8 +124,8 @@ def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.d
     W = model.lm_head_weight  # (V, H)
     try:
         with (
-            packed_weights(model, batch_hint=rows) as packed,
-            folded_lora(model, enabled=fold_lora and packed is None),  # packing folds LoRA itself
+            packed_weights(model, batch_hint=rows) if not plain() else contextlib.nullcontext() as packed,
+            folded_lora(model, enabled=fold_lora and packed is None and not plain()),  # packing folds LoRA
             torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
         ):
             yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp

@@ -1,0 +1,132 @@
+"""--plain: the run takes the reading path (docs/reading-path.txt) and none of the fast paths beside it, and the
+two agree to rounding in float32: the same tokens, log-probs and gradients, single completions and episodes.
+An edit on the reading path is what a --plain run samples and trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import run_eval, run_train_here
+
+from nanogrpo.model import paths
+
+FLOAT32 = [
+    "tiny",
+    "--model.dtype",
+    "float32",
+    "--eval-prompts",
+    "0",
+    "--no-plots",
+    "--log-samples-every",
+    "1",
+]
+
+
+@pytest.fixture(autouse=True)
+def fast_again():
+    """Each in-process run decides the path for itself; the tests after these get the default back."""
+    yield
+    paths.set_plain(False)
+
+
+def run(out: Path, *flags) -> tuple[list[dict], list[list[str]]]:
+    """A tiny float32 run's metrics and its sampled texts, a list a step."""
+    r = run_train_here(*FLOAT32, "--out-dir", out, *flags)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    return metrics, [[c["text"] for g in s["groups"] for c in g["completions"]] for s in steps]
+
+
+def test_plain_and_fast_sample_the_same_tokens_and_train_the_same_to_rounding(tmp_path) -> None:
+    fast, fast_texts = run(tmp_path / "fast", "--steps", "2")
+    plain, plain_texts = run(tmp_path / "plain", "--steps", "2", "--plain")
+    assert plain_texts == fast_texts
+    for a, b in zip(fast, plain):
+        for k in ("reward", "loss", "grad_norm", "entropy", "len_mean"):
+            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7), k
+        assert a["sampler_kl"] < 1e-9 and b["sampler_kl"] < 1e-9  # each sampler against its trainer
+
+
+def test_plain_episodes_continue_the_same_tokens(tmp_path) -> None:
+    env = ["--env.name", "calc", "--data.train", "recipe:calc", "--reward.spec", "env:1", "--steps", "1",
+           "--prompts-per-step", "2", "--sampling.max-new-tokens", "8"]  # fmt: skip
+    fast, fast_texts = run(tmp_path / "fast", *env)
+    plain, plain_texts = run(tmp_path / "plain", *env, "--plain")
+    assert plain_texts == fast_texts and plain[0]["env/obs_tokens"] == fast[0]["env/obs_tokens"]
+    assert plain[0]["loss"] == pytest.approx(fast[0]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_plain_runs_no_fast_path(tmp_path, monkeypatch) -> None:
+    """Every fast path made to fail: --plain runs a step (and a default run does not)."""
+    from nanogrpo.model import attention, grouped, logprobs, sampling
+
+    def fast_path(*a, **k):
+        raise AssertionError("a fast path ran under --plain")
+
+    for module, name in ((sampling, "packed_weights"), (grouped, "generate_fast"), (logprobs, "token_logprobs"),
+                         (logprobs, "shared_prompt_hidden"), (attention, "decode_attention")):  # fmt: skip
+        monkeypatch.setattr(module, name, fast_path)
+    ran = []
+    plain_logprobs = logprobs.plain_token_logprobs
+    monkeypatch.setattr(logprobs, "plain_token_logprobs", lambda *a: ran.append(1) or plain_logprobs(*a))
+    run(tmp_path / "plain", "--steps", "1", "--plain")
+    assert ran, "the plain log-prob function did not run"
+    with pytest.raises(AssertionError, match="a fast path ran"):  # the default takes them
+        run_train_here(*FLOAT32, "--out-dir", tmp_path / "fast", "--steps", "1")
+
+
+def test_an_edit_on_the_reading_path_is_what_a_plain_run_samples_and_trains(tmp_path, monkeypatch) -> None:
+    """A patched plain log-prob function changes a --plain run's loss, not a default run's; a patched LoRA
+    forward changes what a --plain run samples, while the fast sampler (LoRA folded into packed weights)
+    does not see it and the sampler-trainer gap shows the mismatch."""
+    from nanogrpo.model import logprobs, lora
+
+    base_plain, _ = run(tmp_path / "a", "--steps", "1", "--plain")
+    base_fast, fast_texts = run(tmp_path / "b", "--steps", "2")
+    spec = logprobs.plain_token_logprobs
+    monkeypatch.setattr(logprobs, "plain_token_logprobs", lambda h, w, t, T: spec(h, w * 0.5, t, T))
+    edited_plain, _ = run(tmp_path / "c", "--steps", "1", "--plain")
+    edited_fast, _ = run(tmp_path / "d", "--steps", "1")
+    assert edited_plain[0]["entropy"] != pytest.approx(base_plain[0]["entropy"], rel=1e-3)
+    assert edited_fast[0]["entropy"] == base_fast[0]["entropy"]
+    monkeypatch.undo()
+
+    forward = lora.LoraLinear.forward
+    monkeypatch.setattr(lora.LoraLinear, "forward", lambda self, x: forward(self, x) + 0.05)  # a new LoRA
+    _, plain_texts = run(tmp_path / "e", "--steps", "2", "--plain")
+    fast, texts = run(tmp_path / "f", "--steps", "2")
+    assert texts[0] == fast_texts[0]  # the fast sampler does not run LoraLinear.forward: it samples as before
+    assert plain_texts[0] != fast_texts[0]  # --plain samples with the edit
+    assert fast[0]["sampler_kl"] > 1e-4  # and the trainer, which runs it, sees what the sampler did not
+
+
+def test_eval_generate_plain_writes_the_default_completions(tmp_path) -> None:
+    common = ["generate", "--data", "recipe:semantic", "--model", "tiny", "--dtype", "float32", "--limit", "4",
+              "--max-new-tokens", "8", "--temperature", "1.0"]  # fmt: skip
+    outs = []
+    for name, more in (("fast", []), ("plain", ["--plain"])):
+        r = run_eval(*common, *more, "--out", tmp_path / f"{name}.jsonl", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(
+            [json.loads(line)["completion"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        )
+    assert outs[0] == outs[1]
+    assert json.loads((tmp_path / "plain.meta.json").read_text())["plain"] is True
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ("--sampling.decode", "static"),
+            "--plain samples with the plain loop; drop --sampling.decode static",
+        ),
+        (("--model.attn", "flash"), "--plain computes attention as SDPA does; drop --model.attn flash"),
+    ],
+)
+def test_a_fast_path_asked_for_beside_plain_is_refused(flags, message, tmp_path) -> None:
+    r = run_train_here("tiny", "--plain", *flags, "--out-dir", tmp_path / "run")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {message} (or --plain)"]

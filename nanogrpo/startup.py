@@ -87,7 +87,7 @@ def start(cfg: TrainConfig) -> Run:
     run.step0 = resume(run) if cfg.resume else 0  # --resume: its step
     run.evaluator = HeldOutEval(cfg, policy, device, held_out, env)  # --eval-every (eval/during.py)
     run.evaluator.start(logger, run.step0)  # step 0, before any update: a metrics.jsonl line of its own
-    run.notes = StepNotes(cfg, env)  # a paused entropy bonus, no tool call, episodes a budget cut: said once
+    run.notes = StepNotes(cfg, env, dtype)  # said once: a paused entropy bonus, no call, cut episodes, a gap
     return run
 
 

@@ -243,16 +243,21 @@ def grader_metrics(reward_fn) -> dict:
     return mean_metrics(dist.sum_floats(reward_fn.metrics()))
 
 
+GAP_BOUND = {True: 1e-6, False: 0.05}
+"""sampler_kl per token past which the run says its sampler and trainer disagree, by float32 compute or not."""
+
+
 class StepNotes:
     """The lines a run prints when a step's numbers say it learns nothing, or less than it could: each once when
     its condition starts (again only after it has ended, and at most once in `gap` steps), after the step's
     line. Read from the logged metrics, over all ranks; the main rank prints them (startup.after_step)."""
 
-    def __init__(self, cfg, env=None, no_call_steps: int = 3, cut_share: float = 0.2, gap: int = 10):
+    def __init__(self, cfg, env=None, dtype=torch.float32, no_call_steps=3, cut_share=0.2, gap: int = 10):
         self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
-        self.own_turns = (
-            env.own_turns if env is not None else 0
-        )  # the environment's own max_turns (0: unknown)
+        self.own_turns = env.own_turns if env is not None else 0  # the environment's own (0: not known)
+        # sampler_kl per token past which sampler and trainer compute different things: the gap of rounding
+        # is ~1e-13 in float32 and up to a few 1e-3 in bf16 (SmolLM2's demo); a changed LoRA is 1e-4 to 1
+        self.gap_bound = GAP_BOUND[dtype == torch.float32]
         self.no_call = 0  # steps in a row whose episodes made no tool call
         self.holding: set[str] = set()  # the conditions that hold now (each said when it began)
         self.said: dict[str, int] = {}  # the step each was last said at
@@ -265,6 +270,7 @@ class StepNotes:
             self.entropy_line: bool(m.get("entropy_paused")),
             self.no_call_line: self.no_call >= self.no_call_steps,
             self.cut_line: (m.get("env/truncated") or 0.0) > self.cut_share,
+            self.gap_line: (m.get("sampler_kl") or 0.0) > self.gap_bound,
         }
         lines = []
         for line, holds in checks.items():
@@ -293,6 +299,23 @@ class StepNotes:
             "does not use the tools, so nothing it is rewarded for can involve them. A small model needs SFT on "
             "tool-use transcripts first (--algo sft, then --lora.init-from; docs/STAGES.md), or take a larger "
             "model that calls tools already"
+        )
+
+    def gap_line(self, m: dict) -> str:
+        said = (
+            f"the sampler and the trainer disagree far past rounding (sampler_kl {m['sampler_kl']:.1e} a token, "
+            f"over {self.gap_bound:g})"
+        )
+        if self.cfg.plain:
+            return (
+                f"{said}, although under --plain they run the same code: the sampler's loop (its cache, positions "
+                "or masks: nanogrpo/model/sampling.py) does not compute what the model's forward does"
+            )
+        return (
+            f"{said}: the fast sampler (packed weights with LoRA folded, the grouped cache, the kernels) does not "
+            "compute what the trainer does, and the run trains on another policy's completions. A change to the "
+            "model, LoRA or the sampler that the fast paths do not follow does this: rerun with --plain, which "
+            "samples with the code as it reads"
         )
 
     def cut_line(self, m: dict) -> str:

@@ -31,10 +31,11 @@ def fast_again():
     paths.set_plain(False)
 
 
-def run(out: Path, *flags) -> tuple[list[dict], list[list[str]]]:
-    """A tiny float32 run's metrics and its sampled texts, a list a step."""
-    r = run_train_here(*FLOAT32, "--out-dir", out, *flags)
-    assert r.returncode == 0, r.stderr[-3000:]
+def run(out: Path, *flags, reuse: bool = False) -> tuple[list[dict], list[list[str]]]:
+    """A tiny float32 run's metrics and its sampled texts, a list a step (`reuse`: of the run made there)."""
+    if not reuse:
+        r = run_train_here(*FLOAT32, "--out-dir", out, *flags)
+        assert r.returncode == 0, r.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     return metrics, [[c["text"] for g in s["groups"] for c in g["completions"]] for s in steps]
@@ -96,11 +97,31 @@ def test_an_edit_on_the_reading_path_is_what_a_plain_run_samples_and_trains(tmp_
 
     forward = lora.LoraLinear.forward
     monkeypatch.setattr(lora.LoraLinear, "forward", lambda self, x: forward(self, x) + 0.05)  # a new LoRA
-    _, plain_texts = run(tmp_path / "e", "--steps", "2", "--plain")
-    fast, texts = run(tmp_path / "f", "--steps", "2")
+    plain, plain_texts = run(tmp_path / "e", "--steps", "2", "--plain")
+    r = run_train_here(*FLOAT32, "--out-dir", tmp_path / "f", "--steps", "2")
+    fast, texts = run(tmp_path / "f", reuse=True)
     assert texts[0] == fast_texts[0]  # the fast sampler does not run LoraLinear.forward: it samples as before
     assert plain_texts[0] != fast_texts[0]  # --plain samples with the edit
-    assert fast[0]["sampler_kl"] > 1e-4  # and the trainer, which runs it, sees what the sampler did not
+    assert fast[0]["sampler_kl"] > 1 and plain[0]["sampler_kl"] < 1e-9  # the trainer runs the edit
+    notes = [line for line in r.stdout.splitlines() if "disagree far past rounding" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: step 1: the sampler and the trainer disagree")
+    assert "rerun with --plain, which samples with the code as it reads" in notes[0]
+
+
+def test_the_gap_note_names_plain_only_where_it_helps() -> None:
+    from dataclasses import replace
+
+    import torch
+    from helpers import tiny
+
+    from nanogrpo.summary import StepNotes
+
+    cfg = tiny(Path("/tmp"))
+    step = {"step": 3, "sampler_kl": 2e-3}
+    assert StepNotes(cfg, dtype=torch.bfloat16)(step) == []  # bf16's rounding: the demo's gap is 1-3e-3
+    (fast,) = StepNotes(cfg, dtype=torch.float32)(step)
+    (plain,) = StepNotes(replace(cfg, plain=True), dtype=torch.float32)(step)
+    assert "rerun with --plain" in fast and "although under --plain they run the same code" in plain
 
 
 def test_eval_generate_plain_writes_the_default_completions(tmp_path) -> None:

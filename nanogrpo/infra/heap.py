@@ -7,8 +7,8 @@ the free top of the heap past the trim threshold is returned too; every page ret
 zeroed again at its next use: a GRPO step faults in gigabytes of pages, and a large share of `make demo`'s
 CPU time went to the kernel (docs/BENCHMARKS.md).
 
-`keep_freed_memory()`, which train.py and eval.py call for a CPU run, sets the mmap threshold to its
-32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: a shorter
+`keep_freed_memory()`, which a CPU run's start-up checks (startup.check_run) and eval.py's model loading
+call, sets the mmap threshold to its 32 MiB maximum and the trim threshold out of reach, so one step's freed blocks serve the next: a shorter
 step for a slightly higher peak (docs/BENCHMARKS.md). Blocks over 32 MiB still come from the system each time; the log-prob
 head's tiles stay under it (nanogrpo_kernels/logprobs.py).
 `release_free_heap()` is the opposite (malloc_trim): the free pages back to the system, so that the

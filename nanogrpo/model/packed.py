@@ -17,7 +17,7 @@ activations around it do not fit into each other's holes, so a GRPO step peaked 
 memory when the LM head's packed copy was kept across steps. So the block packs the head at every call, and hands
 glibc's free pages back to the system as it opens (the training pass's) and as it closes (the sampler's):
 the step then peaks where the unpacked one does, for the page faults of everything the next pass touches
-again. A process that keeps its freed memory (heap.keep_freed_memory, as train.py does on the CPU) trades
+again. A process that keeps its freed memory (heap.keep_freed_memory, as a CPU run does from its start-up) trades
 the other way: no trims, a slightly higher peak, a shorter step.
 
 oneDNN's packed weight serves any number of rows. MKL's packed float32 weight serves one row count:

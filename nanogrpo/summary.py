@@ -243,7 +243,7 @@ def grader_metrics(reward_fn) -> dict:
     return mean_metrics(dist.sum_floats(reward_fn.metrics()))
 
 
-GAP_BOUND = {True: 1e-6, False: 0.05}
+GAP_BOUND = {True: 1e-6, False: 0.5}
 """sampler_kl per token past which the run says its sampler and trainer disagree, by float32 compute or not."""
 
 
@@ -255,8 +255,8 @@ class StepNotes:
     def __init__(self, cfg, env=None, dtype=torch.float32, no_call_steps=3, cut_share=0.2, gap: int = 10):
         self.cfg, self.no_call_steps, self.cut_share, self.gap = cfg, no_call_steps, cut_share, gap
         self.own_turns = env.own_turns if env is not None else 0  # the environment's own (0: not known)
-        # sampler_kl per token past which sampler and trainer compute different things: the gap of rounding
-        # is ~1e-13 in float32 and up to a few 1e-3 in bf16 (SmolLM2's demo); a changed LoRA is 1e-4 to 1
+        # sampler_kl per token past which sampler and trainer compute different things: rounding's is ~1e-13
+        # in float32; in bf16 the demo's reaches 0.13 (LoRA folded into bf16 weights; under --plain 5e-3)
         self.gap_bound = GAP_BOUND[dtype == torch.float32]
         self.no_call = 0  # steps in a row whose episodes made no tool call
         self.holding: set[str] = set()  # the conditions that hold now (each said when it began)

@@ -54,7 +54,7 @@ METRICS = [
         "sampler_gap",
         "gap",
         "{:.0e}",
-    ),  # KL(sampler || trainer)/token: rounding ~1e-13, bug ~1e-3
+    ),  # KL(sampler || trainer)/token: float32 rounding ~1e-13 (summary.GAP_BOUND)
     ("sampler_abs_diff", "sampler_gap", "", ""),
     ("entropy", "kl_entropy", "ent", "{:.2f}"),
     ("frac_zero_std", "zero_std", "zero-std", "{:.2f}"),  # groups whose completions all scored the same

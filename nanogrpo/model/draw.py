@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nanogrpo.model.paths import plain
+
 
 def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
     """(max_new, N) uniforms for every step and row, in the order the eager loop draws them: per prompt,
@@ -279,6 +281,7 @@ def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
 
 def cache_dtype(model, amp=None) -> torch.dtype | None:
     """The sampler cache's dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32 kernels
-    are the faster ones there); elsewhere autocast's dtype, else the weights'."""
+    are the faster ones there), but under --plain (SDPA as it is, which takes one dtype); elsewhere autocast's
+    dtype, else the weights'."""
     W = model.lm_head_weight
-    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 and not plain() else amp

@@ -262,7 +262,8 @@ def _worker(sock: socket.socket, out_fd: int, factory, keeper: int) -> None:
     survive a fork)."""
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the keeper's own handlers are not the environment's
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     _on_parent_death(signal.SIGKILL)
     if os.getppid() != keeper:  # the keeper died before the line above
         return

@@ -68,11 +68,10 @@ def tool_methods(obj: Any) -> dict[str, Any]:
     return tools
 
 
-def _type_of(p: dict) -> str:
-    """A parameter's JSON type as one word: the first of a union's ('integer' of ['integer', 'string']), 'any'
-    when the schema names none."""
-    t = p.get("type", "any")
-    return str(t[0] if isinstance(t, list) and t else t)
+def _types(p: dict) -> list[str]:
+    """A parameter's JSON types: ['integer', 'string'] for a union, ['any'] when the schema names none."""
+    t = p.get("type") or "any"
+    return [str(x) for x in t] if isinstance(t, list) else [str(t)]
 
 
 def tool_prompt(schemas: list[dict]) -> str:
@@ -81,8 +80,7 @@ def tool_prompt(schemas: list[dict]) -> str:
     for s in schemas:
         f = s["function"]
         props, required = f["parameters"].get("properties", {}), f["parameters"].get("required", [])
-        sig = ", ".join(f"{k}: {'|'.join(map(str, p['type'])) if isinstance(p.get('type'), list) else _type_of(p)}"
-                        f"{'' if k in required else ' (optional)'}"
+        sig = ", ".join(f"{k}: {'|'.join(_types(p))}{'' if k in required else ' (optional)'}"
                         for k, p in props.items())  # fmt: skip
         lines.append(f"- {f['name']}({sig}): {f.get('description', '')}".rstrip())
         lines += [f"    {k}: {p['description']}" for k, p in props.items() if p.get("description")]
@@ -90,7 +88,7 @@ def tool_prompt(schemas: list[dict]) -> str:
         schemas[0]["function"],
         {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}},
     )
-    args = {k: values.get(_type_of(p), "text") for k, p in first["parameters"].get("properties", {}).items()}
+    args = {k: values.get(_types(p)[0], "text") for k, p in first["parameters"].get("properties", {}).items()}
     lines.append(  # placeholder values by type
         f"To call a tool, write {PLAIN.write(first['name'], args)} and stop; its result comes back in the next "
         "message. When you are done, answer without a tool call."

@@ -25,10 +25,10 @@ from nanogrpo.config import EnvConfig, SamplingConfig
 from nanogrpo.data import render_prompt
 from nanogrpo.envs.episode import _append_turns, _observe, _reset, _take, play, turn_seed
 from nanogrpo.envs.spec import check_start, resolve_env
-from nanogrpo.model.draw import eos_and_pad
-from nanogrpo.model.sampling import generate
+from nanogrpo.model.fast.sampler import generate
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
+from nanogrpo.policy import eos_and_pad
 from nanogrpo.recipes import recipe_path
 
 

@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
 from nanogrpo.infra.heap import keep_freed_memory  # noqa: E402
+from nanogrpo.model.fast.packed import packing_supported  # noqa: E402
+from nanogrpo.model.fast.sampler import generate  # noqa: E402
+from nanogrpo.model.fast.static_decode import GRAPHED  # noqa: E402
 from nanogrpo.model.hf_config import ModelArgs  # noqa: E402
-from nanogrpo.model.packed import packing_supported  # noqa: E402
-from nanogrpo.model.sampling import generate  # noqa: E402
-from nanogrpo.model.static_decode import GRAPHED  # noqa: E402
 from nanogrpo.model.transformer import Transformer  # noqa: E402
 from nanogrpo.model.zoo import random_config, random_transformer, resolve_model  # noqa: E402
 

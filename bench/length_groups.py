@@ -2,7 +2,7 @@
 
 The training forward runs each prompt once, then the completion tokens of every row against it. With one
 group every row runs as many tokens as the longest completion; with length groups (the default,
-nanogrpo.model.shared_prompt.length_buckets) each group of similar rows runs only its own longest. This
+nanogrpo.model.fast.shared_prompt.length_buckets) each group of similar rows runs only its own longest. This
 times both, side by side in one process, on a GRPO batch of P prompts x G completions whose lengths are given:
 
     python bench/length_groups.py                          # SmolLM2-135M + LoRA r=16, 4 x 8, the demo's shapes
@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import nanogrpo.model.fast.shared_prompt as sp  # noqa: E402
 import nanogrpo.model.logprobs as lp  # noqa: E402
-import nanogrpo.model.shared_prompt as sp  # noqa: E402
 from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
 from nanogrpo.model.lora import inject_lora  # noqa: E402
 from nanogrpo.model.transformer import Transformer  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> None:
     model = Transformer.from_pretrained(resolve_model(a.model), dtype=dtype, device=a.device)
     inject_lora(model, r=16, alpha=32)
     model.train()
-    head = lp.LogprobHead(model)
+    head = sp.FastLogprobHead(model)
     V, N = model.config.vocab_size, a.prompts * a.group
     group = [int(x) for x in a.lengths.split(",")]
     lens = [group[i % len(group)] for i in range(N)]

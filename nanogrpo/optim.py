@@ -26,7 +26,7 @@ import torch
 from nanogrpo.config import OptimConfig
 from nanogrpo.grpo import accumulate_stats
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, micro_slices
+from nanogrpo.model.logprobs import Batch
 
 if TYPE_CHECKING:  # for the hint only: the update calls the policy, it needs none of its module
     from nanogrpo.policy import Policy
@@ -138,6 +138,12 @@ def step_counts(batch: Batch) -> dict[str, float]:
     """{'seqs', 'tokens'}: the step's rows and completion tokens on all ranks, what a loss is normalised by
     so that its micro-batches and ranks add up to the whole batch's."""
     return dist.sum_floats({"seqs": float(len(batch)), "tokens": float(batch.mask.sum())})
+
+
+def micro_slices(n: int, micro: int) -> list[slice]:
+    """Row slices of at most `micro` rows (0 = one slice with everything)."""
+    micro = n if micro <= 0 else micro
+    return [slice(i, min(i + micro, n)) for i in range(0, n, micro)]
 
 
 def update(

@@ -30,10 +30,11 @@ from nanogrpo.infra import dist
 from nanogrpo.infra.checkpoint import load_full_weights, save_full_weights, write_full_weights
 from nanogrpo.infra.dist import parallel_mode
 from nanogrpo.model import lora
-from nanogrpo.model.draw import eos_and_pad
+from nanogrpo.model.fast.shared_prompt import FastLogprobHead
 from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
+from nanogrpo.model.paths import plain
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, resolve_model
 from nanogrpo_base.files import save_tensors
@@ -113,9 +114,9 @@ class Policy:
         policy equal to its reference has a KL of exactly 0, not rounding noise."""
         if self.use_lora:
             with lora.disabled(self.core):
-                return completion_logprobs(self.core, batch, temperature, self.autocast)[0]
+                return completion_logprobs(logprob_head(self.core), batch, temperature, self.autocast)[0]
         assert self.ref_model is not None, "KL needs a reference model"
-        return completion_logprobs(self.ref_model, batch, temperature, self.autocast)[0]
+        return completion_logprobs(logprob_head(self.ref_model), batch, temperature, self.autocast)[0]
 
     @torch.no_grad()
     def trainer_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
@@ -286,13 +287,33 @@ def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, toke
     eos_ids, pad_id = eos_and_pad(model.config, tok)
     # PPO's critic shares the trunk and its adapters: one forward gives the log-probs and the values
     value_head = ValueHead(model.config.hidden_size).to(device) if cfg.algo == "ppo" else None
-    head = LogprobHead(model, value_head)
+    head = logprob_head(model, value_head)
     if parallel != "none":  # torchrun: DDP or FSDP2
         head, ref_model = wrap_for_ranks(head, ref_model, parallel, device, dtype)
     fsdp = parallel == "fsdp"
     return Policy(
         head, tok, ref_model, pad_id, eos_ids, autocast, use_lora, model_dir, fsdp, cfg.lora.init_from
     )
+
+
+def logprob_head(model: torch.nn.Module, value_head: ValueHead | None = None) -> torch.nn.Module:
+    """The model's log-prob forward: LogprobHead, the plain pass, under --plain; FastLogprobHead (each
+    shared prompt once, the chunked LM head) otherwise. A head (maybe wrapped) is returned as it is."""
+    if isinstance(getattr(model, "module", model), LogprobHead):
+        return model
+    return LogprobHead(model, value_head) if plain() else FastLogprobHead(model, value_head)
+
+
+def eos_and_pad(model_config, tokenizer) -> tuple[list[int], int]:
+    """(the ids that end a completion, the pad id) the sampler is given: the EOS ids of the model's
+    config.json, then the tokenizer's; its pad token, else the first EOS id (0 when there is none). Pads are
+    masked and cut off when decoding, so the pad id never changes a completion."""
+    eos = [*(getattr(model_config, "eos_token_ids", None) or ())]
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    eos = list(dict.fromkeys(eos))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return eos, pad
 
 
 def full_finetune(model: Transformer, cfg: TrainConfig, parallel: str, device, dtype) -> Transformer | None:
@@ -320,7 +341,7 @@ def wrap_for_ranks(
         # GPU: float32 master weights, all-gathered in bf16 for compute; CPU (gloo): float32 throughout
         compute = dtype if device.type == "cuda" and dtype != torch.float32 else None
         if ref_model is not None:  # sharded first: its full copy is freed before the policy's goes
-            ref_model = fsdp.shard(LogprobHead(ref_model), compute, frozen=True)
+            ref_model = fsdp.shard(logprob_head(ref_model), compute, frozen=True)
         return fsdp.shard(head, compute), ref_model
     from torch.nn.parallel import DistributedDataParallel as DDP
 

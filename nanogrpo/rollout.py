@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 import torch
 
 from nanogrpo.config import TrainConfig
-from nanogrpo.model.logprobs import Batch, make_batch, pad_left
-from nanogrpo.model.sampling import generate
+from nanogrpo.model import fast
+from nanogrpo.model.logprobs import Batch, make_batch
+from nanogrpo.model.paths import plain
+from nanogrpo.model.sampling import generate, pad_left
 from nanogrpo_base.rows import prompt_text
 from rewards import Sample
 
@@ -79,13 +81,14 @@ def rollout(
         torch.Generator(device=device).manual_seed(prompt_seed(cfg.seed, step, first + i, resample))
         for i in range(len(prompts))
     ]
+    kw = dict(group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+              top_k=s.top_k, eos_ids=policy.eos_ids, stop_strings=s.stop, tokenizer=tok, generator=gens,
+              pad_id=policy.pad_id, autocast=policy.autocast)  # fmt: skip
     with policy.gathered(), torch.inference_mode():  # FSDP: full weights for the sampler
-        gen = generate(
-            policy.core, prompts, group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_p=s.top_p, top_k=s.top_k, eos_ids=policy.eos_ids, stop_strings=s.stop, tokenizer=tok,
-            generator=gens, pad_id=policy.pad_id, autocast=policy.autocast, fold_lora=s.fold_lora,
-            decode=s.decode,
-        )  # fmt: skip
+        if plain():  # --plain: the plain loop, on the weights as they are (model/paths.py)
+            gen = generate(policy.core, prompts, **kw)
+        else:  # the fast paths (model/fast/): packed weights, LoRA folded, the grouped cache
+            gen = fast.sampler.generate(policy.core, prompts, **kw, fold_lora=s.fold_lora, decode=s.decode)
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
     texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (draw.finish_text)
     roll = assemble(rows, texts, completion_ids, cmask, gen.logp, gen.truncated, policy.pad_id, device)

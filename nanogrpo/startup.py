@@ -47,9 +47,9 @@ from nanogrpo.infra.run_dir import (
 )
 from nanogrpo.model import judge_backend
 from nanogrpo.model.attention import check_flash
+from nanogrpo.model.fast.static_decode import check_decode
 from nanogrpo.model.memory_fit import fit_to_memory
 from nanogrpo.model.paths import set_plain
-from nanogrpo.model.static_decode import check_decode
 from nanogrpo.optim import build_optimizer, build_scheduler
 from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
 from nanogrpo.recipes.presets import check_preset_inputs
@@ -143,7 +143,10 @@ def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torc
         keep_freed_memory()
     dist.init(device.type)
     world = dist.world()
-    check_decode(cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path)  # graph: CUDA, no FSDP
+    if not cfg.plain:  # --plain samples with the plain loop (flag_checks refuses another --sampling.decode)
+        check_decode(
+            cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path
+        )  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     set_plain(cfg.plain)  # --plain: the reading path only, decided here for the run (model/paths.py)

@@ -536,7 +536,7 @@ class Scripted:
             def decode(self, logits, max_new, generator, *, pad_id=0, **kw):
                 import torch
 
-                from nanogrpo.model.draw import finish
+                from nanogrpo.model.sampling import finish
 
                 turn = Scripted.turns[S.k]
                 S.k += 1
@@ -570,8 +570,8 @@ def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
     decode mode an episode runs with."""
     import torch
 
-    from nanogrpo.model.row_sampler import Sampler
-    from nanogrpo.model.sampling import sampling_weights
+    from nanogrpo.model.fast.row_sampler import Sampler
+    from nanogrpo.model.fast.sampler import sampling_weights
 
     rows = [i // 2 for i in range(2 * len(prompts))]  # two rows a prompt
     obs = torch.Generator().manual_seed(7)

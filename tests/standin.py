@@ -354,18 +354,18 @@ def run_stages(root) -> dict:
     import traceback
     from dataclasses import replace
 
-    import nanogrpo.model.grouped
+    import nanogrpo.model.fast.grouped
     from train import main
 
     caches = []  # the KV cache's dtype of each sampler call: the sampler's compute dtype
-    prefill = nanogrpo.model.grouped.prefill_grouped
+    prefill = nanogrpo.model.fast.grouped.prefill_grouped
 
     def spy(*args, **kwargs):
         out = prefill(*args, **kwargs)
         caches.append(str(out[1].k.dtype))
         return out
 
-    nanogrpo.model.grouped.prefill_grouped = spy
+    nanogrpo.model.fast.grouped.prefill_grouped = spy
     results = {"_self_check": self_check()}
     cfgs = stage_configs(root)
     cfgs["grpo-resume"] = replace(cfgs["grpo"], steps=3, resume=True, eval_prompts=0)

@@ -28,8 +28,8 @@ from nanogrpo.model.attention import (
     repeat_kv,
     varlen,
 )
+from nanogrpo.model.fast.kvcache import PrefixKV
 from nanogrpo.model.hf_config import ModelArgs
-from nanogrpo.model.kvcache import PrefixKV
 from nanogrpo.model.transformer import Transformer, attention
 from train import main as train_main
 

@@ -14,8 +14,8 @@ import torch
 from nanogrpo.config import ModelConfig
 from nanogrpo.infra import cpu
 from nanogrpo.infra.device import resolve_device_dtype
-from nanogrpo.model.packed import packing_supported
-from nanogrpo.model.sampling import generate
+from nanogrpo.model.fast.packed import packing_supported
+from nanogrpo.model.fast.sampler import generate
 from nanogrpo.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,9 +106,9 @@ from nanogrpo.config import ModelConfig
 from nanogrpo.infra.cpu import cpu_capability
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
-from nanogrpo.model.packed import packing_supported
+from nanogrpo.model.fast.packed import packing_supported
 from nanogrpo.infra.device import resolve_device_dtype
-from nanogrpo.model.sampling import generate
+from nanogrpo.model.fast.sampler import generate
 
 cap = cpu_capability()
 dtype = resolve_device_dtype(ModelConfig(dtype="auto", device="cpu"))[1]

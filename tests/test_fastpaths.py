@@ -8,11 +8,18 @@ from helpers import packing_params, use_packer
 
 from nanogrpo.model import lora
 from nanogrpo.model.attention import decode_attention
-from nanogrpo.model.kvcache import PrefixKV
-from nanogrpo.model.logprobs import LogprobHead, completion_logprobs, make_batch, pad_left
-from nanogrpo.model.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
-from nanogrpo.model.sampling import generate
-from nanogrpo.model.shared_prompt import BUCKET_MIN, BUCKET_MIN_FAST, BUCKET_SHARE, length_buckets
+from nanogrpo.model.fast.kvcache import PrefixKV
+from nanogrpo.model.fast.packed import REPACK_MIN_STEPS, Packed, packed_weights, packing_supported
+from nanogrpo.model.fast.sampler import generate
+from nanogrpo.model.fast.shared_prompt import (
+    BUCKET_MIN,
+    BUCKET_MIN_FAST,
+    BUCKET_SHARE,
+    FastLogprobHead,
+    length_buckets,
+)
+from nanogrpo.model.logprobs import LogprobHead, completion_logprobs, make_batch
+from nanogrpo.model.sampling import pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
 
@@ -70,7 +77,7 @@ def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
     mask[1, 1] = 0  # a hole
     batch = make_batch(p_ids, p_mask, comp, mask)
     assert batch.group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    head = LogprobHead(model)
+    head = FastLogprobHead(model)
     head.bucket_lengths = bucket_lengths
     params = lora.trainable_parameters(model)
     w = torch.linspace(-1, 1, 24)  # (Tc,) a weight per column, so every position's gradient counts
@@ -99,7 +106,7 @@ def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
     # the plain path itself (fast=False): the same batch, one pass over all tokens, the whole logits
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
-    logp_plain, ent_plain = completion_logprobs(LogprobHead(model, fast=False), batch, 0.9, entropy_grad=True)
+    logp_plain, ent_plain = completion_logprobs(LogprobHead(model), batch, 0.9, entropy_grad=True)
     hook.remove()
     assert calls == [(12, 6 + 24)]
     grads_plain = grads(logp_plain, ent_plain)
@@ -144,14 +151,14 @@ def test_shared_prompt_forward_equals_per_row(tiny_dir, checkpointing):
     batch = group_batch(model.config.vocab_size)
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
-    logp, ent, grads = logp_and_grads(model, batch)
+    logp, ent, grads = logp_and_grads(FastLogprobHead(model), batch)
     hook.remove()
     # 3 prompts once, then the completions (all but their last token; row 4's one token needs none)
     assert calls == [(3, 6), (8, 5)]
 
     per_row = group_batch(model.config.vocab_size)
     per_row.group = torch.arange(len(per_row))  # every row its own prompt: one full pass
-    logp_ref, ent_ref, grads_ref = logp_and_grads(model, per_row)
+    logp_ref, ent_ref, grads_ref = logp_and_grads(FastLogprobHead(model), per_row)
     torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=0)
     assert (logp[batch.mask == 0] == 0).all()
@@ -161,8 +168,8 @@ def test_shared_prompt_forward_equals_per_row(tiny_dir, checkpointing):
 
 def test_shared_prompt_micro_batches_split_groups(tiny_dir):
     """Micro-batches that cut through a group, and one-token completions, still match the per-row path."""
-    model = lora_model(tiny_dir)
-    batch = group_batch(model.config.vocab_size)
+    model = FastLogprobHead(lora_model(tiny_dir))
+    batch = group_batch(model.model.config.vocab_size)
     full, _ = completion_logprobs(model, batch)
     parts = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + 4)))[0] for i in range(0, 9, 4)])
     torch.testing.assert_close(parts, full, atol=1e-5, rtol=0)
@@ -188,11 +195,11 @@ def test_length_buckets_split_off_the_long_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_length_groups_cost_follows_the_matmuls(tiny_dir, dtype, monkeypatch):
-    import nanogrpo.model.shared_prompt as sp
+    import nanogrpo.model.fast.shared_prompt as sp
 
     seen = []
     monkeypatch.setattr(sp, "length_buckets", lambda need, m: seen.append(m) or [(torch.arange(9), 5)])
-    completion_logprobs(lora_model(tiny_dir, dtype=dtype), group_batch(1024))
+    completion_logprobs(FastLogprobHead(lora_model(tiny_dir, dtype=dtype)), group_batch(1024))
     assert seen == [BUCKET_MIN if dtype == torch.float32 else BUCKET_MIN_FAST]
 
 
@@ -240,7 +247,7 @@ def test_length_groups_equal_one_group(tiny_dir):
     mask = (torch.arange(40)[None, :] < lens[:, None]).float()  # (9, 40)
     mask[2, 1] = 0  # a hole: row 2 still needs its tokens up to its last target
     batch = make_batch(p_ids, p_mask, comp, mask)
-    head = LogprobHead(model)
+    head = FastLogprobHead(model)
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
     logp, ent, grads = logp_and_grads(head, batch)
@@ -268,7 +275,7 @@ def test_one_group_of_every_row_runs_only_its_length(tiny_dir):
     batch = make_batch(p_ids, p_mask, comp, mask)
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
-    logp, ent, grads = logp_and_grads(LogprobHead(model), batch)
+    logp, ent, grads = logp_and_grads(FastLogprobHead(model), batch)
     hook.remove()
     assert calls == [(3, 6), (9, 3)]  # the prompts, then tokens 0-2 of every row (they predict 1-3)
     batch.group = torch.arange(9)  # every row its own prompt: one full pass each, no groups at all
@@ -288,7 +295,7 @@ def test_fsdp_runs_the_completions_in_one_group(tiny_dir, tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        head = fsdp.shard(LogprobHead(Transformer.from_pretrained(tiny_dir)))
+        head = fsdp.shard(FastLogprobHead(Transformer.from_pretrained(tiny_dir)))
         assert head.bucket_lengths is False
     finally:
         dist.destroy_process_group()
@@ -328,7 +335,7 @@ def test_packed_linear_equals_linear(dtype, packer, monkeypatch):
     """Any number of rows gives x W^T + b: oneDNN's packed weight (bf16 or float32) serves any count; MKL's
     float32 one serves its own count, fewer rows padded up to it, and other counts through the plain
     modules."""
-    from nanogrpo.model.packed import MklPackedLinear, PackedLinear, _fused
+    from nanogrpo.model.fast.packed import MklPackedLinear, PackedLinear, _fused
 
     use_packer(monkeypatch, packer)
     g = torch.Generator().manual_seed(0)
@@ -410,7 +417,7 @@ def test_packed_lm_head_follows_the_weight_and_is_freed_on_exit(tiny_dir, dtype,
 def test_packing_hands_free_pages_back_as_it_opens_and_closes(tiny_dir, monkeypatch):
     """The packing block trims the heap before the copies are made and after they are freed (so they and
     the training pass's activations do not add up), and not at all when packing does not apply."""
-    import nanogrpo.model.packed as packed_mod
+    import nanogrpo.model.fast.packed as packed_mod
 
     model = Transformer.from_pretrained(tiny_dir, dtype=torch.float32)
     applies = packing_supported(model.lm_head_weight)  # float32: where oneDNN's or MKL's packing runs
@@ -466,7 +473,7 @@ def test_cpu_sampling_matches_plain_path(tiny_dir, monkeypatch, dtype, packer):
 @pytest.mark.parametrize("dtype, packer", PACKINGS)
 def test_fused_projections_keep_biases(dtype, packer, monkeypatch):
     """q|k|v fused: Qwen2's q/k/v biases (and a missing bias as zeros) land in the right columns."""
-    from nanogrpo.model.packed import _fused
+    from nanogrpo.model.fast.packed import _fused
 
     use_packer(monkeypatch, packer)
     torch.manual_seed(0)
@@ -530,7 +537,9 @@ def test_plain_head_equals_the_chunked_head_under_autocast(tiny_dir):
     batch = group_batch(model.config.vocab_size)
     got = {}
     for fast in (True, False):
-        logp, ent = completion_logprobs(LogprobHead(model, fast=fast), batch, 0.9, torch.bfloat16)
+        logp, ent = completion_logprobs(
+            (FastLogprobHead if fast else LogprobHead)(model), batch, 0.9, torch.bfloat16
+        )
         got[fast] = (logp, ent)
     torch.testing.assert_close(got[True][0], got[False][0], atol=2e-2, rtol=0)
     torch.testing.assert_close(got[True][1], got[False][1], atol=2e-2, rtol=0)

@@ -337,6 +337,7 @@ def test_kept_log_softmax_gives_the_recomputed_gradient(entropy_grad):
 
 def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     """The trainer's log-probs and entropy equal the naive logits path on the tiny model."""
+    from nanogrpo.model.fast.shared_prompt import FastLogprobHead
     from nanogrpo.model.logprobs import completion_logprobs, make_batch
     from nanogrpo.model.transformer import Transformer
 
@@ -350,7 +351,7 @@ def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     batch = make_batch(prompt, torch.ones_like(prompt), completion, mask)
     for name in ["torch"] + (["triton"] if TRITON_HERE and DEV == "cpu" else []):
         with backend(name):
-            logp, entropy = completion_logprobs(model, batch, temperature=0.8)
+            logp, entropy = completion_logprobs(FastLogprobHead(model), batch, temperature=0.8)
         logits = model(batch.ids, attention_mask=batch.attn, position_ids=batch.pos).double() / 0.8
         logsm = logits[:, 5:10].log_softmax(-1)  # positions 5..9 predict completion tokens 0..4
         want = logsm.gather(2, completion[:, :, None]).squeeze(2) * mask

@@ -182,7 +182,7 @@ def test_bad_config(tiny_dir):
 
 def test_sampling_with_adapters_and_disabled(tiny_dir):
     """The sampler runs through the adapters, and under disabled() samples exactly the base model."""
-    from nanogrpo.model.sampling import generate
+    from nanogrpo.model.fast.sampler import generate
 
     model = Transformer.from_pretrained(tiny_dir)
     prompts = [[5, 17, 300], [42, 8]]

@@ -22,7 +22,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from nanogrpo.model.grouped import GroupedKVCache
+from nanogrpo.model.fast.grouped import GroupedKVCache
 from nanogrpo.model.hf_config import ModelArgs
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
@@ -388,7 +388,7 @@ def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
     plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: oneDNN's or MKL's, within
     float32 rounding), and the plain modules come back after the block."""
-    from nanogrpo.model.packed import packed_weights
+    from nanogrpo.model.fast.packed import packed_weights
 
     use_packer(monkeypatch, packer)
     _save(CONFIGS[name], tmp_path)

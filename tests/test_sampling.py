@@ -5,9 +5,9 @@ import torch
 from helpers import check_continuation, completions, per_prompt
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nanogrpo.model.draw import sample_tokens
-from nanogrpo.model.row_sampler import Sampler
-from nanogrpo.model.sampling import generate, sampling_weights
+from nanogrpo.model.fast.row_sampler import Sampler
+from nanogrpo.model.fast.sampler import generate, sampling_weights
+from nanogrpo.model.sampling import sample_tokens
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
 
@@ -308,7 +308,7 @@ def test_stop_string_text_is_the_same_in_training_eval_and_final_eval(lively_dir
     from nanogrpo.data import render_prompt
     from nanogrpo.eval import generation
     from nanogrpo.model import lora
-    from nanogrpo.model.draw import finish_text
+    from nanogrpo.model.sampling import finish_text
     from nanogrpo.recipes.presets import PRESETS
 
     model, tok = Transformer.from_pretrained(lively_dir), AutoTokenizer.from_pretrained(lively_dir)

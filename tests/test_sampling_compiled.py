@@ -18,9 +18,10 @@ from helpers import MANY_EOS, TEXTS, assert_same, check_continuation
 from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
 
 from nanogrpo.infra.cpu import cpu_capability
-from nanogrpo.model import kvcache, lora
-from nanogrpo.model.sampling import generate
-from nanogrpo.model.static_decode import PROMPT_BUCKET
+from nanogrpo.model import lora
+from nanogrpo.model.fast import kvcache
+from nanogrpo.model.fast.sampler import generate
+from nanogrpo.model.fast.static_decode import PROMPT_BUCKET
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import load_tokenizer, random_transformer, resolve_model
 

@@ -19,9 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from nanogrpo.config import SamplingConfig
-from nanogrpo.model import kvcache, lora, row_sampler, static_decode
-from nanogrpo.model.sampling import generate
-from nanogrpo.model.static_decode import DECODE_LOOPS, check_decode, check_rope
+from nanogrpo.infra import model_cache
+from nanogrpo.model import lora
+from nanogrpo.model.fast import kvcache, row_sampler, static_decode
+from nanogrpo.model.fast.sampler import generate
+from nanogrpo.model.fast.static_decode import DECODE_LOOPS, check_decode, check_rope
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import random_transformer, resolve_model
 
@@ -316,9 +318,9 @@ def test_graph_loop_runs_on_a_stand_in_device(monkeypatch):
     value back to the host would raise there, and every tensor the recorded steps' ops take is on the model's
     device (a CPU tensor in a CUDA graph is a copy the graph cannot replay). LoRA folded into the weights, as
     on a GPU."""
-    from nanogrpo.model.draw import sample_tokens
-    from nanogrpo.model.grouped import StaticGroupedKVCache, prefill_grouped
-    from nanogrpo.model.packed import folded_lora
+    from nanogrpo.model.fast.grouped import StaticGroupedKVCache, prefill_grouped
+    from nanogrpo.model.fast.packed import folded_lora
+    from nanogrpo.model.sampling import sample_tokens
 
     spec = "qwen2.5-1.5b:layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,vocab_size=1024"
     cpu = random_transformer(spec, dtype=torch.float32)
@@ -364,14 +366,14 @@ def test_compiled_kernels_go_to_a_folder_of_the_users_own(tmp_path, monkeypatch)
     monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    static_decode.private_inductor_cache()
+    model_cache.private_inductor_cache()
     folder = tmp_path / "inductor-avx2"
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder) and folder.stat().st_mode & 0o777 == 0o700
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
-    static_decode.private_inductor_cache()
+    model_cache.private_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor writes when it looks
-    static_decode.private_inductor_cache()
+    model_cache.private_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
@@ -379,7 +381,7 @@ def test_compiled_kernels_go_to_a_folder_of_the_users_own(tmp_path, monkeypatch)
     shared.mkdir()
     shared.chmod(0o777)  # as a folder someone else made for everyone would be
     with pytest.raises(RuntimeError, match="another user owns it or may write to it .mode 777.: remove it"):
-        static_decode.private_inductor_cache()
+        model_cache.private_inductor_cache()
     assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 

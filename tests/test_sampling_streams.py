@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nanogrpo.model.sampling import generate
+from nanogrpo.model.fast.sampler import generate
 from nanogrpo.model.transformer import Transformer
 
 

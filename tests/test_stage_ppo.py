@@ -11,7 +11,9 @@ from safetensors.torch import load_file
 
 from nanogrpo.config import updates_per_step
 from nanogrpo.infra.flag_checks import check_config
-from nanogrpo.model.logprobs import LogprobHead, ValueHead, completion_logprobs, make_batch, pad_left
+from nanogrpo.model.fast.shared_prompt import FastLogprobHead
+from nanogrpo.model.logprobs import ValueHead, completion_logprobs, make_batch
+from nanogrpo.model.sampling import pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups
 from nanogrpo.policy import VALUE_HEAD, load_policy
@@ -112,11 +114,11 @@ def test_grpo_forward_is_unchanged_without_a_value_head(tiny_model_dir):
     torch.manual_seed(0)
     model = Transformer.from_pretrained(tiny_model_dir)
     batch = tiny_batch()
-    plain = LogprobHead(model)
+    plain = FastLogprobHead(model)
     assert list(plain.state_dict()) == ["model." + k for k in model.state_dict()]
     vh = ValueHead(model.config.hidden_size)
     torch.nn.init.normal_(vh.weight)
-    with_v = LogprobHead(model, vh)
+    with_v = FastLogprobHead(model, vh)
     a = completion_logprobs(plain, batch)
     b = completion_logprobs(with_v, batch)
     lp, ent, values = completion_logprobs(with_v, batch, values=True)

@@ -81,19 +81,19 @@ def test_precompiled_headers_go_to_nanogrpos_cache_folder(tmp_path, monkeypatch)
     the user names one. Checked where inductor reads it, without a compile."""
     from torch._inductor import codecache
 
-    from nanogrpo.model import static_decode
+    from nanogrpo.infra import model_cache
 
     monkeypatch.setattr(codecache, "_HEADER_DIR", codecache._HEADER_DIR)  # put back after the test
     monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", codecache._HEADER_LOCK_DIR)
     monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    static_decode.private_inductor_cache()
+    model_cache.private_inductor_cache()
     folder = tmp_path / "inductor-default"
     assert codecache._HEADER_DIR == str(folder / "precompiled_headers")
     assert codecache._HEADER_LOCK_DIR == str(folder / "precompiled_headers" / "locks")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
-    static_decode.private_inductor_cache()
+    model_cache.private_inductor_cache()
     assert codecache._HEADER_DIR == str(tmp_path / "chosen" / "precompiled_headers")
 
 
@@ -106,7 +106,7 @@ def test_a_compile_writes_nothing_to_the_system_temp_folder(tmp_path):
     tmp, cache = tmp_path / "tmp", Path(os.environ.get("NANOGRPO_CACHE") or tmp_path / "cache")
     tmp.mkdir()
     code = (
-        "import torch\nfrom nanogrpo.model.static_decode import private_inductor_cache\n"
+        "import torch\nfrom nanogrpo.infra.model_cache import private_inductor_cache\n"
         "private_inductor_cache()\n"
         f"f = torch.compile(lambda x: (x.sin() * {random.random()}).sum(), fullgraph=True)\n"
         "print(float(f(torch.ones(8))))\n"

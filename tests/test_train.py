@@ -139,7 +139,8 @@ def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from nanogrpo.model import lora
-    from nanogrpo.model.logprobs import completion_logprobs, make_batch, pad_left
+    from nanogrpo.model.logprobs import completion_logprobs, make_batch
+    from nanogrpo.model.sampling import pad_left
     from nanogrpo.model.transformer import Transformer
     from nanogrpo.policy import load_policy
 

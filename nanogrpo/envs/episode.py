@@ -45,10 +45,10 @@ from nanogrpo.config import SamplingConfig
 from nanogrpo.envs import Step
 from nanogrpo.envs.keeper import printable
 from nanogrpo.envs.spec import EnvSpec
-from nanogrpo.model.draw import finish_text
+from nanogrpo.model.fast.row_sampler import Sampler
+from nanogrpo.model.fast.sampler import sampling_weights
 from nanogrpo.model.paths import plain
-from nanogrpo.model.row_sampler import Sampler
-from nanogrpo.model.sampling import sampling_weights
+from nanogrpo.model.sampling import finish_text
 from nanogrpo.rollout import assemble, prompt_seed
 
 
@@ -326,7 +326,7 @@ def play_rows(
     Row i's environments reset with seeds[i] (default: from `seed` and i), the same for every model compared
     on these rows."""
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.draw import eos_and_pad
+    from nanogrpo.policy import eos_and_pad
 
     eos, pad_id = eos_and_pad(model.config, tok)
     rows = [{**r, "_prompt_ids": render_prompt(tok, r, system_prompt)} for r in rows]

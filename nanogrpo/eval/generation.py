@@ -75,8 +75,8 @@ def generate_completions(
     from tqdm import tqdm
 
     from nanogrpo.data import render_prompt
-    from nanogrpo.model.draw import eos_and_pad
-    from nanogrpo.model.sampling import generate
+    from nanogrpo.model.fast.sampler import generate
+    from nanogrpo.policy import eos_and_pad
 
     prompts = [render_prompt(tokenizer, row, system_prompt=system_prompt) for row in rows]
     # Longest first: similar lengths share a batch (less padding) and an OOM shows up at once.

@@ -172,3 +172,53 @@ def build_once(
         return final
     finally:
         lock.release()
+
+
+def private_inductor_cache() -> None:
+    """Point inductor's on-disk cache (compiled kernels, loaded as code) at a folder of this user's own,
+    unless TORCHINDUCTOR_CACHE_DIR names one already.
+
+    Inductor's default is /tmp/torchinductor_$USER: any user of the machine can make that folder first and
+    fill it with kernels this process would then load and run. nanogrpo compiles into its cache folder
+    instead (~/.cache/nanogrpo, or $NANOGRPO_CACHE), refusing one that another user owns or may write. A
+    process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets) gets
+    a folder of its own: inductor reused the kernels one capability compiled in a process of the other, which
+    then read out of bounds or crashed (double free). The C++ precompiled headers (~150 MB each) go there too
+    (`_headers_into`). Nothing of torch._inductor is imported before the variable is set: importing it makes
+    its default folder in /tmp."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # inductor writes its default there once it looks
+    if chosen:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+            _headers_into(chosen)
+            return  # the user's own choice
+
+    folder = cache_dir() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise storage_error(cache_dir(), e) from e
+    st = folder.stat()
+    if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{folder} holds compiled code this process would run, and another user owns it or may write to "
+            f"it (mode {st.st_mode & 0o777:o}): remove it, or set TORCHINDUCTOR_CACHE_DIR to a folder of your own"
+        )
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    _headers_into(str(folder))
+
+
+def _headers_into(folder: str) -> None:
+    """Inductor's C++ precompiled headers into `folder`/precompiled_headers. Inductor keeps them in
+    /tmp/torchinductor_$USER whatever TORCHINDUCTOR_CACHE_DIR says: torch._inductor.codecache computes that
+    folder once, at its import, from default_cache_dir(), and reads the module's _HEADER_DIR at every use, so
+    it is set here. A torch without that name gets no precompiled headers (slower compiles, nothing in /tmp)."""
+    from torch._inductor import codecache, config
+
+    if isinstance(getattr(codecache, "_HEADER_DIR", None), str):
+        codecache._HEADER_DIR = os.path.join(folder, "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+    else:
+        config.cpp_cache_precompile_headers = False
+        config.aot_inductor.precompile_headers = False

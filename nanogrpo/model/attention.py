@@ -33,8 +33,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.paths import plain
-
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -70,11 +68,8 @@ def varlen(attention_mask: torch.Tensor, T: int, mask: torch.Tensor) -> Varlen:
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor | None:
     """transformer.attention's call through this file's kernels where one is faster (module docstring) ->
     (B, T, nh, D), or None where SDPA as it is is the faster call: a float32 CPU call of several queries, a
-    GPU call whose head counts match and whose mask is not flash-attn's; and every call under --plain
-    (paths.py)."""
+    GPU call whose head counts match and whose mask is not flash-attn's. A --plain run never calls it."""
     T, S, cpu = q.shape[2], k.shape[2], q.device.type == "cpu"
-    if plain():  # --plain: attention as SDPA computes it
-        return None
     flash_call = isinstance(mask, Varlen) or (isinstance(mask, str) and mask == "flash")
     to_float32 = cpu and (q.dtype != torch.float32 or k.dtype != torch.float32)
     if not (flash_call or to_float32 or (cpu and T == 1) or (not cpu and k.shape[1] != q.shape[1])):

@@ -27,7 +27,7 @@ def load(path: Path, dtype: Any, device: str) -> Any:
 
 
 def generate(*args: Any, **kwargs: Any) -> Any:
-    from nanogrpo.model.sampling import generate
+    from nanogrpo.model.fast.sampler import generate
 
     return generate(*args, **kwargs)
 

@@ -1,15 +1,16 @@
 """From token ids to per-token log-probs of the completions: the one path the loss, the KL reference and
 the metrics share.
 
-The plain path is LogprobHead with fast=False, whose docstring gives the two-line spec it computes: one
-pass of the model over prompt + completion for the final hidden states; only the positions that predict a
-masked-in completion token are kept, and `plain_token_logprobs` applies the LM head, log-softmax and gather
-to them, as the spec says.
+LogprobHead is the plain path, whose docstring gives the two-line spec it computes: one pass of the model
+over prompt + completion for the final hidden states; only the positions that predict a masked-in completion
+token are kept, and `plain_token_logprobs` applies the LM head, log-softmax and gather to them, as the spec
+says.
 
-The fast path beside it (fast=True, the default) gives the same values and gradients (tests/test_fastpaths.py):
-rows that share a prompt (a GRPO step's G completions) take model/shared_prompt.py, each prompt run once for
-its group and the completions in groups of similar length; and nanogrpo_kernels.logprobs.token_logprobs
-applies the LM head a chunk of rows at a time (Triton on GPUs), without the [n_tok, V] float32 logits.
+The fast path beside it (model/fast/shared_prompt.py's FastLogprobHead, the default; policy.logprob_head
+picks) gives the same values and gradients (tests/test_fastpaths.py): rows that share a prompt (a GRPO step's
+G completions) run each prompt once for their group, the completions in groups of similar length; and
+nanogrpo_kernels.logprobs.token_logprobs applies the LM head a chunk of rows at a time (Triton on GPUs),
+without the [n_tok, V] float32 logits.
 
 PPO (--algo ppo) adds a ValueHead to the LogprobHead: the same forward then also returns V(s_t) at every
 completion position, from the hidden state that predicts token t. Without a value head every call and
@@ -22,22 +23,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-
-from nanogrpo.model.paths import plain
-from nanogrpo.model.shared_prompt import prompt_heads, shared_prompt_hidden
-from nanogrpo_kernels.logprobs import token_logprobs
-
-
-def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into ids [B, T] and an attention mask [B, T] (1 real, 0 pad)."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, T - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, T - len(s) :] = 1
-    return ids, mask
 
 
 @dataclass
@@ -88,12 +73,6 @@ def make_batch(
     return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
 
 
-def micro_slices(n: int, micro: int) -> list[slice]:
-    """Row slices of at most `micro` rows (0 = one slice with everything)."""
-    micro = n if micro <= 0 else micro
-    return [slice(i, min(i + micro, n)) for i in range(0, n, micro)]
-
-
 class ValueHead(torch.nn.Module):
     """PPO's critic on the policy's trunk: V(s) = w . h + b on the final-normed hidden state h (H,).
 
@@ -127,7 +106,7 @@ def plain_token_logprobs(
 
 
 class LogprobHead(torch.nn.Module):
-    """The Transformer and the fused log-prob head in one forward (and PPO's value head, when given).
+    """The Transformer and the log-prob head in one forward (and PPO's value head, when given).
 
     For N rows of a Tp-token prompt and a Tc-token completion (ids (N, Tp+Tc), targets (N, Tc)) the forward
     computes, where mask is 1 (0 elsewhere):
@@ -135,22 +114,19 @@ class LogprobHead(torch.nn.Module):
         logits = model(ids)[:, Tp - 1 : -1] / temperature                       # (N, Tc, V)
         logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]  # (N, Tc)
 
-    The plain path (fast=False) is that: one pass over prompt + completion for the hidden states (N, Tc, H),
-    those at the masked-in positions (n_tok, H), then plain_token_logprobs. The fast path (fast=True) gets
-    the same hidden states with each shared prompt run once (shared_prompt.shared_prompt_hidden) and the
-    same log-probs and entropies from token_logprobs, chunked, without the [n_tok, V] float32 logits
-    (nanogrpo_kernels/logprobs.py says what it keeps instead).
+    It computes that: one pass over prompt + completion for the hidden states (N, Tc, H) (`completion_hidden`),
+    those at the masked-in positions (n_tok, H), then plain_token_logprobs (`token_logprobs`). The fast path
+    (fast/shared_prompt.FastLogprobHead) overrides those two: each shared prompt run once, and the LM head
+    chunked without the [n_tok, V] float32 logits.
 
     DDP and FSDP only see parameters used inside a module's forward: with the LM head applied here (and
     not after the wrapped forward returns) a trained or sharded LM head behaves under torchrun too; the
     value head runs here for the same reason.
     """
 
-    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None, fast: bool = True):
+    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
         super().__init__()
         self.model = model
-        self.fast = fast  # shared prompts run once and the chunked LM head (False: the plain path)
-        self.bucket_lengths = True  # the fast path's completions in length groups (infra/fsdp.py: off)
         if value_head is not None:  # no value head: no submodule, the state dict stays the Transformer's
             self.value_head = value_head
 
@@ -167,27 +143,17 @@ class LogprobHead(torch.nn.Module):
         entropy_grad: bool = False,
         values: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        Tp, Tc = prompt_len, targets.shape[1]
-        fast = self.fast and not plain()  # --plain: the reading path (paths.py)
-        # the first row of each shared prompt (N,) bool; None: the plain path (no prompt shared, or not fast)
-        first = prompt_heads(group, Tp) if fast else None
-        if first is None:  # the plain path: one pass over prompt + completion
-            hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
-            hidden = hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
-        else:  # the fast path: the same hidden states, each prompt run once for its rows
-            last = last_sampled(mask)  # (N,) the completion columns each row needs
-            hidden = shared_prompt_hidden(
-                self.model, ids, attn, pos, Tp, Tc, first, last, self.bucket_lengths
-            )
+        hidden = self.completion_hidden(
+            ids, attn, pos, prompt_len, targets.shape[1], group, mask
+        )  # (N, Tc, H)
         sel = mask.bool()  # (N, Tc)
         h = hidden[sel]  # (n_tok, H)
         weight = self.model.lm_head_weight  # (V, H)
         if h.dtype != weight.dtype:
             h = h.to(weight.dtype)
-        if fast:  # the fast path: the LM head a chunk of rows at a time (Triton on GPUs)
-            lp, ent = token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,), (n_tok,)
-        else:
-            lp, ent = plain_token_logprobs(h, weight, targets[sel], temperature)  # (n_tok,), (n_tok,)
+        lp, ent = self.token_logprobs(
+            h, weight, targets[sel], temperature, entropy_grad
+        )  # (n_tok,), (n_tok,)
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
         entropy = torch.zeros_like(logp)  # (N, Tc)
         logp = logp.masked_scatter(sel, lp.float())
@@ -201,6 +167,15 @@ class LogprobHead(torch.nn.Module):
             raise ValueError("values=True needs a value head: LogprobHead(model, ValueHead(H)) (--algo ppo)")
         v = torch.zeros_like(logp).masked_scatter(sel, self.value_head(h))  # (N, Tc) V(s_t), 0 on padding
         return logp, entropy, v
+
+    def completion_hidden(self, ids, attn, pos, Tp: int, Tc: int, group, mask) -> torch.Tensor:
+        """The hidden states that predict the completion tokens (N, Tc, H): one pass over prompt + completion."""
+        hidden = self.model(ids, attention_mask=attn, position_ids=pos, return_hidden=True)  # (N, T, H)
+        return hidden[:, Tp - 1 : Tp + Tc - 1]  # (N, Tc, H): position t predicts completion token t
+
+    def token_logprobs(self, h, weight, targets, temperature: float, entropy_grad: bool):
+        """Log-probs and entropies (n_tok,) of `targets` from hidden states h (n_tok, H): the spec itself."""
+        return plain_token_logprobs(h, weight, targets, temperature)
 
 
 def completion_logprobs(

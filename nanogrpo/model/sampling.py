@@ -1,133 +1,293 @@
-"""The sampler: G completions of each prompt, a token a step.
+"""The sampler: G completions of each prompt, a token a step, and the rules every decode loop shares.
 
     gen = generate(model, prompts, group_size=G, max_new_tokens=64, temperature=1.0, generator=gens)
 
-The plain loop (`plain_generate`, --sampling.decode plain) is the reference the fast paths are tested
-against: the prompts left-padded into one block and run once (their pads hidden by the attention mask), each
-prompt's keys copied to the cache rows of its G samples; then, a step at a time, every row samples a token
-from its last logits and feeds it through the model, until every row has ended or has max_new_tokens. How a
-token is drawn, recorded and ended is draw.py's, the rules every decode path shares.
+`generate` is the plain loop, the one --plain runs: the prompts left-padded into one block and run once
+(their pads hidden by the attention mask), each prompt's keys copied to the cache rows of its G samples;
+then, a step at a time, every row samples a token from its last logits and feeds it through the model, until
+every row has ended or has max_new_tokens. It runs the weights as they are: LoRA as its own forward computes
+it.
 
-The fast paths beside the plain loop draw the same tokens (tests/test_sampling.py):
-- the weights (`sampling_weights`): on the CPU every projection packed with LoRA folded in (packed.py);
-  elsewhere LoRA folded into one weight a projection;
-- the grouped cache (grouped.py): a prompt's keys once for its G samples, ended rows dropped: the default
-  (--sampling.decode eager);
-- one decode step over fixed shapes, run as it is, compiled, or recorded as a CUDA graph (row_sampler.py's
-  decode_loop over the grouped cache; static_decode.py): --sampling.decode static|compiled|graph;
-- the row sampler (row_sampler.py), which continues an episode's rows from turn to turn.
-`generate` hands every mode but 'plain' to one call, grouped.generate_fast (which builds on draw.py, as the
-row sampler does).
+The rules of a draw, which the fast paths (model/fast/) follow too:
+- One uniform per row and step, from the row's own generator (`draw_uniforms`: per prompt, G per step, in the
+  same order whatever has ended), so a row's sample depends only on its generator, not on the rows batched
+  with it: a torchrun rank and a resumed run draw the same.
+- softmax(logits / temperature), then top-k and top-p (`sample_filtered`), then the inverse CDF at the row's
+  uniform (`_draw`).
+- The log-prob kept is the sampled token's under softmax(logits / temperature) in float32, taken *before*
+  top-k / top-p filtering (softmax(logits) when greedy): what the trainer compares its own against. GRPO
+  refuses top-k / top-p, whose samples come from a distribution the loss does not see (docs/KL.md).
+- A row ends at an EOS id or at the token that completes a stop string (`StopCheck`, on the host); its text
+  ends right after the stop string (`finish_text`). `finish` makes a loop's records a Generation.
+
+The fast paths (model/fast/sampler.py's `generate`, the default) draw the same tokens (tests/test_sampling.py):
+packed weights with LoRA folded, a prompt's keys once for its G samples with ended rows dropped, a decode step
+compiled or replayed as a CUDA graph, and the row sampler that continues an episode's rows.
 
 Departures from transformers' `generate`: only the last position of a prefill goes through the LM head (no
-[B, T, V] logits), the draw of draw.py, and no logits processors beyond temperature, top-k and top-p.
+[B, T, V] logits); one uniform per row through the CDF of the kept tokens, with top-k and top-p on a partial
+sort, not K Gumbel noises and a full-vocabulary mask (an order of magnitude faster on a CPU); no logits
+processors beyond temperature, top-k and top-p.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from nanogrpo.model.draw import (
-    DecodeState,
-    Generation,
-    StopCheck,
-    cache_dtype,
-    draw_uniforms,
-    finish,
-    record,
-    sample_tokens,
-)
-from nanogrpo.model.logprobs import pad_left
-from nanogrpo.model.packed import folded_lora, packed_weights
-from nanogrpo.model.paths import plain
 
 
 @torch.inference_mode()
 def generate(
     model, prompts: list[list[int]], *, group_size: int = 1, max_new_tokens: int = 64, temperature: float = 1.0,
     top_p: float = 1.0, top_k: int = 0, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
-    tokenizer=None, generator=None, pad_id: int = 0, autocast: torch.dtype | None = None, fold_lora: bool = True,
-    decode: str = "eager",
+    tokenizer=None, generator=None, pad_id: int = 0, autocast: torch.dtype | None = None,
 ) -> Generation:  # fmt: skip
-    """Sample `group_size` completions of each prompt (token id lists); see Generation for the layout.
-
-    `generator`: one torch.Generator for the batch, or one per prompt: then a prompt's completions depend
-    only on its own generator, not on which other prompts share the batch (what lets torchrun ranks
-    reproduce a single-process run). `autocast`: the compute dtype of a float32 model (a full fine-tune's
-    master weights); on an accelerator the sampler then runs in it (its cache too), from the trainer's own
-    numerics; on the CPU the packed float32 weights are faster. `fold_lora`: where nothing is packed (a GPU),
-    each LoRA layer folded into one weight for the call (False runs the adapters as the trainer does).
-
-    `decode`: 'plain' (plain_generate, the reference) or a fast path (module docstring): 'eager' (the
-    default), 'static', 'compiled', 'graph', 'compiled-graph' (the last two run as 'static' and 'compiled' off
-    CUDA). All draw the same tokens from the same generators, log-probs to float32 rounding.
-    """
-    from nanogrpo.model.grouped import generate_fast
-    from nanogrpo.model.static_decode import check_generate
-
-    check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
-                   tokenizer, decode)  # fmt: skip
-    G, new = group_size, max_new_tokens
-    decode = "plain" if plain() else decode  # --plain: the reading path (paths.py)
-    with sampling_weights(model, len(prompts) * G, fold_lora, autocast) as (head, packed, amp):
-        if decode != "plain":  # the fast paths (grouped.py): a prompt's keys once for its G rows
-            return generate_fast(model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids,
-                                 stop_strings, tokenizer, generator, pad_id, amp, decode)  # fmt: skip
-        sample = lambda z, u: sample_tokens(z, temperature, top_p, top_k, None, u)  # noqa: E731
-        return plain_generate(model, head, prompts, G, new, sample, eos_ids, stop_strings, tokenizer, generator,
-                              pad_id, cache_dtype(model, amp), temperature)  # fmt: skip
-
-
-def plain_generate(model, lm_head, prompts: list[list[int]], G: int, max_new: int, sample, eos_ids, stop_strings,
-                   tokenizer, generator, pad_id: int, dtype: torch.dtype | None, temperature: float) -> Generation:  # fmt: skip
-    """The plain loop (module docstring): `lm_head` (n, H) -> (n, V) from sampling_weights, `sample` (logits
-    (N, V), uniforms (N, 1) or None) -> (tokens (N,), log-probs (N,)), `generator` one per prompt or one for
-    all (no uniforms drawn when `temperature` is 0: greedy), `dtype` the cache's."""
-    P, N, dev = len(prompts), len(prompts) * G, model.lm_head_weight.device
-    ids, attn = (t.to(dev) for t in pad_left(prompts, pad_id))  # (P, Tp) each
-    cache = model.new_kv_cache(P, ids.shape[1] + max_new, dtype)
-    h = model(ids, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, Tp, H)
-    rows = torch.arange(P, device=dev).repeat_interleave(G)  # (N,) the prompt of each row
-    cache, attn = cache.select(rows), attn[rows]  # each prompt's keys copied to its G rows; (N, Tp)
-    logits = lm_head(h[rows, -1]).float()  # (N, V) only the last position needs the LM head
-    u = draw_uniforms(generator, P, G, max_new, dev) if temperature > 0 else None  # (max_new, N)
-    s = DecodeState.start(N, max_new, eos_ids, pad_id, dev)
+    """Sample `group_size` completions of each prompt (token id lists), the plain loop (module docstring); see
+    Generation for the layout. `generator`: one torch.Generator per prompt (a prompt's completions then
+    depend only on it), or one for all; none is drawn from when `temperature` is 0 (greedy). `autocast`: a
+    float32 model's compute dtype on an accelerator (the cache's too), as the trainer's."""
+    P, G, T, W = len(prompts), group_size, max_new_tokens, model.lm_head_weight  # W (V, H)
+    N, dev = P * G, W.device
+    amp = autocast if dev.type != "cpu" else None
+    u = draw_uniforms(generator, P, G, T, dev) if temperature > 0 else None  # (T, N)
+    tokens = torch.full((N, T), pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
+    logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
+    length = torch.full((N,), T, device=dev)  # (N,) tokens up to and including the end (T while running)
+    done = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) ended: an EOS id or a stop string
+    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)  # (E,)
     stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
-    for t in range(max_new):  # s.step is t: where record writes
-        record(s, s.step, *sample(logits, None if u is None else u[t, :, None]))  # token t of every row
-        if stops is not None:
-            stops(s, t + 1)
-        if t + 1 == max_new or bool(s.done.all()):
-            break
-        tok = s.tokens[:, t : t + 1]  # (N, 1) token t, pad for ended rows (nothing reads what they compute)
-        attn = F.pad(attn, (0, 1), value=1)  # (N, Tp + t + 1)
-        h = model(tok, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (N, 1, H)
-        logits = lm_head(h[:, 0]).float()  # (N, V)
-        s.step.add_(1)
-    return finish(s.tokens, s.logps, s.length, s.done, pad_id)
+    ids, attn = (t.to(dev) for t in pad_left(prompts, pad_id))  # (P, Tp) each
+    with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+        cache = model.new_kv_cache(P, ids.shape[1] + T, amp)
+        h = model(ids, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, Tp, H)
+        rows = torch.arange(P, device=dev).repeat_interleave(G)  # (N,) the prompt of each row
+        cache, attn = cache.select(rows), attn[rows]  # each prompt's keys copied to its G rows; (N, Tp)
+        logits = (h[rows, -1] @ W.T).float()  # (N, V) only the last position needs the LM head
+        for t in range(T):
+            tok, lp = sample_tokens(logits, temperature, top_p, top_k, u=None if u is None else u[t, :, None])
+            tokens[:, t] = tok.masked_fill(done, pad_id)  # (N,) an ended row rides along, its tokens pad
+            logps[:, t] = lp.masked_fill(done, 0.0)
+            new = (tokens[:, t, None] == eos).any(-1) & ~done  # (N,) the rows that sample an EOS id now
+            length[new] = t + 1
+            done |= new
+            if stops is not None:
+                stops(tokens, length, done, t + 1)
+            if t + 1 == T or bool(done.all()):
+                break
+            attn = F.pad(attn, (0, 1), value=1)  # (N, Tp + t + 1)
+            h = model(
+                tokens[:, t : t + 1], attention_mask=attn, kv_cache=cache, return_hidden=True
+            )  # (N, 1, H)
+            logits = (h[:, 0] @ W.T).float()  # (N, V)
+    return finish(tokens, logps, length, done, pad_id)
 
 
-@contextlib.contextmanager
-def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.dtype | None = None):
-    """What the sampler computes with, for the block: eval mode (no LoRA dropout); on the CPU every projection
-    and the LM head packed with LoRA folded in (packed.py); elsewhere, with `fold_lora`, each LoRA layer folded
-    into one weight; on an accelerator, `autocast`'s dtype. Under --plain the weights as they are (nothing
-    packed or folded: LoRA as its forward computes it). Yields (the LM head (n, H) -> (n, V), the packed
-    weights or None, the autocast dtype or None)."""
-    was_training = model.training
-    model.eval()
-    amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
-    W = model.lm_head_weight  # (V, H)
-    try:
-        with (
-            packed_weights(model, batch_hint=rows) if not plain() else contextlib.nullcontext() as packed,
-            folded_lora(model, enabled=fold_lora and packed is None and not plain()),  # packing folds LoRA
-            torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
-        ):
-            yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
-    finally:
-        model.train(was_training)
+def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ids [B, T] and an attention mask [B, T] (1 real, 0 pad)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, T - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, T - len(s) :] = 1
+    return ids, mask
+
+
+def draw_uniforms(generator, P: int, G: int, max_new: int, device) -> torch.Tensor | None:
+    """(max_new, N) uniforms for every step and row, in the order the eager loop draws them: per prompt,
+    G per step (per-prompt generators); or N per step from one generator (None: torch's default)."""
+    if isinstance(generator, (list, tuple)):
+        if device.type == "cpu":  # the CPU generator draws serially: one call equals max_new calls of G
+            cols = [torch.rand(max_new, G, generator=g) for g in generator]  # each (max_new, G)
+        else:  # Philox offsets advance per call: draw as the eager loop does, one call per step
+            cols = [torch.stack([torch.rand(G, generator=g, device=device) for _ in range(max_new)])
+                    for g in generator]  # fmt: skip
+        return torch.cat(cols, 1).to(device)  # (max_new, N)
+    return torch.rand(max_new, P * G, generator=generator, device=device)  # (max_new, N)
+
+
+CHUNK = 512  # block size of the two-level inverse CDF in _draw
+
+
+def _draw(w: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices (N, 1) drawn in proportion to the non-negative, unnormalised weights w (N, K).
+
+    Inverse CDF with one uniform per row: drawing K Gumbel/exponential noises per row (what transformers
+    does) costs an order of magnitude more on a CPU. Over a whole vocabulary, a block is picked by its total weight and then
+    a token inside it, since a full-length cumsum is sequential and slow. u lies in (0, total], so a
+    zero-weight token (a flat step of the CDF) is never picked.
+    """
+    N, K = w.shape
+    if u is None:
+        u = torch.rand(N, 1, generator=generator, device=w.device)  # (N, 1) in [0, 1)
+    u = 1.0 - u  # (N, 1) in (0, 1]
+    if K <= 4 * CHUNK:
+        cdf = w.cumsum(-1)  # (N, K)
+        return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_(max=K - 1)
+    blocks = (F.pad(w, (0, -K % CHUNK)) if K % CHUNK else w).view(N, -1, CHUNK)  # (N, nb, C)
+    mass = blocks.sum(-1)  # (N, nb)
+    cs = mass.cumsum(-1)  # (N, nb)
+    u = u * cs[:, -1:]
+    b = torch.searchsorted(cs, u).clamp_(max=cs.shape[1] - 1)  # (N, 1) block
+    u = u - (cs.gather(1, b) - mass.gather(1, b))  # (N, 1) what is left inside the block
+    inner = blocks.gather(1, b[:, :, None].expand(N, 1, CHUNK)).squeeze(1).cumsum_(-1)  # (N, C)
+    j = torch.searchsorted(inner, u).clamp_(max=CHUNK - 1)  # (N, 1)
+    return (b * CHUNK + j).clamp_(max=K - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of float32 `logits` (N, V) -> (tokens (N,) long, logp (N,) float32).
+
+    logp is under softmax(logits / temperature) before filtering (softmax(logits) when greedy).
+    `u` (N, 1) in [0, 1) are the rows' uniforms when the caller draws them (else from `generator`).
+    `logits` may be overwritten.
+    """
+    if temperature == 0:
+        tok = logits.argmax(-1)  # (N,)
+        return tok, logits.gather(1, tok[:, None]).squeeze(1) - logits.logsumexp(-1)
+    z = logits.div_(temperature) if temperature != 1.0 else logits  # (N, V)
+    if 0 < top_k < z.shape[1] or top_p < 1.0:
+        return sample_filtered(z, top_p, top_k, generator, u)
+    # one fused softmax serves the draw and the log-prob (log p is exact to float32 rounding; a token whose p
+    # underflows to 0 can never be drawn)
+    p = z.softmax(-1)  # (N, V)
+    tok = _draw(p, generator, u)  # (N, 1)
+    return tok.squeeze(1), p.gather(1, tok).log_().squeeze(1)
+
+
+def sample_filtered(
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, u: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_tokens with top-k and / or top-p on logits z (N, V) already divided by the temperature: the draw
+    from the kept tokens, the log-prob under the whole softmax(z)."""
+    V = z.shape[1]
+    k = top_k if 0 < top_k < V else V
+    lse = z.logsumexp(-1, keepdim=True)  # (N, 1)
+    if k < V:
+        zs, idx = z.topk(k, dim=-1)  # (N, k) most likely first
+        p = (zs - lse).exp_()  # (N, k)
+    else:
+        # top-p alone: a partial sort that already holds top_p of the mass (a full sort of a 50k-150k
+        # vocabulary is slow on a CPU); grow it in the rare case it does not
+        k = min(V, 256)
+        while True:
+            zs, idx = z.topk(k, dim=-1)  # (N, k)
+            p = (zs - lse).exp_()  # (N, k)
+            if k == V or bool((p.sum(-1) >= top_p).all()):
+                break
+            k = min(V, 8 * k)
+    if top_p < 1.0:
+        # drop a token when the mass before it reaches top_p (of the top-k mass when top-k is on, as in
+        # transformers); the most likely token always stays
+        cum = p.cumsum(-1)  # (N, k)
+        total = cum[:, -1:] if 0 < top_k < V else 1.0
+        p.masked_fill_(cum - p >= top_p * total, 0.0)
+    tok = idx.gather(1, _draw(p, generator, u))  # (N, 1)
+    return tok.squeeze(1), (z.gather(1, tok) - lse).squeeze(1)
+
+
+class StopCheck:
+    """Stop strings, checked on the host (every step, or every few steps of a captured one), for every decode
+    loop: the row ends at the first token i whose window (the last `window` tokens up to i) decodes to a text
+    holding a stop string.
+
+    One decode per live row covers all the steps since the last check (window + new tokens): a stop string
+    in a window's text is then in this text too, since it only extends the window on the left and right.
+    Only the rows whose text holds a stop string (or a U+FFFD from split UTF-8 bytes, or every row when the
+    tokenizer rewrites spaces around punctuation) get the per-token check that finds where it ends."""
+
+    def __init__(self, stop_strings: Sequence[str], tokenizer):
+        self.stops, self.tok = list(stop_strings), tokenizer
+        self.window = (
+            max(len(s.encode()) for s in self.stops) + 2
+        )  # a stop string of b UTF-8 bytes spans <= b tokens
+        self.exact_only = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        self.checked = 0  # steps checked so far
+
+    def __call__(self, tokens: torch.Tensor, length: torch.Tensor, done: torch.Tensor, upto: int) -> None:
+        """Check steps checked .. upto - 1 of the rows not ended before them (tokens (N, T), length (N,),
+        done (N,), as the loop keeps them); end the rows that hit, in place."""
+        first, w = self.checked, self.window
+        lo = max(0, first - w + 1)
+        ids, lengths = tokens[:, lo:upto].tolist(), length.tolist()
+        ended_before = (done & (length <= first)).tolist()
+        hits = {}
+        rows = [r for r in range(len(ids)) if not ended_before[r]]
+        last = {r: min(upto, lengths[r]) for r in rows}  # a row ended by EOS here: up to its EOS
+        texts = self.tok.batch_decode([ids[r][: last[r] - lo] for r in rows])
+        suspects = [r for r, x in zip(rows, texts) if self.exact_only or "\ufffd" in x or self.hit(x)]
+        for r in suspects:
+            for i in range(first, last[r]):
+                if self.hit(self.tok.decode(ids[r][max(lo, i - w + 1) - lo : i + 1 - lo])):
+                    hits[r] = i
+                    break
+        if hits:
+            idx = torch.tensor(list(hits), device=length.device)
+            length[idx] = torch.tensor([i + 1 for i in hits.values()], device=length.device)
+            done[idx] = True
+        self.checked = upto
+
+    def hit(self, text: str) -> bool:
+        return any(x in text for x in self.stops)
+
+
+@dataclass
+class Generation:
+    """G completions per prompt; rows i*G .. i*G+G-1 belong to prompt i."""
+
+    completion_ids: torch.Tensor  # (B*G, T) long, pad_id after the end
+    mask: torch.Tensor  # (B*G, T) float, 1 on completion tokens (the EOS / stop token included)
+    logp: torch.Tensor  # (B*G, T) float32, sampler log-probs (0 where mask is 0)
+    truncated: torch.Tensor  # (B*G,) bool, hit max_new_tokens without EOS or stop string
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(1).long()  # (B*G,)
+
+    def texts(
+        self, tokenizer, stop_strings: Sequence[str] = (), skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Decoded completions (pads and everything after the end dropped), each finished by
+        `finish_text`: the text of one that ended on a stop string ends right after it. The one decoding
+        rule of training, eval.py generate and the final eval."""
+        ids = self.completion_ids.tolist()
+        return [
+            finish_text(tokenizer.decode(row[:n], skip_special_tokens=skip_special_tokens), stop_strings)
+            for row, n in zip(ids, self.lengths.tolist())
+        ]
+
+
+def finish_text(text: str, stop_strings: Sequence[str] = ()) -> str:
+    """`text` up to the end of its first stop string, the stop string kept.
+
+    The sampler stops at the token that completes a stop string, and a token may carry characters past
+    it (' </answer>\n' as one token): those are dropped. The stop string stays, since format graders check
+    closing tags such as '</answer>'. The trained tokens are still all the sampled ones, the completing
+    token included; only the text the graders see ends at the stop string. No stop string: unchanged.
+    """
+    ends = [i + len(s) for s in stop_strings if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def finish(tokens, logps, length, ended, pad_id: int) -> Generation:
+    """The Generation of tokens and log-probs (N, max_new), lengths (N,) and ended (N,): trimmed to the
+    longest completion, pad and 0 after each row's end."""
+    T = int(length.max())
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]  # (N, T)
+    return Generation(
+        completion_ids=tokens[:, :T].masked_fill(~mask, pad_id),
+        mask=mask.float(),
+        logp=logps[:, :T].masked_fill(~mask, 0.0),
+        truncated=~ended,
+    )

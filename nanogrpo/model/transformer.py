@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from nanogrpo.model.attention import kernel_attention, varlen
 from nanogrpo.model.hf_config import ModelArgs
+from nanogrpo.model.paths import plain
 from nanogrpo.model.rope import LENGTH_DEPENDENT, rope_inv_freq
 
 
@@ -60,8 +61,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.
     kernel), None (one new token per row that sees every key) or a boolean tensor (B, 1, T, S).
 
     SDPA; attention.py's kernels take the calls where they are faster, with the same results to float32
-    rounding (on the CPU every call, in float32; on a GPU grouped-query calls, and flash-attn's)."""
-    y = kernel_attention(q, k, v, mask)  # (B, T, nh, D), or None where SDPA as it is is the faster call
+    rounding (on the CPU every call, in float32; on a GPU grouped-query calls, and flash-attn's), but under
+    --plain (model/paths.py)."""
+    y = None if plain() else kernel_attention(q, k, v, mask)  # (B, T, nh, D), or None: SDPA as it is
     if y is not None:
         return y
     causal = isinstance(mask, str)  # "causal"
@@ -305,7 +307,7 @@ class Transformer(nn.Module):
         """Load an HF folder: config.json (+ generation_config.json) and *.safetensors (sharded or not)."""
         from safetensors.torch import load_file
 
-        from nanogrpo.model.static_decode import private_inductor_cache
+        from nanogrpo.infra.model_cache import private_inductor_cache
 
         path = Path(path)
         cls.check_attn(attn)  # before any weight is read

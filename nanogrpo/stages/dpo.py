@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from nanogrpo.config import TrainConfig
 from nanogrpo.data import preference_texts
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, pad_left
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch
+from nanogrpo.model.sampling import pad_left
 from nanogrpo.optim import in_slices, step_counts, update
 from nanogrpo.policy import Policy
 from nanogrpo.stages import Run

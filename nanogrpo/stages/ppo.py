@@ -40,8 +40,8 @@ import torch
 from nanogrpo import grpo
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, micro_slices
-from nanogrpo.optim import in_slices, step_counts, update
+from nanogrpo.model.logprobs import Batch, completion_logprobs
+from nanogrpo.optim import in_slices, micro_slices, step_counts, update
 from nanogrpo.policy import Policy
 from nanogrpo.rollout import rollout
 from nanogrpo.stages import Run

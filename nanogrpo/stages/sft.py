@@ -20,7 +20,8 @@ from nanogrpo.config import TrainConfig
 from nanogrpo.data import sft_target
 from nanogrpo.envs.render import TurnFormat
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch, pad_left
+from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch
+from nanogrpo.model.sampling import pad_left
 from nanogrpo.optim import Update, step_counts, update
 from nanogrpo.policy import Policy
 from nanogrpo.stages import Run

@@ -12,7 +12,7 @@ before the loop. So the step can be captured:
   (opaque custom ops, packed.py). With the grouped cache the prompts' keys are padded to a multiple of
   PROMPT_BUCKET tokens, so one compiled graph serves every GRPO step whose prompts fall in the same bucket.
   Compiling costs once per process (40-80 s on a 2-core CPU for a 30-layer model; inductor caches it on disk,
-  in nanogrpo's cache folder rather than a shared /tmp: `private_inductor_cache`): it pays on long runs, not
+  in nanogrpo's cache folder rather than a shared /tmp: infra/model_cache.py's `private_inductor_cache`): it pays on long runs, not
   on the 60-step demo, so the default stays eager.
 - `graph` (CUDA only): the step recorded once per key bucket as a CUDA graph and replayed for the bucket's
   later tokens (`CapturedStep`): one launch for the whole step instead of one per kernel, no compile.
@@ -27,11 +27,11 @@ The same tokens as the uncompiled step with the same generators; log-probs to fl
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
+from nanogrpo.infra import model_cache
 from nanogrpo.model.rope import LENGTH_DEPENDENT
 
 PROMPT_BUCKET = 64  # compiled steps over the grouped cache: its prompts' keys padded to a multiple of this
@@ -117,8 +117,8 @@ class Stepper:
 @functools.cache
 def compiled_step(step: Callable[..., None]) -> Callable[..., None]:
     """`step` through torch.compile, made once per process (each new shape compiles on first use), compiling
-    into `private_inductor_cache`'s folder."""
-    private_inductor_cache()
+    into model_cache.private_inductor_cache's folder."""
+    model_cache.private_inductor_cache()
     # one graph per (prompt bucket, batch, max_new, key bucket): a long run with several prompt buckets passes
     # dynamo's default of 8 recompiles, past which it would run the step uncompiled, silently
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -162,55 +162,3 @@ class CapturedStep:
                     "static (or compiled) instead; tests/test_sampling_static.py's recording tests show which op"
                 ) from e
             self.graph = graph
-
-
-def private_inductor_cache() -> None:
-    """Point inductor's on-disk cache (compiled kernels, loaded as code) at a folder of this user's own,
-    unless TORCHINDUCTOR_CACHE_DIR names one already.
-
-    Inductor's default is /tmp/torchinductor_$USER: any user of the machine can make that folder first and
-    fill it with kernels this process would then load and run. nanogrpo compiles into its cache folder
-    instead (~/.cache/nanogrpo, or $NANOGRPO_CACHE), refusing one that another user owns or may write. A
-    process that runs other CPU code paths (ATEN_CPU_CAPABILITY=avx2, as bench/cpu_check.py --avx2 sets) gets
-    a folder of its own: inductor reused the kernels one capability compiled in a process of the other, which
-    then read out of bounds or crashed (double free). The C++ precompiled headers (~150 MB each) go there too
-    (`_headers_into`). Nothing of torch._inductor is imported before the variable is set: importing it makes
-    its default folder in /tmp."""
-    from nanogrpo.infra.model_cache import cache_dir, storage_error
-
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # inductor writes its default there once it looks
-    if chosen:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-        if os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
-            _headers_into(chosen)
-            return  # the user's own choice
-
-    folder = cache_dir() / f"inductor-{os.environ.get('ATEN_CPU_CAPABILITY') or 'default'}"
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise storage_error(cache_dir(), e) from e
-    st = folder.stat()
-    if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
-        raise RuntimeError(
-            f"{folder} holds compiled code this process would run, and another user owns it or may write to "
-            f"it (mode {st.st_mode & 0o777:o}): remove it, or set TORCHINDUCTOR_CACHE_DIR to a folder of your own"
-        )
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    _headers_into(str(folder))
-
-
-def _headers_into(folder: str) -> None:
-    """Inductor's C++ precompiled headers into `folder`/precompiled_headers. Inductor keeps them in
-    /tmp/torchinductor_$USER whatever TORCHINDUCTOR_CACHE_DIR says: torch._inductor.codecache computes that
-    folder once, at its import, from default_cache_dir(), and reads the module's _HEADER_DIR at every use, so
-    it is set here. A torch without that name gets no precompiled headers (slower compiles, nothing in /tmp)."""
-    from torch._inductor import codecache, config
-
-    if isinstance(getattr(codecache, "_HEADER_DIR", None), str):
-        codecache._HEADER_DIR = os.path.join(folder, "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
-    else:
-        config.cpp_cache_precompile_headers = False
-        config.aot_inductor.precompile_headers = False

@@ -26,9 +26,10 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.draw import DecodeState, Generation, StopCheck, cache_dtype, finish, sample_tokens
-from nanogrpo.model.kvcache import visible_keys
-from nanogrpo.model.row_sampler import decode_loop
+from nanogrpo.model.fast.kvcache import visible_keys
+from nanogrpo.model.fast.row_sampler import decode_loop
+from nanogrpo.model.fast.sampler import DecodeState, cache_dtype
+from nanogrpo.model.sampling import Generation, StopCheck, finish, sample_tokens
 from nanogrpo.model.transformer import KVCache
 
 
@@ -296,7 +297,7 @@ def generate_grouped(
                 out = hit.nonzero().squeeze(1) if rows is None else rows[hit]
                 length[out], ended[out] = t + 1, True
             if stops is not None:
-                stops(s, t + 1)  # ends the rows whose text now holds a stop string
+                stops(tokens, length, ended, t + 1)  # ends the rows whose text now holds a stop string
             new = (ended if rows is None else ended[rows]) & ~done  # (n,)
             if bool(new.any()):
                 done |= new
@@ -325,7 +326,7 @@ def generate_fast(
     """sampling.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
     dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the row sampler's decode step
     over the grouped cache, kept on fixed shapes (row_sampler.decode_loop, static_decode.py)."""
-    from nanogrpo.model.static_decode import COMPILED, PROMPT_BUCKET
+    from nanogrpo.model.fast.static_decode import COMPILED, PROMPT_BUCKET
 
     if decode == "eager":  # the single-turn default
         return generate_grouped(model, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings,

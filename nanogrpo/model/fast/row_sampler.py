@@ -29,17 +29,9 @@ from collections.abc import Sequence
 
 import torch
 
-from nanogrpo.model.draw import (
-    DecodeState,
-    Generation,
-    StopCheck,
-    cache_dtype,
-    draw_uniforms,
-    finish,
-    record,
-    sample_tokens,
-)
-from nanogrpo.model.kvcache import visible_keys
+from nanogrpo.model.fast.kvcache import visible_keys
+from nanogrpo.model.fast.sampler import DecodeState, cache_dtype, record
+from nanogrpo.model.sampling import Generation, StopCheck, draw_uniforms, finish, sample_tokens
 from nanogrpo.model.transformer import attention
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
@@ -65,7 +57,7 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
     """The decode loop: up to max_new tokens for each row of the cache, the first from `logits` (N, V) (the
     prefill's, or an extension's). `generator`: one per prompt (its G rows draw G uniforms a step) or one for
     all; `decode_mode` wraps the step (static_decode.Stepper)."""
-    from nanogrpo.model.static_decode import CAPTURED, Stepper
+    from nanogrpo.model.fast.static_decode import CAPTURED, Stepper
 
     dev, N = logits.device, logits.shape[0]
     s = DecodeState.start(N, max_new, eos_ids, pad_id, dev)
@@ -80,14 +72,14 @@ def decode_loop(model, lm_head, cache, logits, max_new: int, sample, eos_ids, st
     while made < max_new:
         if made % every == 0:
             if stops is not None:
-                stops(s, made)
+                stops(s.tokens, s.length, s.done, made)
             if bool(s.done.all()):
                 break
         cache.visible = cache.keys_for(made, bucketed=captured)  # keys this step reads
         step(model, lm_head, cache, s, u, sample, key=cache.visible)
         made += 1
     if stops is not None:
-        stops(s, made)
+        stops(s.tokens, s.length, s.done, made)
     return s
 
 

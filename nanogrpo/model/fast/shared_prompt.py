@@ -15,9 +15,11 @@ altogether takes variable-length attention kernels, such as flash-attn's on GPUs
 on any device, at one forward per group. Under FSDP every rank runs one group (LogprobHead.bucket_lengths
 off, set by infra/fsdp.py), since each forward all-gathers the blocks.
 
-LogprobHead takes it wherever adjacent rows of a batch share a prompt (`Batch.group`, from make_batch): the G
-completions of a GRPO step, in the policy's, pi_old's and the reference's passes alike. A batch whose rows
-each have their own prompt (or none) takes the plain path.
+FastLogprobHead takes it wherever adjacent rows of a batch share a prompt (`Batch.group`, from make_batch):
+the G completions of a GRPO step, in the policy's, pi_old's and the reference's passes alike. A batch whose
+rows each have their own prompt (or none) runs as LogprobHead's plain pass. Its LM head is
+nanogrpo_kernels.logprobs.token_logprobs, a chunk of rows at a time (Triton on GPUs), without the
+[n_tok, V] float32 logits (nanogrpo_kernels/logprobs.py says what it keeps instead).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanogrpo.model.kvcache import PrefixKV
+from nanogrpo.model.fast.kvcache import PrefixKV
+from nanogrpo.model.logprobs import LogprobHead, ValueHead, last_sampled
+from nanogrpo_kernels.logprobs import token_logprobs
 
 # The completion tokens of a batch run in groups of rows of similar length (length_buckets). A group costs
 # one forward and backward more, which bench/length_groups.py measures in token positions (SmolLM2 + LoRA,
@@ -36,6 +40,26 @@ from nanogrpo.model.kvcache import PrefixKV
 BUCKET_MIN = 32
 BUCKET_MIN_FAST = 256
 BUCKET_SHARE = 8
+
+
+class FastLogprobHead(LogprobHead):
+    """LogprobHead's values and gradients (tests/test_fastpaths.py), each shared prompt run once for its rows
+    (`shared_prompt_hidden`) and the LM head chunked (token_logprobs)."""
+
+    def __init__(self, model: torch.nn.Module, value_head: ValueHead | None = None):
+        super().__init__(model, value_head)
+        self.bucket_lengths = True  # the completions in length groups (infra/fsdp.py: off)
+
+    def completion_hidden(self, ids, attn, pos, Tp: int, Tc: int, group, mask) -> torch.Tensor:
+        first = prompt_heads(group, Tp)  # (N,) bool, the first row of each shared prompt; None: none shared
+        if first is None:
+            return super().completion_hidden(ids, attn, pos, Tp, Tc, group, mask)
+        return shared_prompt_hidden(
+            self.model, ids, attn, pos, Tp, Tc, first, last_sampled(mask), self.bucket_lengths
+        )
+
+    def token_logprobs(self, h, weight, targets, temperature: float, entropy_grad: bool):
+        return token_logprobs(h, weight, targets, temperature, entropy_grad)
 
 
 def prompt_heads(group: torch.Tensor | None, prompt_len: int) -> torch.Tensor | None:

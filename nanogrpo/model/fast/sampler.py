@@ -1,0 +1,132 @@
+"""The fast samplers' entry and what they share: `generate` (the default sampler of every caller but the
+plain rollout), the weights they sample with (`sampling_weights`), and the fixed-shape state of a decode loop
+(`DecodeState`, `record`).
+
+    gen = generate(model, prompts, group_size=G, max_new_tokens=64, generator=gens, decode="eager")
+
+`generate` takes sampling.generate's arguments and `decode`: 'plain' (or a --plain run) hands the call to the
+plain loop, sampling.generate, on the weights as they are; every other mode samples in `sampling_weights`
+(on the CPU every projection packed with LoRA folded in, packed.py; elsewhere each LoRA layer folded into one
+weight) and takes grouped.generate_fast: 'eager' the grouped cache, ended rows dropped; 'static', 'compiled',
+'graph', 'compiled-graph' the row sampler's decode step on fixed shapes (static_decode.py). All draw the same
+tokens as the plain loop from the same generators, log-probs to float32 rounding (tests/test_sampling.py),
+by its rules (sampling.py: the uniforms, the draw, the ends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nanogrpo.model import sampling
+from nanogrpo.model.fast.packed import folded_lora, packed_weights
+from nanogrpo.model.paths import plain
+from nanogrpo.model.sampling import Generation
+
+
+@torch.inference_mode()
+def generate(
+    model, prompts: list[list[int]], *, group_size: int = 1, max_new_tokens: int = 64, temperature: float = 1.0,
+    top_p: float = 1.0, top_k: int = 0, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
+    tokenizer=None, generator=None, pad_id: int = 0, autocast: torch.dtype | None = None, fold_lora: bool = True,
+    decode: str = "eager",
+) -> Generation:  # fmt: skip
+    """sampling.generate's samples, by the path `decode` names (module docstring), its arguments checked
+    first. `fold_lora`: where nothing is packed (a GPU), each LoRA layer folded into one weight for the call
+    (False runs the adapters as the trainer does). `autocast`: a float32 model's compute dtype on an
+    accelerator, the sampler's (its cache's too); on the CPU the packed float32 weights are faster."""
+    from nanogrpo.model.fast.grouped import generate_fast
+    from nanogrpo.model.fast.static_decode import check_generate
+
+    check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
+                   tokenizer, decode)  # fmt: skip
+    if plain() or decode == "plain":  # the reading path: the plain loop on the weights as they are
+        with eval_mode(model):
+            return sampling.generate(
+                model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_p=top_p, top_k=top_k, eos_ids=eos_ids, stop_strings=stop_strings, tokenizer=tokenizer,
+                generator=generator, pad_id=pad_id, autocast=autocast,
+            )  # fmt: skip
+    with sampling_weights(model, len(prompts) * group_size, fold_lora, autocast) as (head, packed, amp):
+        return generate_fast(model, head, packed, prompts, group_size, max_new_tokens, temperature, top_p, top_k,
+                             eos_ids, stop_strings, tokenizer, generator, pad_id, amp, decode)  # fmt: skip
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode for the block (no LoRA dropout), its mode back after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.dtype | None = None):
+    """What the fast samplers compute with, for the block: eval mode (no LoRA dropout); on the CPU every
+    projection and the LM head packed with LoRA folded in (packed.py); elsewhere, with `fold_lora`, each LoRA
+    layer folded into one weight; on an accelerator, `autocast`'s dtype. Under --plain (an episode's row
+    sampler) the weights as they are. Yields (the LM head (n, H) -> (n, V), the packed weights or None, the
+    autocast dtype or None)."""
+    amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
+    W = model.lm_head_weight  # (V, H)
+    with (
+        eval_mode(model),
+        contextlib.nullcontext() if plain() else packed_weights(model, batch_hint=rows) as packed,
+        folded_lora(model, enabled=fold_lora and packed is None and not plain()),  # packing folds LoRA
+        torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
+    ):
+        yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
+
+
+@dataclass
+class DecodeState:
+    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
+
+    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
+    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
+    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
+    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
+    eos: torch.Tensor  # (E,) long, the EOS ids
+    pad: torch.Tensor  # () long, the pad id
+    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
+
+    @classmethod
+    def start(cls, N: int, max_new: int, eos_ids: Sequence[int], pad_id: int, device) -> DecodeState:
+        """N rows, nothing sampled yet: every token pad, every row running, at step 0."""
+        return cls(
+            tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=device),
+            logps=torch.zeros(N, max_new, dtype=torch.float32, device=device),
+            length=torch.full((N,), max_new, dtype=torch.long, device=device),
+            done=torch.zeros(N, dtype=torch.bool, device=device),
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
+            pad=torch.tensor(pad_id, device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
+        )
+
+
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
+    feeds); mark the rows that hit an EOS id now. sampling.generate's rule, on tensors a captured step keeps."""
+    tok = torch.where(s.done, s.pad, tok)  # (N,)
+    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see grouped.StaticGroupedKVCache)
+    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
+    if len(s.eos):
+        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
+        # calls unique(), which reads a size back to the host (no graph can hold that)
+        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
+        s.length.copy_(torch.where(new, t + 1, s.length))
+        s.done.logical_or_(new)
+
+
+def cache_dtype(model, amp=None) -> torch.dtype | None:
+    """The fast samplers' cache dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32
+    kernels are the faster ones there), but under --plain (SDPA as it is takes one dtype); elsewhere
+    autocast's dtype, else the weights'."""
+    W = model.lm_head_weight
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 and not plain() else amp

@@ -29,7 +29,7 @@ from nanogrpo.dynamic import draw_step
 from nanogrpo.envs.episode import episode_rollout, failure_causes
 from nanogrpo.infra import config_file, dist
 from nanogrpo.model.logprobs import Batch, completion_logprobs
-from nanogrpo.optim import Update, in_slices, step_counts, update
+from nanogrpo.optim import Update, accumulate_stats, in_slices, micro_slices, step_counts
 from nanogrpo.recipes.presets import PRESETS, cli_help
 from nanogrpo.rollout import Rollout, loss_rows, rollout
 from nanogrpo.stages import Run, step_function
@@ -112,47 +112,38 @@ def grpo_step(run: Run, step: int, rows: list[dict], first: int) -> dict:
     return m
 
 
-def grpo_update(
-    policy,
-    opt,
-    sched,
-    batch: Batch,
-    adv: torch.Tensor,
-    ref_logp,
-    sampler_logp: torch.Tensor,
-    cfg: TrainConfig,
-) -> Update:
-    """--grpo.num-iterations passes of the GRPO loss over the batch, each ended by an optimizer step (optim.update:
-    the micro-batches, backward, clip, step); passes after the first are off-policy.
-
-    The loss is normalised by the step's counts summed over all ranks, so the sum over micro-batches and
-    ranks is the full-batch loss. pi_old is the first pass's own log-probs (the weights the samples came
-    from), not the sampler's: the sampler's go in as `sampler_logp`, to log the gap and, with
-    --grpo.is-correction, to correct it. --grpo.entropy-coef makes the entropy differentiable;
-    --grpo.top-entropy-quantile picks the tokens that keep the policy gradient first (entropy_mask)."""
+def grpo_update(policy, opt, sched, batch: Batch, adv, ref_logp, sampler_logp, cfg: TrainConfig) -> Update:
+    """--grpo.num-iterations passes over the batch (adv (N,), ref_logp (N, Tc) or None, sampler_logp (N, Tc)),
+    each its micro-batches' losses backward, then one clipped optimizer step; passes after the first are
+    off-policy. Each micro-batch's loss is normalised by the step's counts on all ranks, so micro-batches and
+    ranks add up to the full batch's. pi_old is the first pass's own log-probs (the weights the samples came
+    from); the sampler's are logged against them (and, with --grpo.is-correction, corrected for)."""
     g, temp = cfg.grpo, cfg.sampling.temperature
     counts = step_counts(batch)  # seqs, tokens of the step on all ranks
-    keep = entropy_mask(policy, batch, cfg) if g.top_entropy_quantile < 1 else None  # (N, Tc)
-    old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) the trainer's log-probs before the update
-
-    def loss_fn(it: int, sl: slice, mb: Batch) -> tuple[torch.Tensor, dict]:
-        logp, ent = completion_logprobs(
-            policy.model, mb, temp, policy.autocast, entropy_grad=g.entropy_coef != 0
-        )  # (n, Tc), (n, Tc)
-        if it == 0:  # pi_old: the first pass runs the weights the samples came from
-            old_logp[sl] = logp.detach()
-        loss, stats = grpo.grpo_loss(
-            logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
-            num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.completion_tokens,
-            sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
-        )  # fmt: skip
-        stats["entropy"] = (ent.detach() * mb.mask).sum()  # logged for the first pass
-        return loss, stats
-
-    return update(
-        policy, opt, sched, batch, counts, loss_fn,
-        passes=g.num_iterations, micro=cfg.micro_batch, grad_clip=cfg.optim.grad_clip,
-    )  # fmt: skip
+    keep = entropy_mask(policy, batch, cfg) if g.top_entropy_quantile < 1 else None  # (N, Tc) or None
+    old_logp = torch.zeros_like(sampler_logp)  # (N, Tc) pi_old, filled by the first pass
+    slices = micro_slices(len(batch), cfg.micro_batch)
+    stats: list[dict | None] = [None, None]  # stat sums of the first pass, of the later (off-policy) ones
+    loss_sum = grad_norm = 0.0
+    policy.model.train()
+    for it in range(g.num_iterations):
+        for k, sl in enumerate(slices):
+            mb = batch.rows(sl)
+            with policy.no_sync(last=k == len(slices) - 1):  # DDP: one all-reduce per pass
+                logp, ent = completion_logprobs(policy.model, mb, temp, policy.autocast, g.entropy_coef != 0)
+                if it == 0:  # pi_old: the first pass runs the weights the samples came from
+                    old_logp[sl] = logp.detach()
+                loss, s = grpo.grpo_loss(
+                    logp, old_logp[sl], None if ref_logp is None else ref_logp[sl], adv[sl], mb.mask, g,
+                    num_seqs=counts["seqs"], num_tokens=counts["tokens"], max_len=cfg.completion_tokens,
+                    sampler_logp=sampler_logp[sl], entropy=ent, keep=None if keep is None else keep[sl],
+                )  # fmt: skip
+                policy.backward(loss)  # x world: the gradient is the sum over ranks
+            s["entropy"] = (ent.detach() * mb.mask).sum()  # logged for the first pass
+            stats[it > 0] = accumulate_stats(stats[it > 0], s)
+            loss_sum += float(loss.detach()) if it == 0 else 0.0
+        grad_norm = policy.step(opt, sched, cfg.optim.grad_clip)  # clip, step, schedule, zero
+    return Update(counts["seqs"], counts["tokens"], stats[0], stats[1], loss_sum, grad_norm)
 
 
 def entropy_mask(policy, batch: Batch, cfg: TrainConfig) -> torch.Tensor:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nanogrpo.model.fast.shared_prompt as sp  # noqa: E402
 import nanogrpo.model.logprobs as lp  # noqa: E402
+from nanogrpo import rollout  # noqa: E402
 from nanogrpo.infra.cpu import cpu_capability  # noqa: E402
 from nanogrpo.model.lora import inject_lora  # noqa: E402
 from nanogrpo.model.transformer import Transformer  # noqa: E402
@@ -47,7 +48,7 @@ def make_batch(P: int, G: int, Tp: int, lens: list[int], vocab: int) -> lp.Batch
     pmask[:G, :3] = 0
     comp = torch.randint(10, vocab, (P * G, Tc), generator=g)  # (P*G, Tc)
     mask = (torch.arange(Tc)[None, :] < torch.tensor(lens)[:, None]).float()  # (P*G, Tc)
-    return lp.make_batch(prompt * pmask, pmask, comp, mask)
+    return rollout.make_batch(prompt * pmask, pmask, comp, mask)
 
 
 def fwd_bwd(head: lp.LogprobHead, batch: lp.Batch, repeat: int) -> float:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cpu_check import cpu_line  # bench/cpu_check.py: the CPU's name, cores and flags
 
-from nanogrpo.model import judge_backend
+from nanogrpo import judge_backend
 from rewards import RewardConfig, Sample, build_reward
 from rewards.options import JudgeConfig, RubricConfig
 

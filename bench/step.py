@@ -80,7 +80,7 @@ def write_prompts(path: Path, n: int, filler_words: int) -> None:
 
 def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
     import train
-    from nanogrpo import rollout, startup
+    from nanogrpo import startup
     from nanogrpo.config import (
         DataConfig,
         GRPOConfig,
@@ -91,12 +91,13 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         TrainConfig,
     )
     from nanogrpo.infra.metrics import read_jsonl
+    from nanogrpo.model.fast import sampler
     from rewards.options import RewardConfig
 
     mem = MemoryMonitor()
     prompt_lens: list[float] = []
     prompt_max: list[int] = []
-    generate = rollout.generate  # the sampler call of every step (nanogrpo/rollout.py)
+    generate = sampler.generate  # the sampler call of every default step (nanogrpo/rollout.py)
 
     cpu0: list[float] = []
     cpu_step: list[float] = []
@@ -117,7 +118,7 @@ def run_nanogrpo(a: argparse.Namespace, data: Path, out_dir: Path) -> dict:
         cpu_step.append(time.process_time() - cpu0[-1])  # called once a step, after the optimizer step
         return console_line(m)
 
-    rollout.generate = fixed_length_generate
+    sampler.generate = fixed_length_generate
     startup.console_line = console_line_mark  # after_step prints the step's line through it
     cfg = TrainConfig(
         steps=a.warmup + a.steps,

@@ -14,7 +14,10 @@ import random
 import string
 from dataclasses import dataclass
 
+from nanogrpo.config import TrainConfig
 from nanogrpo.formats import load_rows
+from nanogrpo.model.zoo import load_tokenizer, resolve_model
+from nanogrpo.policy import prompt_limit
 from nanogrpo_base.rows import DataError
 
 
@@ -176,6 +179,12 @@ def render_prompt(tokenizer, row: dict, system_prompt: str = "", tools: list | N
         messages = [{"role": "system", "content": system_prompt}] + messages
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
+    """The tokenizer and the longest prompt the run allows (prompt_limit), without loading the weights."""
+    limit = prompt_limit(cfg)[0]  # an architecture nanogrpo cannot run: refused before the tokenizer loads
+    return load_tokenizer(resolve_model(cfg.model.path)), limit
 
 
 def tokenize_prompts(

@@ -496,15 +496,3 @@ def later_pass_stats(totals: dict[str, float] | None) -> dict[str, float]:
         return {}
     fin = finalize_stats(totals)
     return {f"offpolicy/{k}": fin[k] for k in OFF_POLICY if k in fin}
-
-
-def is_max_stat(key: str) -> bool:
-    """Stats combined by max over micro-batches and ranks (the rest are sums)."""
-    return key.endswith("_max")
-
-
-def accumulate_stats(totals: dict[str, float] | None, stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Add one micro-batch's stats to the running totals (the *_max ones by max)."""
-    if totals is None:
-        return {k: float(v) for k, v in stats.items()}
-    return {k: max(totals[k], float(v)) if is_max_stat(k) else totals[k] + float(v) for k, v in stats.items()}

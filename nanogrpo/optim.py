@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanogrpo.config import OptimConfig
-from nanogrpo.grpo import accumulate_stats
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch
 
@@ -114,6 +113,12 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: i
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg, total_steps))
 
 
+def optimizer_and_schedule(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    """(the optimizer, its LR schedule over `total_steps` optimizer steps) of a run."""
+    opt = build_optimizer(model, cfg)
+    return opt, build_scheduler(opt, cfg, total_steps)
+
+
 # ----------------------------------------------------------------------------- the update skeleton
 
 
@@ -123,15 +128,11 @@ class Update:
 
     seqs: float  # rows of the step, summed over ranks
     tokens: float  # completion tokens of the step, summed over ranks
-    stats: dict[str, float]  # loss_fn's stats of the first pass, summed over micro-batches (*_max maxed)
+    stats: dict[str, float]  # loss_fn's stats of the first pass, summed over micro-batches (*_max maxed);
+    # 'entropy': the sum of its token entropies on this rank (GRPO's and PPO's)
     later: dict[str, float] | None  # the same over the passes after it (None with one pass): off-policy
     loss: float  # this rank's share of the first pass's loss
     grad_norm: float  # before clipping, at the last optimizer step
-
-    @property
-    def entropy(self) -> float:
-        """The sum of the first pass's token entropies on this rank (GRPO's and PPO's stats 'entropy')."""
-        return self.stats["entropy"]
 
 
 def step_counts(batch: Batch) -> dict[str, float]:
@@ -183,6 +184,18 @@ def update(
         grad_norm = policy.step(opt, sched, grad_clip)
     assert first is not None
     return Update(counts["seqs"], counts["tokens"], first, later, loss_sum, grad_norm)
+
+
+def is_max_stat(key: str) -> bool:
+    """Stats combined by max over micro-batches and ranks (the rest are sums)."""
+    return key.endswith("_max")
+
+
+def accumulate_stats(totals: dict[str, float] | None, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Add one micro-batch's stats to the running totals (the *_max ones by max)."""
+    if totals is None:
+        return {k: float(v) for k, v in stats.items()}
+    return {k: max(totals[k], float(v)) if is_max_stat(k) else totals[k] + float(v) for k, v in stats.items()}
 
 
 def in_slices(fn: Callable[[Batch], torch.Tensor], batch: Batch, micro: int) -> torch.Tensor:

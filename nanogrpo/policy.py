@@ -231,12 +231,6 @@ class Policy:
         self.tokenizer.save_pretrained(str(folder))
 
 
-def prompt_budget(cfg: TrainConfig) -> tuple[object, int]:
-    """The tokenizer and the longest prompt the run allows (prompt_limit), without loading the weights."""
-    limit = prompt_limit(cfg)[0]  # an architecture nanogrpo cannot run: refused before the tokenizer loads
-    return load_tokenizer(resolve_model(cfg.model.path)), limit
-
-
 def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:
     """(the longest prompt the run allows, the model's positions), from the model folder's config.json:
     --data.max-prompt-tokens, at most the positions less --sampling.max-new-tokens (with --env, less the

@@ -21,7 +21,7 @@ import torch
 
 from nanogrpo.config import TrainConfig
 from nanogrpo.model import fast
-from nanogrpo.model.logprobs import Batch, make_batch
+from nanogrpo.model.logprobs import Batch
 from nanogrpo.model.paths import plain
 from nanogrpo.model.sampling import generate, pad_left
 from nanogrpo_base.rows import prompt_text
@@ -127,6 +127,23 @@ def assemble(
     batch = make_batch(p_ids, p_mask, completion_ids.to(device), cmask.to(device))  # (N, Tp+Tc)
     sampler_logp = logp.float().to(device) * batch.mask  # (N, Tc)
     return Rollout(rows, texts, samples, batch, sampler_logp, lengths, truncated, 0.0)
+
+
+def make_batch(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
+) -> Batch:
+    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc].
+
+    Adjacent rows with the same prompt form a group (their prompt runs once in the forward).
+    """
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Tp+Tc)
+    # tokens after a completion's end only attend backwards (causal), so they cannot change earlier ones
+    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (N, Tp+Tc)
+    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (N, Tp+Tc)
+    new = torch.ones(len(ids), dtype=torch.bool)  # (N,) row starts a new group
+    new[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(1).cpu()
+    group = new.long().cumsum(0) - 1  # (N,)
+    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
 
 
 def loss_rows(

@@ -25,8 +25,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nanogrpo import judge_backend
 from nanogrpo.config import TrainConfig, updates_per_step, with_epochs
-from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, tokenize_prompts
+from nanogrpo.data import PromptOrder, check_sft_rows, column_map, load_task, prompt_budget, tokenize_prompts
 from nanogrpo.envs import spec as env_spec
 from nanogrpo.eval.during import HeldOutEval, check_eval_every, final_eval, held_out_source
 from nanogrpo.eval.report import write_report
@@ -45,13 +46,12 @@ from nanogrpo.infra.run_dir import (
     release_run_dir,
     started_record,
 )
-from nanogrpo.model import judge_backend
 from nanogrpo.model.attention import check_flash
 from nanogrpo.model.fast.static_decode import check_decode
 from nanogrpo.model.memory_fit import fit_to_memory
 from nanogrpo.model.paths import set_plain
-from nanogrpo.optim import build_optimizer, build_scheduler
-from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
+from nanogrpo.optim import optimizer_and_schedule
+from nanogrpo.policy import load_policy, prompt_limit
 from nanogrpo.recipes.presets import check_preset_inputs
 from nanogrpo.stages import Run, cpt, dpo
 from nanogrpo.summary import StepNotes
@@ -76,8 +76,7 @@ def start(cfg: TrainConfig) -> Run:
     if world > 1 and dist.is_main():
         how = "sharded with FSDP2" if policy.fsdp else "replicated with DDP"
         print(f"torchrun: {world} ranks, the policy {how}")
-    opt = build_optimizer(policy.model, cfg.optim)
-    sched = build_scheduler(opt, cfg.optim, cfg.steps * updates_per_step(cfg))
+    opt, sched = optimizer_and_schedule(policy.model, cfg.optim, cfg.steps * updates_per_step(cfg))
     order = PromptOrder(len(rows), cfg.seed, cfg.data.shuffle)
     out = Path(cfg.out_dir)
     logger = Logger(

@@ -16,6 +16,7 @@ from nanogrpo import grpo
 from nanogrpo.dynamic import informative_groups
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import last_sampled
+from nanogrpo.optim import is_max_stat
 from rewards.diagnostics import hacking_totals
 from rewards.registry import mean_metrics
 
@@ -71,8 +72,8 @@ def reduce_stats(stats: dict[str, float] | None) -> dict[str, float] | None:
     if stats is None:
         return None
     t = Totals(
-        {k: v for k, v in stats.items() if not grpo.is_max_stat(k)},
-        {k: v for k, v in stats.items() if grpo.is_max_stat(k)},
+        {k: v for k, v in stats.items() if not is_max_stat(k)},
+        {k: v for k, v in stats.items() if is_max_stat(k)},
     ).reduce()
     return {**t.sums, **t.maxes}
 
@@ -89,7 +90,7 @@ def grpo_summary(
             {
                 "zero": float(zero_std.sum()),
                 "groups": float(len(zero_std)),
-                "ent": upd.entropy,
+                "ent": upd.stats["entropy"],
                 "loss": upd.loss,
             }
         )

@@ -161,6 +161,11 @@ def mean_metrics(summed: dict[str, float]) -> dict[str, float | None]:
     return out
 
 
+def own_mix(row: dict) -> bool:
+    """Whether a row names its own task or reward spec (rewards.tasks.route reads them)."""
+    return row.get("task") is not None or row.get("reward") is not None
+
+
 class RewardFunction:
     """The reward of a training run: several graders, weighted (see the module docstring).
 
@@ -269,7 +274,18 @@ class RewardFunction:
             g.check()
 
     def __call__(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+        """(each sample's reward, or None where no grader scored it; each grader's scores, the components)."""
         self._last_n = len(batch)
+        if self.tasks or self.gates or self.aggregate != "sum" or any(own_mix(s.row) for s in batch):
+            return self._routed(batch)  # each sample graded by its task's or its row's mix, gates, ...
+        every = list(range(len(batch)))  # one mix: the weighted sum of every grader's scores
+        components = {name: self._score(name, g, batch, every) for name, g in self.graders.items()}
+        w = [self.weights[n] for n in self.graders]
+        return [combine([components[n][k] for n in self.graders], w) for k in every], components
+
+    def _routed(self, batch: list[Sample]) -> tuple[list[float | None], dict[str, list[float | None]]]:
+        """__call__ where samples differ in their mix (--reward.tasks, a row's 'reward'), or with gates or
+        --reward.aggregate normalize-then-sum."""
         routes = [self._route(s.row) for s in batch]  # (task, mix) per sample
         by_mix: dict[str | None, list[int]] = {}
         for i, (_, key) in enumerate(routes):

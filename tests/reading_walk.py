@@ -12,20 +12,50 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from test_layout import named_range  # noqa: E402
 
 # what --plain must never run: the fast paths, the attention kernels, the log-prob kernels (nanogrpo_kernels'
 # lcs.py is ROUGE-L's LCS, a grader's: rapidfuzz on the CPU, whatever the path)
 FAST = ("nanogrpo/model/fast/", "nanogrpo/model/attention.py", "nanogrpo_kernels/logprobs")
 DEMO = ["demo", "--model.path", "tiny", "--model.dtype", "float32", "--steps", "1", "--eval-prompts", "0",
         "--no-plots", "--prompts-per-step", "2", "--plain"]  # fmt: skip
+
+
+def definitions(path: Path) -> dict[str, tuple[int, int]]:
+    """{name: (first line, last line)} of a file's top-level defs, classes and assignments and of its classes'
+    methods ('Class.method'); a decorator's line is the first."""
+    tree, out = ast.parse(path.read_text()), {}
+    for n in tree.body:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+            out[ast.unparse(target)] = (n.lineno, n.end_lineno)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            members = [(n.name, n)]
+            if isinstance(n, ast.ClassDef):
+                members += [(f"{n.name}.{m.name}", m) for m in n.body if isinstance(m, ast.FunctionDef)]
+            for name, m in members:
+                out[name] = (min([m.lineno, *(d.lineno for d in m.decorator_list)]), m.end_lineno)
+    return out
+
+
+def named_range(root: Path, item: str) -> str:
+    """'file:name' (or 'file:Class.method', or 'file:A..B': A's first line to B's last, B a method of A's
+    class when it has no dot) -> 'file:first-last' on today's code."""
+    f, name = item.strip().split(":")
+    defs = definitions(root / f)
+    a, _, b = name.partition("..")
+    if b and b not in defs:
+        b = f"{a.split('.')[0]}.{b}"
+    gone = [x for x in (a, b) if x and x not in defs]
+    assert not gone, (
+        f"docs/reading-path.txt names {gone} in {f}, which no longer defines them: name what the step runs now"
+    )
+    return f"{f}:{defs[a][0]}-{defs[b or a][1]}"
 
 
 def path_definitions() -> list[tuple[str, str, int, int]]:
@@ -41,9 +71,17 @@ def path_definitions() -> list[tuple[str, str, int, int]]:
     return out
 
 
+def holds_code(f: str, a: int, b: int) -> bool:
+    """Whether lines a..b of file f hold a function (a dataclass of fields, such as a config, or an assignment,
+    holds none: nothing of it is called, it is read)."""
+    tree = ast.parse((ROOT / f).read_text())
+    return any(isinstance(n, ast.FunctionDef) and a <= n.lineno <= b for n in ast.walk(tree))
+
+
 def trace(args: list[str]) -> list[tuple[str, str, int]]:
     """('call' or 'return', file relative to the root, first line of the code object) of every Python call
     and return of `train.run(args)`, in order (of code outside the repository: file '')."""
+    sys.path.insert(0, str(ROOT))
     import train
 
     calls: list[tuple[str, str, int]] = []
@@ -99,7 +137,7 @@ def walk(calls: list[tuple[str, str, int]]) -> dict:
         if name.split(":")[1] not in stays[-1][1]:
             stays[-1][1].append(name.split(":")[1])
     returns = sum(r for _, _, r in stays)
-    never = [name for _, name, _, _ in defs if name not in read]
+    never = [name for _, name, a, b in defs if name not in read and holds_code(name.split(":")[0], a, b)]
     return {"order": read, "stays": stays, "returns": returns, "never": never, "fast": fast}
 
 

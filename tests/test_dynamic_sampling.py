@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import metrics, run_train_here, tiny
 
-from nanogrpo.data import PromptOrder, tokenize_prompts
+from nanogrpo.data import PromptOrder, prompt_budget, tokenize_prompts
 from nanogrpo.dynamic import (
     choose_groups,
     draw_step,
@@ -18,11 +18,10 @@ from nanogrpo.dynamic import (
     split_groups,
 )
 from nanogrpo.model import lora
-from nanogrpo.model.logprobs import make_batch
-from nanogrpo.policy import load_policy, prompt_budget
+from nanogrpo.policy import load_policy
 from nanogrpo.recipes.demo import demo_rows
 from nanogrpo.recipes.presets import PRESETS
-from nanogrpo.rollout import Rollout, assemble, loss_rows, prompt_seed, rollout
+from nanogrpo.rollout import Rollout, assemble, loss_rows, make_batch, prompt_seed, rollout
 from train import grpo_update as update
 
 TINY = PRESETS["tiny"][1]

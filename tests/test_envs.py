@@ -18,7 +18,7 @@ from helpers import ROOT, free_port, run_train_here
 
 from nanogrpo import grpo
 from nanogrpo.config import EnvConfig
-from nanogrpo.data import tokenize_prompts
+from nanogrpo.data import prompt_budget, tokenize_prompts
 from nanogrpo.envs import make_factory
 from nanogrpo.envs.builtin import Calc, Guess, Search, arith
 from nanogrpo.envs.episode import episode_rollout
@@ -26,7 +26,7 @@ from nanogrpo.envs.render import TurnFormat
 from nanogrpo.envs.spec import build_spec, check_start, resolve
 from nanogrpo.model import lora
 from nanogrpo.model.logprobs import completion_logprobs
-from nanogrpo.policy import load_policy, prompt_budget, prompt_limit
+from nanogrpo.policy import load_policy, prompt_limit
 from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.rollout import rollout
 

@@ -18,10 +18,11 @@ from nanogrpo.model.fast.shared_prompt import (
     FastLogprobHead,
     length_buckets,
 )
-from nanogrpo.model.logprobs import LogprobHead, completion_logprobs, make_batch
+from nanogrpo.model.logprobs import LogprobHead, completion_logprobs
 from nanogrpo.model.sampling import pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.model.zoo import resolve_model
+from nanogrpo.rollout import make_batch
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
 G = 3

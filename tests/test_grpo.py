@@ -10,13 +10,13 @@ from helpers import batch
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import (
-    accumulate_stats,
     compute_advantages,
     finalize_stats,
     grpo_loss,
     kl_estimate,
     kl_penalty,
 )
+from nanogrpo.optim import accumulate_stats
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

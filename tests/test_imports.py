@@ -116,10 +116,11 @@ def test_the_base_imports_neither_nanogrpo_nor_rewards():
 
 def test_infra_envs_and_model_import_no_grader_internals():
     """What a run is built on (infra/, envs/, model/) takes the machinery it shares with the graders from
-    nanogrpo_base; only model/judge_backend.py, the judge backend's injection point, imports rewards."""
+    nanogrpo_base; nanogrpo/judge_backend.py, the judge backend's injection point, imports rewards beside them."""
     folders = ["nanogrpo/infra", "nanogrpo/envs", "nanogrpo/model"]
-    assert imports_of(folders, ("rewards",), allowed=("nanogrpo/model/judge_backend.py",)) == []
-    assert imports_of(["nanogrpo/model"], ("rewards",)) != [], "the injection point is found"
+    assert imports_of(folders, ("rewards",)) == []
+    found = [m for _, m in imports(ROOT / "nanogrpo" / "judge_backend.py") if m.split(".")[0] == "rewards"]
+    assert found, "the injection point is found"
 
 
 def test_an_import_inside_a_function_is_found(tmp_path, monkeypatch):

@@ -474,7 +474,7 @@ def test_a_refused_key_is_refused_at_start_up(server, monkeypatch):
 
 
 def test_local_judges_and_the_probe_readout_need_no_server(monkeypatch):
-    from nanogrpo.model import judge_backend
+    from nanogrpo import judge_backend
     from rewards import local_client
 
     local = JudgeConfig(backend="local", model="tiny", base_url=closed_url())

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from nanogrpo.model import judge_backend
+from nanogrpo import judge_backend
 from rewards import Sample, local_client, mean_metrics
 from rewards.judge import Judge
 from rewards.judge_entropy import EntropyJudge, mark_distributions, marks_shape

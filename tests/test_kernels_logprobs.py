@@ -338,8 +338,9 @@ def test_kept_log_softmax_gives_the_recomputed_gradient(entropy_grad):
 def test_policy_logprobs_match_naive_on_tiny_model(tiny_model_dir):
     """The trainer's log-probs and entropy equal the naive logits path on the tiny model."""
     from nanogrpo.model.fast.shared_prompt import FastLogprobHead
-    from nanogrpo.model.logprobs import completion_logprobs, make_batch
+    from nanogrpo.model.logprobs import completion_logprobs
     from nanogrpo.model.transformer import Transformer
+    from nanogrpo.rollout import make_batch
 
     model = Transformer.from_pretrained(tiny_model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)

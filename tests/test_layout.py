@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from reading_walk import named_range
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("nanogrpo", "rewards", "nanogrpo_kernels", "nanogrpo_base")
@@ -113,38 +114,6 @@ def test_train_py_reads_the_step_first():
     assert step.lineno <= 150, step.lineno
     imported = project_modules_imported(ROOT / "train.py")
     assert len(imported) <= 15, sorted(imported)
-
-
-def definitions(path: Path) -> dict[str, tuple[int, int]]:
-    """{name: (first line, last line)} of a file's top-level defs, classes and assignments and of its classes'
-    methods ('Class.method'); a decorator's line is the first."""
-    tree, out = ast.parse(path.read_text()), {}
-    for n in tree.body:
-        if isinstance(n, (ast.Assign, ast.AnnAssign)):
-            target = n.targets[0] if isinstance(n, ast.Assign) else n.target
-            out[ast.unparse(target)] = (n.lineno, n.end_lineno)
-        elif isinstance(n, (ast.FunctionDef, ast.ClassDef)):
-            members = [(n.name, n)]
-            if isinstance(n, ast.ClassDef):
-                members += [(f"{n.name}.{m.name}", m) for m in n.body if isinstance(m, ast.FunctionDef)]
-            for name, m in members:
-                out[name] = (min([m.lineno, *(d.lineno for d in m.decorator_list)]), m.end_lineno)
-    return out
-
-
-def named_range(root: Path, item: str) -> str:
-    """'file:name' (or 'file:Class.method', or 'file:A..B': A's first line to B's last, B a method of A's
-    class when it has no dot) -> 'file:first-last' on today's code."""
-    f, name = item.strip().split(":")
-    defs = definitions(root / f)
-    a, _, b = name.partition("..")
-    if b and b not in defs:
-        b = f"{a.split('.')[0]}.{b}"
-    gone = [x for x in (a, b) if x and x not in defs]
-    assert not gone, (
-        f"docs/reading-path.txt names {gone} in {f}, which no longer defines them: name what the step runs now"
-    )
-    return f"{f}:{defs[a][0]}-{defs[b or a][1]}"
 
 
 def test_the_reading_path_is_todays_code():

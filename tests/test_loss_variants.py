@@ -12,7 +12,6 @@ from helpers import batch, metrics, run_train_here, tiny
 
 from nanogrpo.config import GRPOConfig
 from nanogrpo.grpo import (
-    accumulate_stats,
     batch_std,
     compute_advantages,
     entropy_threshold,
@@ -23,6 +22,7 @@ from nanogrpo.grpo import (
 )
 from nanogrpo.infra.config_file import load_config
 from nanogrpo.infra.flag_checks import check_config
+from nanogrpo.optim import accumulate_stats
 from nanogrpo.recipes.presets import PRESETS
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

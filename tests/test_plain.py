@@ -70,23 +70,26 @@ def test_plain_episodes_continue_the_same_tokens(tmp_path) -> None:
     assert plain[0]["loss"] == pytest.approx(fast[0]["loss"], rel=1e-5, abs=1e-7)
 
 
-def test_plain_runs_no_fast_path(tmp_path, monkeypatch) -> None:
-    """Every fast path made to fail: --plain runs a step (and a default run does not)."""
-    from nanogrpo.model import attention, grouped, logprobs, sampling
+def test_plain_runs_the_reading_path_and_no_fast_path() -> None:
+    """A --plain step of the demo (the tiny model in SmolLM2's place), traced: every function
+    docs/reading-path.txt lists runs, no function of a fast path does, and the walk through the path in call
+    order (docs/ARCHITECTURE.md, "Reading one step") returns to a file it has left at most 50 times."""
+    from reading_walk import DEMO, trace, walk
 
-    def fast_path(*a, **k):
-        raise AssertionError("a fast path ran under --plain")
+    w = walk(trace(DEMO))
+    assert w["never"] == [], "listed in docs/reading-path.txt but never run under --plain"
+    assert w["fast"] == [], "fast paths that ran under --plain"
+    assert w["returns"] <= 50, "\n".join(f"{f}: {', '.join(names)}" for f, names, _ in w["stays"])
 
-    for module, name in ((sampling, "packed_weights"), (grouped, "generate_fast"), (logprobs, "token_logprobs"),
-                         (logprobs, "shared_prompt_hidden"), (attention, "decode_attention")):  # fmt: skip
-        monkeypatch.setattr(module, name, fast_path)
-    ran = []
-    plain_logprobs = logprobs.plain_token_logprobs
-    monkeypatch.setattr(logprobs, "plain_token_logprobs", lambda *a: ran.append(1) or plain_logprobs(*a))
-    run(tmp_path / "plain", "--steps", "1", "--plain")
-    assert ran, "the plain log-prob function did not run"
-    with pytest.raises(AssertionError, match="a fast path ran"):  # the default takes them
-        run_train_here(*FLOAT32, "--out-dir", tmp_path / "fast", "--steps", "1")
+
+def test_the_default_run_takes_the_fast_paths() -> None:
+    from reading_walk import DEMO, trace, walk
+
+    w = walk(trace([a for a in DEMO if a != "--plain"]))
+    ran = {f.split(":")[0] for f in w["fast"]}
+    for f in ("fast/sampler.py", "fast/grouped.py", "fast/packed.py", "fast/shared_prompt.py"):
+        assert f"nanogrpo/model/{f}" in ran, ran
+    assert "nanogrpo_kernels/logprobs.py" in ran and "nanogrpo/model/attention.py" in ran, ran
 
 
 def test_an_edit_on_the_reading_path_is_what_a_plain_run_samples_and_trains(tmp_path, monkeypatch) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import write_rows
 
-from nanogrpo.data import DataError, load_rows, tokenize_prompts
+from nanogrpo.data import DataError, load_rows, prompt_budget, tokenize_prompts
 from nanogrpo.model import lora
-from nanogrpo.policy import load_policy, prompt_budget
+from nanogrpo.policy import load_policy
 from nanogrpo.recipes.presets import PRESETS
 from nanogrpo.stages import Run, dpo
 

@@ -12,12 +12,13 @@ from safetensors.torch import load_file
 from nanogrpo.config import updates_per_step
 from nanogrpo.infra.flag_checks import check_config
 from nanogrpo.model.fast.shared_prompt import FastLogprobHead
-from nanogrpo.model.logprobs import ValueHead, completion_logprobs, make_batch
+from nanogrpo.model.logprobs import ValueHead, completion_logprobs
 from nanogrpo.model.sampling import pad_left
 from nanogrpo.model.transformer import Transformer
 from nanogrpo.optim import build_optimizer, muon_groups
 from nanogrpo.policy import VALUE_HEAD, load_policy
 from nanogrpo.recipes.presets import PRESETS
+from nanogrpo.rollout import make_batch
 from nanogrpo.stages.ppo import gae, ppo_update, token_rewards, value_loss, whiten
 from train import cli, main
 

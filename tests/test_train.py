@@ -139,10 +139,11 @@ def test_init_from_makes_the_sft_model_the_reference(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from nanogrpo.model import lora
-    from nanogrpo.model.logprobs import completion_logprobs, make_batch
+    from nanogrpo.model.logprobs import completion_logprobs
     from nanogrpo.model.sampling import pad_left
     from nanogrpo.model.transformer import Transformer
     from nanogrpo.policy import load_policy
+    from nanogrpo.rollout import make_batch
 
     torch.manual_seed(0)
     sft = Transformer.from_pretrained(tiny_model_dir)

@@ -20,11 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from nanogrpo import judge_backend
 from nanogrpo.eval import stats
 from nanogrpo.eval.generation import generate_completions
 from nanogrpo.eval.provenance import meta_path
 from nanogrpo.formats import write_jsonl
-from nanogrpo.model import judge_backend
 from nanogrpo_base.rows import json_safe, prompt_text
 
 judge_backend.register()  # local judges and probes built here (and by eval.py) run on nanogrpo.model.transformer

@@ -1,7 +1,7 @@
 """`python -m nanogrpo.eval.probe {train,eval,compare}`: the rubric probes' command line with nanogrpo's model names.
 
 rewards/ imports nothing of nanogrpo, so `python -m rewards.probe` takes a model folder only. This entry
-registers nanogrpo as the model backend first (nanogrpo.model.judge_backend), then runs the same command line
+registers nanogrpo as the model backend first (nanogrpo.judge_backend), then runs the same command line
 (rewards/probe_cli.py): `--model` takes what train.py's --model.path takes, 'tiny', 'smollm2',
 'random:SHAPE' or an HF folder, and so does the model a probe was trained on when `eval` loads it.
 `compare` is nanogrpo's own: it scores the generative, log-prob and probe readouts of one model side by
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nanogrpo.model import judge_backend
+from nanogrpo import judge_backend
 from rewards.probe_cli import main as probe_main
 
 

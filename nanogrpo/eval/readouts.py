@@ -215,8 +215,8 @@ def compare(
         dtype: 'float32' or 'bfloat16', of both the judge and the probe's LM.
         max_len: Longest probe input in tokens (longer ones keep their end).
     """
+    from nanogrpo import judge_backend
     from nanogrpo.infra.flag_checks import PROBE_COMPARE
-    from nanogrpo.model import judge_backend
     from nanogrpo_base.ranges import check_ranges
     from rewards.local_client import resolve_model
     from rewards.options import JudgeConfig

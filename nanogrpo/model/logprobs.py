@@ -56,23 +56,6 @@ def last_sampled(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), torch.arange(1, mask.shape[1] + 1, device=mask.device), 0).amax(1)
 
 
-def make_batch(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor
-) -> Batch:
-    """prompt_ids/prompt_mask [N, Tp] (already repeated per completion), completion ids/mask [N, Tc].
-
-    Adjacent rows with the same prompt form a group (their prompt runs once in the forward).
-    """
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, Tp+Tc)
-    # tokens after a completion's end only attend backwards (causal), so they cannot change earlier ones
-    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (N, Tp+Tc)
-    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)  # (N, Tp+Tc)
-    new = torch.ones(len(ids), dtype=torch.bool)  # (N,) row starts a new group
-    new[1:] = ((prompt_ids[1:] != prompt_ids[:-1]) | (prompt_mask[1:] != prompt_mask[:-1])).any(1).cpu()
-    group = new.long().cumsum(0) - 1  # (N,)
-    return Batch(ids, attn, pos, prompt_ids.shape[1], completion_ids, mask.float(), group.to(ids.device))
-
-
 class ValueHead(torch.nn.Module):
     """PPO's critic on the policy's trunk: V(s) = w . h + b on the final-normed hidden state h (H,).
 
@@ -143,17 +126,11 @@ class LogprobHead(torch.nn.Module):
         entropy_grad: bool = False,
         values: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden = self.completion_hidden(
-            ids, attn, pos, prompt_len, targets.shape[1], group, mask
-        )  # (N, Tc, H)
+        hidden = self.completion_hidden(ids, attn, pos, prompt_len, targets.shape[1], group, mask)
         sel = mask.bool()  # (N, Tc)
-        h = hidden[sel]  # (n_tok, H)
-        weight = self.model.lm_head_weight  # (V, H)
-        if h.dtype != weight.dtype:
-            h = h.to(weight.dtype)
-        lp, ent = self.token_logprobs(
-            h, weight, targets[sel], temperature, entropy_grad
-        )  # (n_tok,), (n_tok,)
+        weight = self.model.lm_head.weight  # (V, H)
+        h = hidden[sel].to(weight.dtype)  # (n_tok, H) of hidden (N, Tc, H)
+        lp, ent = self.token_logprobs(h, weight, targets[sel], temperature, entropy_grad)  # (n_tok,) each
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=ids.device)  # (N, Tc)
         entropy = torch.zeros_like(logp)  # (N, Tc)
         logp = logp.masked_scatter(sel, lp.float())
@@ -196,12 +173,7 @@ def completion_logprobs(
     """
     if not isinstance(getattr(model, "module", model), LogprobHead):
         model = LogprobHead(model)
-    ctx = (
-        torch.autocast(batch.ids.device.type, dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else nullcontext()
-    )
-    with ctx:
+    with torch.autocast(batch.ids.device.type, dtype=autocast_dtype) if autocast_dtype else nullcontext():
         return model(
             batch.ids, batch.attn, batch.pos, batch.targets, batch.mask, batch.prompt_len, temperature,
             batch.group, entropy_grad, values,

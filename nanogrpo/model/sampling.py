@@ -49,23 +49,24 @@ def generate(
     Generation for the layout. `generator`: one torch.Generator per prompt (a prompt's completions then
     depend only on it), or one for all; none is drawn from when `temperature` is 0 (greedy). `autocast`: a
     float32 model's compute dtype on an accelerator (the cache's too), as the trainer's."""
-    P, G, T, W = len(prompts), group_size, max_new_tokens, model.lm_head_weight  # W (V, H)
-    N, dev = P * G, W.device
+    P, G, T, N = len(prompts), group_size, max_new_tokens, len(prompts) * group_size
+    ids, attn = pad_left(prompts, pad_id)  # (P, Tp) each
+    dev = model.lm_head.weight.device
     amp = autocast if dev.type != "cpu" else None
-    u = draw_uniforms(generator, P, G, T, dev) if temperature > 0 else None  # (T, N)
-    tokens = torch.full((N, T), pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
-    logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
-    length = torch.full((N,), T, device=dev)  # (N,) tokens up to and including the end (T while running)
-    done = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) ended: an EOS id or a stop string
-    eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)  # (E,)
-    stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
-    ids, attn = (t.to(dev) for t in pad_left(prompts, pad_id))  # (P, Tp) each
+    ids, attn = ids.to(dev), attn.to(dev)
     with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
         cache = model.new_kv_cache(P, ids.shape[1] + T, amp)
         h = model(ids, attention_mask=attn, kv_cache=cache, return_hidden=True)  # (P, Tp, H)
         rows = torch.arange(P, device=dev).repeat_interleave(G)  # (N,) the prompt of each row
         cache, attn = cache.select(rows), attn[rows]  # each prompt's keys copied to its G rows; (N, Tp)
-        logits = (h[rows, -1] @ W.T).float()  # (N, V) only the last position needs the LM head
+        logits = model.lm_head(h[rows, -1]).float()  # (N, V) only the last position needs the LM head
+        u = draw_uniforms(generator, P, G, T, dev) if temperature > 0 else None  # (T, N)
+        tokens = torch.full((N, T), pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
+        logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
+        length = torch.full((N,), T, device=dev)  # (N,) tokens up to and including the end (T while running)
+        done = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) ended: an EOS id or a stop string
+        eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)  # (E,)
+        stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
         for t in range(T):
             tok, lp = sample_tokens(logits, temperature, top_p, top_k, u=None if u is None else u[t, :, None])
             tokens[:, t] = tok.masked_fill(done, pad_id)  # (N,) an ended row rides along, its tokens pad
@@ -81,7 +82,7 @@ def generate(
             h = model(
                 tokens[:, t : t + 1], attention_mask=attn, kv_cache=cache, return_hidden=True
             )  # (N, 1, H)
-            logits = (h[:, 0] @ W.T).float()  # (N, V)
+            logits = model.lm_head(h[:, 0]).float()  # (N, V)
     return finish(tokens, logps, length, done, pad_id)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import tyro
 
-from nanogrpo.model import judge_backend
+from nanogrpo import judge_backend
 from nanogrpo.reward_data import baselines, keypoints, rubric, style
 from nanogrpo.reward_data import filter as row_filter  # not `filter`: the builtin
 from nanogrpo_base.ranges import check_ranges

@@ -58,8 +58,9 @@ from tqdm import tqdm
 
 from nanogrpo.config import DataConfig
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, make_batch
+from nanogrpo.model.logprobs import Batch
 from nanogrpo.model.sampling import pad_left
+from nanogrpo.rollout import make_batch
 from nanogrpo.stages import Run
 from nanogrpo.stages.sft import pad_right, sft_update
 from nanogrpo_base.rows import DataError, read_rows

@@ -45,10 +45,11 @@ import torch.nn.functional as F
 from nanogrpo.config import TrainConfig
 from nanogrpo.data import preference_texts
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch
+from nanogrpo.model.logprobs import Batch, completion_logprobs
 from nanogrpo.model.sampling import pad_left
 from nanogrpo.optim import in_slices, step_counts, update
 from nanogrpo.policy import Policy
+from nanogrpo.rollout import make_batch
 from nanogrpo.stages import Run
 from nanogrpo.stages.sft import pad_right
 

@@ -41,7 +41,7 @@ from nanogrpo import grpo
 from nanogrpo.config import TrainConfig
 from nanogrpo.infra import dist
 from nanogrpo.model.logprobs import Batch, completion_logprobs
-from nanogrpo.optim import in_slices, micro_slices, step_counts, update
+from nanogrpo.optim import in_slices, is_max_stat, micro_slices, step_counts, update
 from nanogrpo.policy import Policy
 from nanogrpo.rollout import rollout
 from nanogrpo.stages import Run
@@ -264,8 +264,8 @@ def ppo_update(
     first, later = upd.stats, upd.later or {}
     vf_clip = first["vf_clipped"] + later.get("vf_clipped", 0.0)  # counts: exact in any order
     sums = Totals(
-        {"loss": upd.loss, "vf_clip": vf_clip, **{k: v for k, v in first.items() if not grpo.is_max_stat(k)}},
-        {k: v for k, v in first.items() if grpo.is_max_stat(k)},
+        {"loss": upd.loss, "vf_clip": vf_clip, **{k: v for k, v in first.items() if not is_max_stat(k)}},
+        {k: v for k, v in first.items() if is_max_stat(k)},
     ).reduce()  # fmt: skip
     s, passes = sums.sums, n_tok * p.epochs
     fin = grpo.finalize_stats({**s, **sums.maxes})

@@ -20,10 +20,11 @@ from nanogrpo.config import TrainConfig
 from nanogrpo.data import sft_target
 from nanogrpo.envs.render import TurnFormat
 from nanogrpo.infra import dist
-from nanogrpo.model.logprobs import Batch, completion_logprobs, make_batch
+from nanogrpo.model.logprobs import Batch, completion_logprobs
 from nanogrpo.model.sampling import pad_left
 from nanogrpo.optim import Update, step_counts, update
 from nanogrpo.policy import Policy
+from nanogrpo.rollout import make_batch
 from nanogrpo.stages import Run
 
 

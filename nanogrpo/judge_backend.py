@@ -2,7 +2,7 @@
 rewards here calls `register()` first (eval.py through nanogrpo.eval.evaluate, train.py before build_reward).
 
 Local judges (`--reward.judge.backend local`, `eval.py elo --judge local:PATH`) then load their model
-with nanogrpo.model.transformer, decode with nanogrpo.model.sampling.generate, and accept nanogrpo.model.zoo's names
+with nanogrpo.model.transformer, decode with nanogrpo.model.fast.sampler.generate, and accept nanogrpo.model.zoo's names
 ('tiny', 'smollm2', 'random:SHAPE') besides folders; so do the rubric probes' frozen LMs.
 """
 

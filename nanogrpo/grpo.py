@@ -174,20 +174,10 @@ def importance_weights(
 
 
 def grpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: GRPOConfig,
-    *,
-    num_seqs: float,
-    num_tokens: float,
-    max_len: int,
-    sampler_logp: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    keep: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor,
+    cfg: GRPOConfig, *, num_seqs: float, num_tokens: float, max_len: int, sampler_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """Policy loss (+ beta * KL when kl_placement='loss', - entropy_coef * entropy) of N completions, T tokens.
 
     logp (N, T) differentiable; old_logp (N, T) pi_old: the trainer's own log-probs at the start of the step

@@ -60,15 +60,8 @@ def prompt_seed(seed: int, step: int, index: int, resample: int = 0) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1  # < 2**63
 
 
-def rollout(
-    policy,
-    rows: list[dict],
-    step: int,
-    first: int,
-    cfg: TrainConfig,
-    device: torch.device,
-    resample: int = 0,
-) -> Rollout:
+def rollout(policy, rows: list[dict], step: int, first: int, cfg: TrainConfig, device: torch.device,
+            resample: int = 0) -> Rollout:  # fmt: skip
     """Sample `cfg.grpo.group_size` completions of each row's prompt (`row['_prompt_ids']`); `first` is the
     index of rows[0] in the round's global batch (rank * prompts per rank); `resample`: the round of
     --grpo.dynamic-sampling (0: the step's first draw). With --env, nanogrpo/envs/episode.py's
@@ -90,23 +83,15 @@ def rollout(
         else:  # the fast paths (model/fast/): packed weights, LoRA folded, the grouped cache
             gen = fast.sampler.generate(policy.core, prompts, **kw, fold_lora=s.fold_lora, decode=s.decode)
     completion_ids, cmask = gen.completion_ids.clone(), gen.mask.float().clone()  # (N, Tc)
-    texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (draw.finish_text)
+    texts = gen.texts(tok, s.stop)  # a stop string ends the text, kept (sampling.finish_text)
     roll = assemble(rows, texts, completion_ids, cmask, gen.logp, gen.truncated, policy.pad_id, device)
     roll.seconds = time.perf_counter() - t0
     return roll
 
 
-def assemble(
-    rows: list[dict],
-    texts: list[str],
-    completion_ids: torch.Tensor,
-    cmask: torch.Tensor,
-    logp: torch.Tensor,
-    truncated: torch.Tensor,
-    pad_id: int,
-    device: torch.device,
-    prompt_ids: list[list[int]] | None = None,
-) -> Rollout:
+def assemble(rows: list[dict], texts: list[str], completion_ids: torch.Tensor, cmask: torch.Tensor,
+             logp: torch.Tensor, truncated: torch.Tensor, pad_id: int, device: torch.device,
+             prompt_ids: list[list[int]] | None = None) -> Rollout:  # fmt: skip
     """A Rollout of G = len(texts) / len(rows) completions per row: completion ids, mask and sampler
     log-probs (N, Tc), truncated (N,); the prompts come from each row's `_prompt_ids`, or `prompt_ids`, one
     per completion (episodes whose environment wrote the first message)."""

@@ -567,11 +567,24 @@ def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
     """Three turns of rows that each get their own observation between turns: continued (the sampler feeds
     only each row's last token and its observation) and re-prefilled (a fresh sampler given each row's whole
     history) draw the same tokens from the same generators, log-probs equal to float32 rounding, in each
-    decode mode an episode runs with."""
+    decode mode an episode runs with ('plain': --plain's sampler, sampling.Episodes, on the weights as they
+    are)."""
     import torch
 
     from nanogrpo.model.fast.row_sampler import Sampler
     from nanogrpo.model.fast.sampler import sampling_weights
+    from nanogrpo.model.sampling import Episodes, eval_mode
+
+    if decode == "plain":
+        with eval_mode(model):
+            return check_turns(lambda: Episodes(model, 7), prompts, decode, lambda s: s.attn.sum(1))
+    with torch.inference_mode(), sampling_weights(model, 2 * len(prompts)) as (head, packed, amp):
+        check_turns(lambda: Sampler(model, head, 7, packed, amp), prompts, decode, lambda s: s.cache.lengths)
+
+
+def check_turns(new_sampler, prompts: list[list[int]], decode: str, held) -> None:
+    """check_continuation with samplers from `new_sampler`; `held`: the tokens each row's cache holds."""
+    import torch
 
     rows = [i // 2 for i in range(2 * len(prompts))]  # two rows a prompt
     obs = torch.Generator().manual_seed(7)
@@ -580,13 +593,13 @@ def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
         gens = per_prompt(len(rows), 1000 * t)  # one per row, as an episode's
         return sampler.decode(logits, 7, gens, eos_ids=MANY_EOS, decode_mode=decode)
 
-    with torch.inference_mode(), sampling_weights(model, len(rows)) as (head, packed, amp):
-        sampler = Sampler(model, head, 7, packed, amp)
+    with torch.inference_mode():
+        sampler = new_sampler()
         history = [list(prompts[i]) for i in rows]  # what each row has read and written
         logits = sampler.prefill(prompts, rows)
         for t in range(3):
             gen = turn(sampler, logits, t)
-            fresh = Sampler(model, head, 7, packed, amp)
+            fresh = new_sampler()
             again = turn(fresh, fresh.prefill(history, range(len(rows))), t)
             assert torch.equal(gen.completion_ids, again.completion_ids) and torch.equal(gen.mask, again.mask)
             torch.testing.assert_close(gen.logp, again.logp, atol=1e-5, rtol=0)
@@ -595,7 +608,7 @@ def check_continuation(model, prompts: list[list[int]], decode: str) -> None:
                 h + c[:n] + o for h, c, n, o in zip(history, completions(gen), gen.lengths.tolist(), chunks)
             ]
             logits = sampler.extend(chunks)
-            assert sampler.cache.lengths.tolist() == [len(h) for h in history]
+            assert held(sampler).tolist() == [len(h) for h in history]
 
 
 # -- hostile environments in whole runs (tests/hostile_envs.py) ------------------------------------------------

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reading_walk import named_range
+from reading_walk import named_range, path_size
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("nanogrpo", "rewards", "nanogrpo_kernels", "nanogrpo_base")
@@ -130,6 +130,13 @@ def test_the_reading_path_is_todays_code():
                 stale.append(want)
     assert sum(1 for x in lines if x.startswith("# ") and " = " in x) >= 10, "every stage, by name"
     assert stale == [], "the code moved; in docs/reading-path.txt, replace these lines:\n" + "\n".join(stale)
+
+
+def test_the_reading_path_reads_in_an_afternoon():
+    """One GRPO step of the demo, as docs/reading-path.txt lists it (docs/ARCHITECTURE.md, "Reading one step"):
+    at most 1,800 lines in at most 17 files."""
+    lines, files = path_size()
+    assert lines <= 1800 and files <= 17, (lines, files)
 
 
 def test_each_folder_says_what_it_holds():

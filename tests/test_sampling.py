@@ -391,7 +391,9 @@ def row_sampler_generate(model, prompts, G: int, new: int, generator, **kw):
         return sampler.decode(logits, new, generator, group=G, **kw)
 
 
-@pytest.mark.parametrize("decode", ["eager", "static", "graph"])  # compiled: tests/test_sampling_compiled.py
+@pytest.mark.parametrize(
+    "decode", ["plain", "eager", "static", "graph"]
+)  # compiled: test_sampling_compiled.py
 def test_continuing_a_row_equals_prefilling_its_history(lively, decode):
     """Three turns of rows that each get their own observation between turns: continued and re-prefilled
     draw the same tokens (helpers.check_continuation), in each decode mode an episode runs with."""

@@ -48,7 +48,7 @@ from nanogrpo.envs.spec import EnvSpec
 from nanogrpo.model.fast.row_sampler import Sampler
 from nanogrpo.model.fast.sampler import sampling_weights
 from nanogrpo.model.paths import plain
-from nanogrpo.model.sampling import finish_text
+from nanogrpo.model.sampling import Episodes, eval_mode, finish_text
 from nanogrpo.rollout import assemble, prompt_seed
 
 
@@ -101,9 +101,14 @@ def play(
     stop = tuple(dict.fromkeys((*sampling.stop, *env.stop)))  # the run's and the environment's
     trajs = _reset(env, rows, group_seeds, G, tok, system_prompt)
     try:
-        with sampling_weights(model, len(trajs), fold_lora, autocast) as (head, packed, amp):
-            limit = max(len(t.prompt_ids) for t in trajs) + env.max_tokens + sampling.max_new_tokens
-            sampler = Sampler(model, head, sampling.max_new_tokens, packed, amp, limit)
+        weights = eval_mode(model) if plain() else sampling_weights(model, len(trajs), fold_lora, autocast)
+        with weights as w:
+            if plain():  # --plain: the plain loop on the weights as they are, its cache continued
+                sampler = Episodes(model, sampling.max_new_tokens, autocast)
+            else:  # the row sampler (fast/row_sampler.py): a cache row a sample, in the packed weights
+                limit = max(len(t.prompt_ids) for t in trajs) + env.max_tokens + sampling.max_new_tokens
+                head, packed, amp = w
+                sampler = Sampler(model, head, sampling.max_new_tokens, packed, amp, limit)
             on: list[int] = []  # the episode of each sampler row
             for turn in range(env.max_turns):
                 live = [k for k, t in enumerate(trajs) if not t.over]
@@ -125,7 +130,7 @@ def play(
                 out = sampler.decode(
                     logits, max(1, min(sampling.max_new_tokens, max(room))), gens, temperature=sampling.temperature,
                     top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids, stop_strings=stop, tokenizer=tok,
-                    pad_id=pad_id, decode_mode="plain" if plain() else sampling.decode,
+                    pad_id=pad_id, decode_mode=sampling.decode,
                 )  # fmt: skip
                 texts, on_eos = _append_turns(trajs, live, out, room, tok, stop, eos_ids)
                 replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})

@@ -32,6 +32,7 @@ processors beyond temperature, top-k and top-p.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,7 +50,8 @@ def generate(
     Generation for the layout. `generator`: one torch.Generator per prompt (a prompt's completions then
     depend only on it), or one for all; none is drawn from when `temperature` is 0 (greedy). `autocast`: a
     float32 model's compute dtype on an accelerator (the cache's too), as the trainer's."""
-    P, G, T, N = len(prompts), group_size, max_new_tokens, len(prompts) * group_size
+    P, G, T = len(prompts), group_size, max_new_tokens
+    draw = Draw(temperature, top_p, top_k, tuple(eos_ids), tuple(stop_strings), tokenizer, pad_id)
     ids, attn = pad_left(prompts, pad_id)  # (P, Tp) each
     dev = model.lm_head.weight.device
     amp = autocast if dev.type != "cpu" else None
@@ -61,29 +63,136 @@ def generate(
         cache, attn = cache.select(rows), attn[rows]  # each prompt's keys copied to its G rows; (N, Tp)
         logits = model.lm_head(h[rows, -1]).float()  # (N, V) only the last position needs the LM head
         u = draw_uniforms(generator, P, G, T, dev) if temperature > 0 else None  # (T, N)
-        tokens = torch.full((N, T), pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
-        logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
-        length = torch.full((N,), T, device=dev)  # (N,) tokens up to and including the end (T while running)
-        done = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) ended: an EOS id or a stop string
-        eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)  # (E,)
-        stops = StopCheck(stop_strings, tokenizer) if stop_strings else None
-        for t in range(T):
-            tok, lp = sample_tokens(logits, temperature, top_p, top_k, u=None if u is None else u[t, :, None])
-            tokens[:, t] = tok.masked_fill(done, pad_id)  # (N,) an ended row rides along, its tokens pad
-            logps[:, t] = lp.masked_fill(done, 0.0)
-            new = (tokens[:, t, None] == eos).any(-1) & ~done  # (N,) the rows that sample an EOS id now
-            length[new] = t + 1
-            done |= new
-            if stops is not None:
-                stops(tokens, length, done, t + 1)
-            if t + 1 == T or bool(done.all()):
-                break
-            attn = F.pad(attn, (0, 1), value=1)  # (N, Tp + t + 1)
-            h = model(
-                tokens[:, t : t + 1], attention_mask=attn, kv_cache=cache, return_hidden=True
-            )  # (N, 1, H)
-            logits = model.lm_head(h[:, 0]).float()  # (N, V)
-    return finish(tokens, logps, length, done, pad_id)
+        return decode(model, cache, attn, logits, u, T, draw)[0]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How a row's tokens are drawn (sample_tokens) and how a row ends (module docstring)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    eos_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    tokenizer: object = None  # decodes the rows for the stop strings
+    pad_id: int = 0
+
+
+def decode(model, cache, attn, logits, u, T: int, draw: Draw) -> tuple[Generation, torch.Tensor]:
+    """The loop: up to T tokens for each row of the cache, the first from `logits` (N, V), with the uniforms
+    u (T, N) (None: greedy); attn (N, S) the mask of the keys the cache holds. Returns the Generation and the
+    mask (N, S') of the keys it then holds (each row's tokens but the last: the pads after a row's end are
+    keys an episode's next turn masks: Episodes)."""
+    N, dev = logits.shape[0], logits.device
+    tokens = torch.full((N, T), draw.pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
+    logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
+    length = torch.full((N,), T, device=dev)  # (N,) tokens up to and including the end (T while running)
+    done = torch.zeros(N, dtype=torch.bool, device=dev)  # (N,) ended: an EOS id or a stop string
+    eos = torch.tensor(draw.eos_ids, dtype=torch.long, device=dev)  # (E,)
+    stops = StopCheck(draw.stop_strings, draw.tokenizer) if draw.stop_strings else None
+    for t in range(T):
+        tok, lp = sample_tokens(
+            logits, draw.temperature, draw.top_p, draw.top_k, u=None if u is None else u[t, :, None]
+        )
+        tokens[:, t] = tok.masked_fill(done, draw.pad_id)  # (N,) an ended row rides along, its tokens pad
+        logps[:, t] = lp.masked_fill(done, 0.0)
+        new = (tokens[:, t, None] == eos).any(-1) & ~done  # (N,) the rows that sample an EOS id now
+        length[new] = t + 1
+        done |= new
+        if stops is not None:
+            stops(tokens, length, done, t + 1)
+        if t + 1 == T or bool(done.all()):
+            break
+        attn = F.pad(attn, (0, 1), value=1)  # (N, S + t + 1)
+        h = model(tokens[:, t : t + 1], attention_mask=attn, kv_cache=cache, return_hidden=True)  # (N, 1, H)
+        logits = model.lm_head(h[:, 0]).float()  # (N, V)
+    return finish(tokens, logps, length, done, draw.pad_id), attn
+
+
+class Episodes:
+    """The plain loop's cache continued from turn to turn, for an episode's rows (envs/episode.py; --plain):
+    what row_sampler.Sampler does on the fast path, the same calls, the same tokens to float32 rounding.
+
+    The rows share one left-padded KVCache, as `generate`'s do. A turn's new tokens (each row's last sampled
+    token and its observation) are left-padded into one block and appended after every row's keys; the
+    attention mask hides the pads (in the middle of a row now, as after a row's end) and positions count the
+    real tokens only, so each row sees its own tokens and nothing else. Where a block does not fit, the cache
+    is copied into one with twice the room. `turn` is the most tokens one `decode` samples."""
+
+    def __init__(self, model, turn: int, autocast: torch.dtype | None = None):
+        self.model, self.turn = model, turn
+        self.amp = autocast if model.lm_head.weight.device.type != "cpu" else None
+        self.cache, self.attn = None, None  # KVCache of the rows, its mask (N, S)
+        self.pending: list[int] = []  # each row's last sampled token: not yet through the model
+
+    def _forward(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Each row's chunk after its keys, the cache grown first if the chunk and a turn do not fit; the
+        logits of each chunk's last token (N, V)."""
+        ids, mask = (t.to(self.attn.device) for t in pad_left(chunks, 0))  # (N, Tc) each
+        S = self.attn.shape[1]
+        if S + ids.shape[1] + self.turn > self.cache.max_len:
+            room = max(2 * self.cache.max_len, S + ids.shape[1] + self.turn)
+            grown = self.model.new_kv_cache(len(chunks), room, self.cache.k.dtype)
+            grown.k[:, :, :, :S], grown.v[:, :, :, :S] = self.cache.k[:, :, :, :S], self.cache.v[:, :, :, :S]
+            grown.length = S  # k/v (L, N, n_kv, max_len, D)
+            self.cache = grown
+        self.attn = torch.cat([self.attn, mask], 1)  # (N, S + Tc)
+        with torch.autocast(ids.device.type, dtype=self.amp, enabled=self.amp is not None):
+            h = self.model(
+                ids, attention_mask=self.attn, kv_cache=self.cache, return_hidden=True
+            )  # (N, Tc, H)
+            return self.model.lm_head(h[:, -1]).float()  # (N, V)
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], rows: Sequence[int]) -> torch.Tensor:
+        """Each prompt once; row k then holds a copy of prompt rows[k]'s keys. Logits (N, V)."""
+        dev = self.model.lm_head.weight.device
+        self.cache = self.model.new_kv_cache(len(prompts), max(map(len, prompts)) + self.turn, self.amp)
+        self.attn = torch.zeros(len(prompts), 0, dtype=torch.long, device=dev)
+        logits = self._forward(prompts)  # (P, V)
+        index = torch.tensor(list(rows), device=dev)  # (N,)
+        self.cache, self.attn, self.pending = self.cache.select(index), self.attn[index], []
+        return logits[index]
+
+    @torch.inference_mode()
+    def extend(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Each row's pending token, then chunks[k] (an observation), after its keys. Logits (N, V)."""
+        return self._forward([[p, *c] for p, c in zip(self.pending, chunks)])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows go on (the episodes still running), in this order."""
+        index = torch.tensor(list(rows), device=self.attn.device)
+        self.cache, self.attn = self.cache.select(index), self.attn[index]
+        self.pending = [self.pending[k] for k in rows]
+
+    @torch.inference_mode()
+    def decode(self, logits, max_new: int, generator, *, group: int = 1, temperature: float = 1.0,
+               top_p: float = 1.0, top_k: int = 0, eos_ids=(), stop_strings=(), tokenizer=None, pad_id: int = 0,
+               decode_mode: str = "plain") -> Generation:  # fmt: skip
+        """Up to max_new tokens for every row (row_sampler.Sampler.decode's arguments; `decode_mode` is
+        always the plain loop here). Afterwards the cache holds each row's tokens but the last, which the next
+        `extend` feeds first."""
+        N, S = logits.shape[0], self.attn.shape[1]
+        draw = Draw(temperature, top_p, top_k, tuple(eos_ids), tuple(stop_strings), tokenizer, pad_id)
+        u = draw_uniforms(generator, N // group, group, max_new, logits.device) if temperature > 0 else None
+        with torch.autocast(logits.device.type, dtype=self.amp, enabled=self.amp is not None):
+            gen, attn = decode(self.model, self.cache, self.attn, logits, u, max_new, draw)
+        fed = torch.arange(attn.shape[1] - S, device=attn.device)  # (F,) the sampled tokens fed back
+        self.attn = torch.cat([attn[:, :S], (fed < gen.lengths[:, None] - 1).long()], 1)  # the last not yet
+        self.pending = gen.completion_ids.gather(1, (gen.lengths - 1)[:, None]).squeeze(1).tolist()
+        return gen
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode for the block (no LoRA dropout), its mode back after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

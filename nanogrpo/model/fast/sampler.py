@@ -24,7 +24,7 @@ import torch
 from nanogrpo.model import sampling
 from nanogrpo.model.fast.packed import folded_lora, packed_weights
 from nanogrpo.model.paths import plain
-from nanogrpo.model.sampling import Generation
+from nanogrpo.model.sampling import Generation, eval_mode
 
 
 @torch.inference_mode()
@@ -56,29 +56,17 @@ def generate(
 
 
 @contextlib.contextmanager
-def eval_mode(model):
-    """The model in eval mode for the block (no LoRA dropout), its mode back after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
-@contextlib.contextmanager
 def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.dtype | None = None):
     """What the fast samplers compute with, for the block: eval mode (no LoRA dropout); on the CPU every
     projection and the LM head packed with LoRA folded in (packed.py); elsewhere, with `fold_lora`, each LoRA
-    layer folded into one weight; on an accelerator, `autocast`'s dtype. Under --plain (an episode's row
-    sampler) the weights as they are. Yields (the LM head (n, H) -> (n, V), the packed weights or None, the
-    autocast dtype or None)."""
+    layer folded into one weight; on an accelerator, `autocast`'s dtype. Yields (the LM head (n, H) -> (n, V),
+    the packed weights or None, the autocast dtype or None)."""
     amp = autocast if autocast is not None and model.lm_head_weight.device.type != "cpu" else None
     W = model.lm_head_weight  # (V, H)
     with (
         eval_mode(model),
-        contextlib.nullcontext() if plain() else packed_weights(model, batch_hint=rows) as packed,
-        folded_lora(model, enabled=fold_lora and packed is None and not plain()),  # packing folds LoRA
+        packed_weights(model, batch_hint=rows) as packed,
+        folded_lora(model, enabled=fold_lora and packed is None),  # packing folds LoRA
         torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
     ):
         yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
@@ -126,7 +114,6 @@ def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor)
 
 def cache_dtype(model, amp=None) -> torch.dtype | None:
     """The fast samplers' cache dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32
-    kernels are the faster ones there), but under --plain (SDPA as it is takes one dtype); elsewhere
-    autocast's dtype, else the weights'."""
+    kernels are the faster ones there); elsewhere autocast's dtype, else the weights'."""
     W = model.lm_head_weight
-    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 and not plain() else amp
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp

@@ -56,7 +56,7 @@ def generate_completions(
     episodes: list | None = None,
 ) -> list[list[str]] | tuple[list[list[str]], list[list[int]]]:
     """`num_samples` completions for each row (temperature 0 = greedy), in row order. A completion that
-    hits a stop string ends right after it, the stop string kept, as in training (draw.finish_text).
+    hits a stop string ends right after it, the stop string kept, as in training (sampling.finish_text).
 
     `seeds`: one per row, each row sampling from its own generator, so its completions do not depend on the
     rows batched with it (else one generator, seeded by `seed`, serves the batches in turn). `autocast`: a

@@ -1,7 +1,7 @@
 """The sampler's fast path for G completions of each prompt, the single-turn default: a prompt's keys and values
 once for its whole group, and ended completions dropped from the batch.
 
-The plain loop (sampling.plain_generate) gives each completion a cache row of its own, holding a copy of its
+The plain loop (sampling.generate) gives each completion a cache row of its own, holding a copy of its
 prompt's keys. Here the G completions of a prompt share them (GroupedKVCache): a decode step reads a
 prompt's keys once for its whole group, the query rows of its G completions stacked into one matmul, which
 saves memory and memory traffic for long prompts and large groups. The prompts are left-padded into one batch (an attention mask
@@ -12,7 +12,7 @@ hides the pads; positions count real tokens only) and prefilled once (`prefill_g
   from the batch and the cache, so long completions do not pay for finished ones.
 - `StaticGroupedKVCache` (static, compiled, graph): the same cache on fixed shapes, for row_sampler.py's one
   decode step, uncompiled, compiled or recorded as a CUDA graph (static_decode.py).
-- `generate_fast`: what sampling.generate calls for every --sampling.decode but 'plain'.
+- `generate_fast`: what fast.sampler.generate calls for every --sampling.decode but 'plain'.
 
 What they compute is what the plain loop computes, to float32 rounding (tests/test_sampling.py: the same
 tokens from the same generators). They cannot continue a row: a prompt's keys are shared by its G rows, and
@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nanogrpo.model.fast.kvcache import visible_keys
-from nanogrpo.model.fast.row_sampler import decode_loop
-from nanogrpo.model.fast.sampler import DecodeState, cache_dtype
+from nanogrpo.model.fast.row_sampler import DecodeState, cache_dtype, decode_loop
 from nanogrpo.model.sampling import Generation, StopCheck, finish, sample_tokens
 from nanogrpo.model.transformer import KVCache
 
@@ -262,7 +261,7 @@ def generate_grouped(
     model, packed, prompts, G, max_new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator, pad_id,
     amp=None,
 ) -> Generation:  # fmt: skip
-    """sampling.generate with decode='eager': the grouped cache, ended rows dropped once a quarter of the
+    """fast.sampler.generate with decode='eager': the grouped cache, ended rows dropped once a quarter of the
     batch has ended (the whole batch's forward otherwise runs for them), one host check a step."""
     W = model.lm_head_weight  # (V, H)
     lm_head = packed.head if packed is not None else (lambda h: h @ W.T)  # (n, H) -> (n, V)
@@ -323,7 +322,7 @@ def generate_fast(
     model, head, packed, prompts, G, new, temperature, top_p, top_k, eos_ids, stop_strings, tokenizer, generator,
     pad_id, amp, decode: str,
 ) -> Generation:  # fmt: skip
-    """sampling.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
+    """fast.sampler.generate's fast paths, in its sampling_weights block: 'eager' the grouped loop, ended rows
     dropped (generate_grouped); 'static', 'compiled', 'graph', 'compiled-graph' the row sampler's decode step
     over the grouped cache, kept on fixed shapes (row_sampler.decode_loop, static_decode.py)."""
     from nanogrpo.model.fast.static_decode import COMPILED, PROMPT_BUCKET

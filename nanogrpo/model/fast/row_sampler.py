@@ -3,38 +3,86 @@ whose one step runs as it is, compiled, or recorded as a CUDA graph.
 
 An episode continues its rows from turn to turn instead of reading its history again (envs/episode.py):
 
-    s = Sampler(model, head, turn)               # in sampling.sampling_weights(...), which gives the head
+    s = Sampler(model, head, turn)               # in fast.sampler.sampling_weights(...), which gives the head
     logits = s.prefill(prompts, rows)            # each prompt once; row k a copy of prompt rows[k]'s keys
     gen = s.decode(logits, max_new, gens, ...)   # turn 1
     logits = s.extend(observations)              # each row's last sampled token and its observation, only
     gen = s.decode(logits, max_new, gens, ...)   # turn 2, and so on
 
 A decode step (`decode_step`) feeds each row's last token (its keys and values written after the row's own,
-RowKVCache, below), samples the next from its logits (draw.sample_tokens) and records it
-(draw.record); a row that samples an EOS id has ended and rides along, its tokens pad. Between steps
+RowKVCache, below), samples the next from its logits (sampling.sample_tokens) and records it
+(`record`); a row that samples an EOS id has ended and rides along, its tokens pad. Between steps
 (every SYNC_EVERY steps when the step is captured) the host checks the stop strings and whether every row
-has ended. The state of the loop lives in tensors of fixed shape (draw.DecodeState, the cache, the
+has ended. The state of the loop lives in tensors of fixed shape (`DecodeState`, the cache, the
 uniforms), so the same step runs as it is, compiled, or recorded as a CUDA graph (--sampling.decode
 static|compiled|graph, static_decode.py); the grouped cache's fixed-shape modes (grouped.py) run this loop
 too.
 
-What it computes is the plain loop's (sampling.plain_generate), to float32 rounding: the same tokens from
-the same generators (tests/test_sampling.py), and a continued row the same as its history prefilled again.
+What it computes is the plain loop's (sampling.generate; an episode's, sampling.Episodes), to float32
+rounding: the same tokens from the same generators (tests/test_sampling.py), and a continued row the same as
+its history prefilled again.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from nanogrpo.model.fast.kvcache import visible_keys
-from nanogrpo.model.fast.sampler import DecodeState, cache_dtype, record
 from nanogrpo.model.sampling import Generation, StopCheck, draw_uniforms, finish, sample_tokens
 from nanogrpo.model.transformer import attention
 
 SYNC_EVERY = 8  # decode steps between host checks (stop strings, every row ended) of a captured step
+
+
+@dataclass
+class DecodeState:
+    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
+
+    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
+    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
+    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
+    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
+    eos: torch.Tensor  # (E,) long, the EOS ids
+    pad: torch.Tensor  # () long, the pad id
+    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
+
+    @classmethod
+    def start(cls, N: int, max_new: int, eos_ids: Sequence[int], pad_id: int, device) -> DecodeState:
+        """N rows, nothing sampled yet: every token pad, every row running, at step 0."""
+        return cls(
+            tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=device),
+            logps=torch.zeros(N, max_new, dtype=torch.float32, device=device),
+            length=torch.full((N,), max_new, dtype=torch.long, device=device),
+            done=torch.zeros(N, dtype=torch.bool, device=device),
+            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
+            pad=torch.tensor(pad_id, device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
+        )
+
+
+def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
+    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
+    feeds); mark the rows that hit an EOS id now. sampling.generate's rule, on tensors a captured step keeps."""
+    tok = torch.where(s.done, s.pad, tok)  # (N,)
+    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see grouped.StaticGroupedKVCache)
+    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
+    if len(s.eos):
+        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
+        # calls unique(), which reads a size back to the host (no graph can hold that)
+        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
+        s.length.copy_(torch.where(new, t + 1, s.length))
+        s.done.logical_or_(new)
+
+
+def cache_dtype(model, amp=None) -> torch.dtype | None:
+    """The fast samplers' cache dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32
+    kernels are the faster ones there); elsewhere autocast's dtype, else the weights'."""
+    W = model.lm_head_weight
+    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp
 
 
 def decode_step(model, lm_head, cache, s: DecodeState, u, sample) -> None:

@@ -1,6 +1,5 @@
-"""The fast samplers' entry and what they share: `generate` (the default sampler of every caller but the
-plain rollout), the weights they sample with (`sampling_weights`), and the fixed-shape state of a decode loop
-(`DecodeState`, `record`).
+"""The fast samplers' entry: `generate` (the default sampler of every caller but the plain rollout), and the
+weights they sample with (`sampling_weights`).
 
     gen = generate(model, prompts, group_size=G, max_new_tokens=64, generator=gens, decode="eager")
 
@@ -17,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from nanogrpo.model import sampling
+from nanogrpo.model.fast.grouped import generate_fast
 from nanogrpo.model.fast.packed import folded_lora, packed_weights
 from nanogrpo.model.paths import plain
 from nanogrpo.model.sampling import Generation, eval_mode
@@ -38,7 +37,6 @@ def generate(
     first. `fold_lora`: where nothing is packed (a GPU), each LoRA layer folded into one weight for the call
     (False runs the adapters as the trainer does). `autocast`: a float32 model's compute dtype on an
     accelerator, the sampler's (its cache's too); on the CPU the packed float32 weights are faster."""
-    from nanogrpo.model.fast.grouped import generate_fast
     from nanogrpo.model.fast.static_decode import check_generate
 
     check_generate(prompts, generator, group_size, max_new_tokens, temperature, top_p, top_k, stop_strings,
@@ -70,50 +68,3 @@ def sampling_weights(model, rows: int, fold_lora: bool = True, autocast: torch.d
         torch.autocast(W.device.type, dtype=amp, enabled=amp is not None),
     ):
         yield (packed.head if packed is not None else (lambda h: h @ W.T)), packed, amp
-
-
-@dataclass
-class DecodeState:
-    """The tensors one decode step reads and writes, all of fixed shape for the whole call."""
-
-    tokens: torch.Tensor  # (N, max_new) long, the sampled tokens (pad after a row's end)
-    logps: torch.Tensor  # (N, max_new) float32, their sampler log-probs (0 after the end)
-    length: torch.Tensor  # (N,) long, tokens up to and including the end (max_new while running)
-    done: torch.Tensor  # (N,) bool, the row has ended (EOS or stop string)
-    eos: torch.Tensor  # (E,) long, the EOS ids
-    pad: torch.Tensor  # () long, the pad id
-    step: torch.Tensor  # (1,) long, t: the completion token the next step feeds (it then samples token t + 1)
-
-    @classmethod
-    def start(cls, N: int, max_new: int, eos_ids: Sequence[int], pad_id: int, device) -> DecodeState:
-        """N rows, nothing sampled yet: every token pad, every row running, at step 0."""
-        return cls(
-            tokens=torch.full((N, max_new), pad_id, dtype=torch.long, device=device),
-            logps=torch.zeros(N, max_new, dtype=torch.float32, device=device),
-            length=torch.full((N,), max_new, dtype=torch.long, device=device),
-            done=torch.zeros(N, dtype=torch.bool, device=device),
-            eos=torch.tensor(list(eos_ids), dtype=torch.long, device=device),
-            pad=torch.tensor(pad_id, device=device),
-            step=torch.zeros(1, dtype=torch.long, device=device),
-        )
-
-
-def record(s: DecodeState, t: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor) -> None:
-    """Write step t's (1,) tokens (N,) and log-probs (N,), ended rows as pad and 0 (what the next step
-    feeds); mark the rows that hit an EOS id now. sampling.generate's rule, on tensors a captured step keeps."""
-    tok = torch.where(s.done, s.pad, tok)  # (N,)
-    s.tokens[:, t] = tok[:, None]  # an index_put_: in place when compiled (see grouped.StaticGroupedKVCache)
-    s.logps[:, t] = lp.masked_fill(s.done, 0.0)[:, None]
-    if len(s.eos):
-        # a compare with each EOS id, not torch.isin: for more rows than a few EOS ids CUDA's isin sorts and
-        # calls unique(), which reads a size back to the host (no graph can hold that)
-        new = (tok[:, None] == s.eos).any(-1) & ~s.done  # (N,)
-        s.length.copy_(torch.where(new, t + 1, s.length))
-        s.done.logical_or_(new)
-
-
-def cache_dtype(model, amp=None) -> torch.dtype | None:
-    """The fast samplers' cache dtype: on the CPU a bf16 model keeps a float32 cache (attention's float32
-    kernels are the faster ones there); elsewhere autocast's dtype, else the weights'."""
-    W = model.lm_head_weight
-    return torch.float32 if W.device.type == "cpu" and W.dtype == torch.bfloat16 else amp

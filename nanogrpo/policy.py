@@ -251,10 +251,10 @@ def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:
 
 def model_positions(model_dir) -> int:
     """The positions a model folder's config.json allows (its context), checked to be an architecture nanogrpo
-    runs."""
+    runs; Gemma 3's sliding window, where nanogrpo's model is exact (gemma3.py)."""
     hf = json.loads((Path(model_dir) / "config.json").read_text())
-    ModelArgs.from_hf(hf)  # unknown architecture: fail first
-    return int(hf.get("max_position_embeddings") or 1 << 30)
+    args = ModelArgs.from_hf(hf)  # unknown architecture: fail first
+    return min(int(hf.get("max_position_embeddings") or 1 << 30), args.sliding_window or 1 << 30)
 
 
 def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, tokenizer=None) -> Policy:

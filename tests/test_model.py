@@ -15,6 +15,7 @@ from helpers import packing_params, use_packer
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -83,6 +84,19 @@ CONFIGS = {
     "phi3-partial-rotary": Phi3Config(
         **SMALL, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, partial_rotary_factor=0.5
     ),
+    "gemma3": Gemma3TextConfig(
+        **SMALL,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=32,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        },
+    ),  # fmt: skip
     "phi3-longrope": Phi3Config(
         **SMALL,
         num_attention_heads=4,
@@ -156,7 +170,7 @@ def test_left_padded_batch_equals_unpadded(tmp_path):
     torch.testing.assert_close(batch[1, 4:], hf[1, 4:], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused"])
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused", "gemma3"])
 def test_kv_cache_incremental_equals_full(name, tmp_path):
     _save(CONFIGS[name], tmp_path)
     m = Transformer.from_pretrained(tmp_path)
@@ -383,7 +397,9 @@ def test_smollm2_matches_transformers(smollm2_dir):
 
 
 @pytest.mark.parametrize("dtype, packer", packing_params())
-@pytest.mark.parametrize("name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused"])
+@pytest.mark.parametrize(
+    "name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused", "gemma3"]
+)
 def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp_path, monkeypatch):
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
     plain forward's logits (bf16: oneDNN's packing, within bf16 rounding; float32: oneDNN's or MKL's, within

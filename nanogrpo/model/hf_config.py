@@ -1,9 +1,10 @@
 """ModelArgs: what the forward pass needs of a Hugging Face config.json, and the architectures nanogrpo runs.
 
-`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2 configs (SmolLM2 is a
-Llama) and refuses any other architecture, activation or RoPE type with the list of those it supports; the
+`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM2 (a Llama) and Gemma 3 (text)
+configs and refuses any other architecture, activation or RoPE type with the list of those it supports; the
 variants' differences become flags the model reads (q/k/v and o biases, Qwen3's q/k norms, the RoPE
-scaling: rope.py). transformer.py builds the model from it.
+scaling: rope.py; Gemma 3's layer types and local RoPE base: gemma3.py). transformer.py builds the model from
+it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
@@ -46,6 +48,9 @@ class ModelArgs:
     bos_token_id: int | None = None
     pad_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    layer_types: list[str] = field(default_factory=list)  # Gemma 3: 'sliding_attention' | 'full_attention'
+    sliding_window: int = 0  # Gemma 3: the local layers' window (0: none)
+    rope_local_theta: float = 0.0  # Gemma 3: the local layers' RoPE base (rope_local_base_freq)
 
     @classmethod
     def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> ModelArgs:
@@ -57,13 +62,14 @@ class ModelArgs:
                 f"unsupported model: architectures={archs} model_type={mtype!r}; nanogrpo supports "
                 f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
             )
-        if cfg.get("hidden_act", "silu") != "silu":
+        gemma = gemma3_fields(cfg) if mtype == "gemma3_text" else {}
+        if cfg.get("hidden_act", "silu") != "silu" and not gemma:
             raise ValueError(
                 f"hidden_act={cfg['hidden_act']!r} is not supported; nanogrpo implements SwiGLU (silu)"
             )
         heads = cfg["num_attention_heads"]
         # transformers >= 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope = dict(gemma.pop("rope", None) or cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_type = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
         rope.pop("type", None)
         if mtype == "phi3" and rope_type in ("su", "yarn"):
@@ -87,7 +93,7 @@ class ModelArgs:
         same = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps")
         same += ("max_position_embeddings", "bos_token_id", "pad_token_id", "tie_word_embeddings")
         return cls(
-            **{k: cfg[k] for k in same if k in cfg},
+            **{**{k: cfg[k] for k in same if k in cfg}, **gemma},
             model_type=mtype,
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
@@ -95,9 +101,49 @@ class ModelArgs:
             qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
             o_bias=bias and mtype in ("llama", "qwen3"),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
-            qk_norm=mtype == "qwen3",
+            qk_norm=mtype in ("qwen3", "gemma3_text"),
             rope_theta=float(theta),
             rope_scaling=rope,
             partial_rotary_factor=float(partial),
             eos_token_ids=eos,
         )
+
+
+def gemma3_fields(cfg: dict) -> dict:
+    """A Gemma 3 text config's layer types, window and two RoPE bases (gemma3.py), its global RoPE as `rope`
+    (transformers >= 5 writes rope_parameters per layer type; older configs rope_theta, rope_local_base_freq
+    and rope_scaling); what nanogrpo's model does not compute is refused here, before any weight loads."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ValueError(
+                f"Gemma 3 with {key}={cfg[key]} is not supported (the released configs set None)"
+            )
+    if cfg.get("query_pre_attn_scalar", head_dim) != head_dim:
+        raise ValueError(
+            f"Gemma 3 with query_pre_attn_scalar={cfg['query_pre_attn_scalar']} != head_dim {head_dim} is not "
+            "supported (nanogrpo's attention scales by head_dim ** -0.5, as the released configs do)"
+        )
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with use_bidirectional_attention (an embedding model) is not a causal LM")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma 3 with hidden_activation={act!r} is not supported: its MLP is GeGLU (tanh)")
+    n, every = (
+        cfg["num_hidden_layers"],
+        cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6,
+    )
+    types = cfg.get("layer_types") or [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)
+    ]
+    per_type = cfg.get("rope_parameters") or {}
+    if "full_attention" in per_type:  # transformers >= 5
+        rope, local = dict(per_type["full_attention"]), per_type.get("sliding_attention") or {}
+    else:
+        rope = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+        local = {"rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+    if (local.get("rope_type") or "default") != "default":
+        raise ValueError(f"Gemma 3 with a local RoPE of type {local['rope_type']!r} is not supported")
+    return dict(layer_types=list(types), sliding_window=int(cfg.get("sliding_window") or 0), rope=rope,
+                rope_local_theta=float(local.get("rope_theta", 10_000.0)),
+                tie_word_embeddings=cfg.get("tie_word_embeddings", True))  # fmt: skip

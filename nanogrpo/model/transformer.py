@@ -1,7 +1,7 @@
-"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2 (its shape: hf_config.py's
-ModelArgs), its RoPE (`rope_tables`, `apply_rope`; rope.py: the scalings HF configs name), its one attention
-call (`attention`: SDPA, with attention.py's kernels where they are faster), its KV cache (`KVCache`), and
-its HF loader.
+"""One decoder-only Transformer for Llama, Mistral, Qwen2, Qwen3, Phi-3 and SmolLM2 (Gemma 3: gemma3.py, its
+blocks on this model) (its shape: hf_config.py's ModelArgs), its RoPE (`rope_tables`, `apply_rope`; rope.py:
+the scalings HF configs name), its one attention call (`attention`: SDPA, with attention.py's kernels where
+they are faster), its KV cache (`KVCache`), and its HF loader.
 
 The module and parameter names are Hugging Face's (`model.layers.{i}.self_attn.q_proj`, ...), so an HF
 safetensors state dict loads as is and LoRA adapters get PEFT's key names. The variants differ only in:
@@ -128,13 +128,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=a.mlp_bias)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
         self.packed_gate_up: nn.Module | None = None  # gate|up in one matmul, only inside packed_weights
+        self.act = F.silu  # SwiGLU (Gemma 3: GeGLU, gemma3.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_gate_up is not None:
             gate, up = self.packed_gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Block(nn.Module):
@@ -227,6 +228,9 @@ class Transformer(nn.Module):
         k = torch.zeros(shape, dtype=dtype or p.dtype, device=p.device)
         return KVCache(k, torch.zeros_like(k))
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)  # (B, T, H)
+
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rs = self.config.rope_scaling
         seq_len, key = 0, "default"
@@ -264,7 +268,7 @@ class Transformer(nn.Module):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
             else:
                 position_ids = torch.arange(past, S, device=dev).expand(B, T)  # (B, T)
-        x = self.model.embed_tokens(input_ids)  # (B, T, H)
+        x = self.embed(input_ids)  # (B, T, H)
         cos, sin = self._rope(position_ids, x.dtype)
 
         # mask: "flash" (no padding), "causal" (SDPA, no padding, no cache), None (one new token sees all), a
@@ -333,8 +337,11 @@ class Transformer(nn.Module):
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
 
         private_inductor_cache()  # the meta device below imports torch's compiler: its cache is ours, not /tmp's
+        build = cls
+        if args.model_type == "gemma3_text":  # its blocks, norms, embedding scale and two RoPE tables
+            from nanogrpo.model.gemma3 import Gemma3Transformer as build
         with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
-            model = cls(args)
+            model = build(args)
         missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
         if missing or unexpected:
             raise ValueError(

@@ -1,0 +1,96 @@
+"""Gemma 3 (text) in nanogrpo's own model, on a small random checkpoint that transformers builds here (no
+download) with the tiny model's tokenizer: logits equal to transformers' Gemma3ForCausalLM (test_model.py
+checks them beside the other architectures), GRPO steps whose sampler and trainer agree to float32 rounding
+on the default path and under --plain, the run's context capped at the sliding window, and its adapter
+loaded by PEFT onto transformers' model giving nanogrpo's logits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_train_here
+
+from nanogrpo.model.transformer import Transformer
+
+WINDOW = 96
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """A 2-layer Gemma 3 (a sliding-window layer, then a global one) with the tiny tokenizer's vocabulary."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    folder = tmp_path_factory.mktemp("gemma3")
+    config = Gemma3TextConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512, eos_token_id=2,
+        pad_token_id=0, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.02 if "norm" not in name else 0.1)
+    model.save_pretrained(folder)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(tiny_model_dir / f, folder / f)
+    return folder
+
+
+def steps(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_on_gemma3_agrees_with_its_sampler_and_with_plain(gemma_dir, tmp_path):
+    flags = ["tiny", "--model.path", gemma_dir, "--model.dtype", "float32", "--steps", "2", "--eval-prompts", "0",
+             "--no-plots", "--log-samples-every", "1", "--save-every", "1"]  # fmt: skip
+    for name, more in (("fast", []), ("plain", ["--plain"])):
+        r = run_train_here(*flags, "--out-dir", tmp_path / name, *more)
+        assert r.returncode == 0, r.stderr[-3000:]
+    fast, plain = steps(tmp_path / "fast"), steps(tmp_path / "plain")
+    for a, b in zip(fast, plain):
+        assert a["sampler_kl"] < 1e-9 and b["sampler_kl"] < 1e-9  # each sampler against its trainer
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    texts = [(tmp_path / n / "samples.jsonl").read_text() for n in ("fast", "plain")]
+    assert texts[0] == texts[1]  # the same tokens from the same generators
+
+    # the adapter nanogrpo saved loads in PEFT onto transformers' Gemma3ForCausalLM: the same logits
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nanogrpo.model.lora import load_adapter
+
+    adapter = next(p.parent for p in (tmp_path / "fast").rglob("adapter_config.json"))
+    ids = torch.randint(3, 1024, (2, 12), generator=torch.Generator().manual_seed(0))
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gemma_dir), adapter).eval()
+    ours = load_adapter(Transformer.from_pretrained(gemma_dir), adapter).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), theirs(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_a_gemma3_run_is_given_the_window_as_its_context(gemma_dir):
+    from nanogrpo.policy import model_positions
+
+    assert model_positions(gemma_dir) == WINDOW  # the sliding layers are exact up to it
+
+
+def test_gemma3_configs_nanogrpo_cannot_compute_are_refused():
+    from nanogrpo.model.hf_config import ModelArgs
+
+    base = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=64, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4, head_dim=16, vocab_size=97)  # fmt: skip
+    args = ModelArgs.from_hf(base)  # the old config keys: layer types from the pattern, the two bases
+    assert (
+        args.layer_types == ["sliding_attention", "sliding_attention"] and args.rope_local_theta == 10_000.0
+    )
+    assert args.rope_theta == 1_000_000.0 and args.tie_word_embeddings and args.qk_norm
+    for bad, message in (({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+                         ({"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
+                         ({"hidden_activation": "relu"}, "GeGLU")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            ModelArgs.from_hf({**base, **bad})

@@ -233,7 +233,7 @@ def test_grpo_summary_logs_the_diagnostics():
         truncated=torch.zeros(8, dtype=torch.bool),
     )  # fmt: skip
     stats = {k: 0.0 for k in ("tokens", "clip_low", "clip_high", "kl", "pg_loss", "kl_loss", "ratio_max")}
-    upd = SimpleNamespace(entropy=1.0, loss=0.0, tokens=100.0, seqs=8, stats=stats, later=None)
+    upd = SimpleNamespace(loss=0.0, tokens=100.0, seqs=8, stats={**stats, "entropy": 1.0}, later=None)
     m = grpo_summary(roll, reward, parts, torch.zeros(2, dtype=torch.bool), upd, None, False)
     assert m["hack/len_corr/a"] == pytest.approx(1.0) and m["hack/best_is_longest/a"] == 1.0
     assert m["hack/len_corr/reward"] == pytest.approx(1.0)  # the second group has no spread: skipped

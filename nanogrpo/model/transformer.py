@@ -337,11 +337,8 @@ class Transformer(nn.Module):
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
 
         private_inductor_cache()  # the meta device below imports torch's compiler: its cache is ours, not /tmp's
-        build = cls
-        if args.model_type == "gemma3_text":  # its blocks, norms, embedding scale and two RoPE tables
-            from nanogrpo.model.gemma3 import Gemma3Transformer as build
         with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
-            model = build(args)
+            model = model_for(args, cls)
         missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
         if missing or unexpected:
             raise ValueError(
@@ -351,6 +348,16 @@ class Transformer(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         model.set_attn(attn)
         return model.to(device).eval()
+
+
+def model_for(args: ModelArgs, default: type[Transformer] | None = None) -> Transformer:
+    """The model of `args` (random weights): `default` (Transformer), or gemma3.Gemma3Transformer for Gemma 3
+    (its blocks, norms, embedding scale and two RoPE tables)."""
+    if args.model_type == "gemma3_text":
+        from nanogrpo.model.gemma3 import Gemma3Transformer
+
+        return Gemma3Transformer(args)
+    return (default or Transformer)(args)
 
 
 def _split_fused(sd: dict[str, torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:

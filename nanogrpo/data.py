@@ -175,11 +175,9 @@ def render_prompt(tokenizer, row: dict, system_prompt: str = "", tools: list | N
     p = row["prompt"]
     if isinstance(p, str) and getattr(tokenizer, "chat_template", None) is None:
         return tokenizer(system_prompt + p)["input_ids"]
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            "the prompts are chat messages but the model's tokenizer has no chat template (a base model): "
-            "give text prompts (a 'prompt' string; the demo task's: --data.train demo-text)"
-        )
+    if getattr(tokenizer, "chat_template", None) is None:  # a base model
+        raise ValueError("the prompts are chat messages but the tokenizer has no chat template: give text prompts "
+                         "(a 'prompt' string; the demo task's: --data.train demo-text)")  # fmt: skip
     messages = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
@@ -225,9 +223,10 @@ def load_task(
     folder, or of NAME:SPLIT in the local HF cache (load_rows), and the source name used in error messages.
     `columns` (column_map of the DataConfig) renames fields before the rows are checked."""
     if name_or_path in ("demo", "demo-text"):  # demo-text: plain-text prompts, for a base model
-        from nanogrpo.recipes.demo import demo_rows
+        from nanogrpo.recipes.demo import demo_rows, demo_text_rows
 
-        return demo_rows(split, text=name_or_path == "demo-text"), f"{name_or_path}:{split}"
+        rows = demo_text_rows(split) if name_or_path == "demo-text" else demo_rows(split)
+        return rows, f"{name_or_path}:{split}"
     if name_or_path.startswith("recipe:"):
         from nanogrpo.recipes import recipe_path
 

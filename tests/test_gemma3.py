@@ -114,7 +114,7 @@ def test_a_base_model_reads_text_prompts_with_its_bos_and_refuses_chat_messages(
         "Reply with just the answer, one word.\n"
     )
     assert render_prompt(tok, rows[0])[0] == 1
-    with pytest.raises(ValueError, match="no chat template .*--data.train demo-text"):
+    with pytest.raises(ValueError, match="no chat template.*--data.train demo-text"):
         render_prompt(tok, load_task("demo", "eval")[0][0])
 
 

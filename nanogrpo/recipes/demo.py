@@ -62,15 +62,12 @@ _FACTS: dict[str, list[tuple[str, str]]] = {
 DEMO_INSTRUCTION = "Reply with just the answer, one word."
 
 
-def demo_rows(split: str = "train", seed: int = 1234, system: bool = True, text: bool = False) -> list[dict]:
+def demo_rows(split: str = "train", seed: int = 1234, system: bool = True) -> list[dict]:
     """The built-in task: every fact once, split 75/25 per question type (deterministic).
 
-    system: the instruction is the system message (what the demo preset trains on: with SmolLM2's chat
-    template 31 tokens a prompt, where its default system message plus the instruction after the
-    question made 47), or, False, it follows the question in one user message (the layout of the KL
-    study's LM grid and of bench/step.py, kept so their recorded numbers still reproduce). text: the
-    prompt is plain text, the question, the instruction and a newline, for a base model without a chat
-    template ('demo-text', the gemma3 preset: its answer is the line that follows)."""
+    system: the instruction is the system message (the demo preset's: 31 tokens a prompt with SmolLM2's chat
+    template), or, False, it follows the question in one user message (the KL study's LM grid and
+    bench/step.py)."""
     if split not in ("train", "eval"):
         raise ValueError(f"demo split must be 'train' or 'eval', got {split!r}")
     rows = []
@@ -82,9 +79,7 @@ def demo_rows(split: str = "train", seed: int = 1234, system: bool = True, text:
         chosen = facts[:n_eval] if split == "eval" else facts[n_eval:]
         for subject, answer in chosen:
             question = template.format(subject)
-            if text:
-                prompt = f"{question} {DEMO_INSTRUCTION}\n"
-            elif system:
+            if system:
                 prompt = [
                     {"role": "system", "content": DEMO_INSTRUCTION},
                     {"role": "user", "content": question},
@@ -95,6 +90,12 @@ def demo_rows(split: str = "train", seed: int = 1234, system: bool = True, text:
                 {"id": f"demo-{split}-{len(rows)}", "prompt": prompt, "reference": answer, "answer": answer}
             )
     return rows
+
+
+def demo_text_rows(split: str = "train") -> list[dict]:
+    """The task as plain text, for a base model without a chat template ('demo-text', the gemma3 preset): the
+    question, the instruction and a newline; the answer is the line that follows."""
+    return [{**r, "prompt": f"{r['prompt'][1]['content']} {DEMO_INSTRUCTION}\n"} for r in demo_rows(split)]
 
 
 # the demo preset (recipes/presets.py lists it): SmolLM2-135M-Instruct + LoRA on demo_rows

@@ -21,6 +21,7 @@ from transformers import (
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    SmolLM3Config,
 )
 
 from nanogrpo.model.fast.grouped import GroupedKVCache
@@ -97,6 +98,16 @@ CONFIGS = {
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
         },
     ),  # fmt: skip
+    "smollm3-nope": SmolLM3Config(
+        **SMALL,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        no_rope_layers=[1, 0],
+        attention_bias=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     "phi3-longrope": Phi3Config(
         **SMALL,
         num_attention_heads=4,
@@ -170,7 +181,7 @@ def test_left_padded_batch_equals_unpadded(tmp_path):
     torch.testing.assert_close(batch[1, 4:], hf[1, 4:], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused", "gemma3"])
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused", "gemma3", "smollm3-nope"])
 def test_kv_cache_incremental_equals_full(name, tmp_path):
     _save(CONFIGS[name], tmp_path)
     m = Transformer.from_pretrained(tmp_path)
@@ -430,3 +441,22 @@ def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp
     )
     layers = m.config.num_hidden_layers
     assert len(calls) == 4 * layers, "every projection packed"
+
+
+@pytest.mark.parametrize("name", ["gemma3", "smollm3-nope"])
+def test_families_built_on_the_model_sample_the_same_on_every_decode_path(name, tmp_path):
+    """Gemma 3's two RoPE tables and SmolLM3's NoPE layers (stacked tables, a block taking its own) through
+    the plain loop, the grouped cache (eager) and the fixed-shape step (static): the same tokens."""
+    from nanogrpo.model.fast.sampler import generate
+
+    _save(CONFIGS[name], tmp_path)
+    model = Transformer.from_pretrained(tmp_path)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [13, 14, 15, 16]]
+    runs = {}
+    for decode in ("plain", "eager", "static"):
+        gens = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+        runs[decode] = generate(model, prompts, group_size=2, max_new_tokens=10, generator=gens, decode=decode,
+                                eos_ids=tuple(range(3, 97, 9)), pad_id=0)  # fmt: skip
+    for decode in ("eager", "static"):
+        assert torch.equal(runs[decode].completion_ids, runs["plain"].completion_ids), decode
+        torch.testing.assert_close(runs[decode].logp, runs["plain"].logp, atol=1e-5, rtol=0)

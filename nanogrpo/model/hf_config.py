@@ -1,9 +1,9 @@
 """ModelArgs: what the forward pass needs of a Hugging Face config.json, and the architectures nanogrpo runs.
 
-`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM2 (a Llama) and Gemma 3 (text)
-configs and refuses any other architecture, activation or RoPE type with the list of those it supports; the
+`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM2 (a Llama), SmolLM3 and Gemma 3
+(text) configs and refuses any other architecture, activation or RoPE type with the list of those it supports; the
 variants' differences become flags the model reads (q/k/v and o biases, Qwen3's q/k norms, the RoPE
-scaling: rope.py; Gemma 3's layer types and local RoPE base: gemma3.py). transformer.py builds the model from
+scaling: rope.py; Gemma 3's layer types and local RoPE base: gemma3.py; SmolLM3's NoPE layers: smollm3.py). transformer.py builds the model from
 it.
 """
 
@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3_text",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
@@ -51,6 +52,7 @@ class ModelArgs:
     layer_types: list[str] = field(default_factory=list)  # Gemma 3: 'sliding_attention' | 'full_attention'
     sliding_window: int = 0  # Gemma 3: the local layers' window (0: none)
     rope_local_theta: float = 0.0  # Gemma 3: the local layers' RoPE base (rope_local_base_freq)
+    rope_layers: list[int] = field(default_factory=list)  # SmolLM3: 1 a layer with RoPE, 0 without (NoPE)
 
     @classmethod
     def from_hf(cls, cfg: dict, generation_config: dict | None = None) -> ModelArgs:
@@ -62,14 +64,15 @@ class ModelArgs:
                 f"unsupported model: architectures={archs} model_type={mtype!r}; nanogrpo supports "
                 f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
             )
-        gemma = gemma3_fields(cfg) if mtype == "gemma3_text" else {}
-        if cfg.get("hidden_act", "silu") != "silu" and not gemma:
+        # the fields of the families built on transformer.py's model (gemma3.py, smollm3.py)
+        extra = {"gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(mtype, lambda cfg: {})(cfg)
+        if cfg.get("hidden_act", "silu") != "silu" and mtype != "gemma3_text":  # Gemma 3: gemma3_fields
             raise ValueError(
                 f"hidden_act={cfg['hidden_act']!r} is not supported; nanogrpo implements SwiGLU (silu)"
             )
         heads = cfg["num_attention_heads"]
         # transformers >= 5 writes rope_parameters (with rope_theta inside); older configs rope_scaling
-        rope = dict(gemma.pop("rope", None) or cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope = dict(extra.pop("rope", None) or cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_type = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
         rope.pop("type", None)
         if mtype == "phi3" and rope_type in ("su", "yarn"):
@@ -93,21 +96,30 @@ class ModelArgs:
         same = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps")
         same += ("max_position_embeddings", "bos_token_id", "pad_token_id", "tie_word_embeddings")
         return cls(
-            **{**{k: cfg[k] for k in same if k in cfg}, **gemma},
+            **{**{k: cfg[k] for k in same if k in cfg}, **extra},
             model_type=mtype,
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim")
-            or (256 if gemma else cfg["hidden_size"] // heads),  # Gemma3's default
-            qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3")),
-            o_bias=bias and mtype in ("llama", "qwen3"),
-            mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype == "llama",
+            or (256 if mtype == "gemma3_text" else cfg["hidden_size"] // heads),  # Gemma3's default
+            qkv_bias=mtype == "qwen2" or (bias and mtype in ("llama", "qwen3", "smollm3")),
+            o_bias=bias and mtype in ("llama", "qwen3", "smollm3"),
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and mtype in ("llama", "smollm3"),
             qk_norm=mtype in ("qwen3", "gemma3_text"),
             rope_theta=float(theta),
             rope_scaling=rope,
             partial_rotary_factor=float(partial),
             eos_token_ids=eos,
         )
+
+
+def smollm3_fields(cfg: dict) -> dict:
+    """A SmolLM3 config's NoPE layers (no_rope_layers: 1 with RoPE, 0 without; by default every
+    no_rope_layer_interval-th layer without) and its sliding window when on (smollm3.py)."""
+    n, every = cfg["num_hidden_layers"], cfg.get("no_rope_layer_interval") or 4
+    layers = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
+    window = int(cfg.get("sliding_window") or 0) if cfg.get("use_sliding_window") else 0
+    return dict(rope_layers=[int(x) for x in layers], sliding_window=window)
 
 
 def gemma3_fields(cfg: dict) -> dict:

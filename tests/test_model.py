@@ -18,6 +18,7 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
+    Olmo3Config,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
@@ -108,6 +109,25 @@ CONFIGS = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    "olmo3": Olmo3Config(
+        **SMALL,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "rope_theta": 5e5,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),  # fmt: skip
     "phi3-longrope": Phi3Config(
         **SMALL,
         num_attention_heads=4,
@@ -181,7 +201,9 @@ def test_left_padded_batch_equals_unpadded(tmp_path):
     torch.testing.assert_close(batch[1, 4:], hf[1, 4:], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused", "gemma3", "smollm3-nope"])
+@pytest.mark.parametrize(
+    "name", ["llama-gqa-untied", "qwen3-qknorm", "phi3-fused", "gemma3", "smollm3-nope", "olmo3"]
+)
 def test_kv_cache_incremental_equals_full(name, tmp_path):
     _save(CONFIGS[name], tmp_path)
     m = Transformer.from_pretrained(tmp_path)
@@ -409,7 +431,8 @@ def test_smollm2_matches_transformers(smollm2_dir):
 
 @pytest.mark.parametrize("dtype, packer", packing_params())
 @pytest.mark.parametrize(
-    "name", ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused", "gemma3"]
+    "name",
+    ["llama-tied-bias", "qwen2-bias-tied", "qwen3-qknorm", "phi3-fused", "gemma3", "smollm3-nope", "olmo3"],
 )
 def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp_path, monkeypatch):
     """The CPU sampling path (packed, q|k|v and gate|up fused, biases and Qwen3's q/k norms kept) gives the
@@ -443,7 +466,7 @@ def test_packed_sampling_weights_keep_each_architecture(name, dtype, packer, tmp
     assert len(calls) == 4 * layers, "every projection packed"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "smollm3-nope"])
+@pytest.mark.parametrize("name", ["gemma3", "smollm3-nope", "olmo3"])
 def test_families_built_on_the_model_sample_the_same_on_every_decode_path(name, tmp_path):
     """Gemma 3's two RoPE tables and SmolLM3's NoPE layers (stacked tables, a block taking its own) through
     the plain loop, the grouped cache (eager) and the fixed-shape step (static): the same tokens."""

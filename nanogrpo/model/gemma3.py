@@ -9,7 +9,7 @@ PEFT's key names.
 - the embeddings are scaled by sqrt(hidden_size), in the weights' dtype;
 - two kinds of layer: 'sliding_attention' layers (five in six) rotate with the local RoPE base
   (rope_local_base_freq, 10k), 'full_attention' ones with the global base and its scaling (1M; linear x8 on
-  the larger models). `Gemma3Transformer._rope` gives both tables, stacked; a block takes its own.
+  the larger models): local_rope.py's two tables, stacked; a block takes its own.
 
 Departure from transformers: the sliding window (512 tokens) is not applied: a local layer attends to every
 earlier token, which is exact while a sequence is no longer than the window. So nanogrpo gives a Gemma 3 run
@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanogrpo.model.hf_config import ModelArgs
-from nanogrpo.model.transformer import MLP, Attention, RMSNorm, Transformer, rope_tables
+from nanogrpo.model.local_rope import LocalRope
+from nanogrpo.model.transformer import MLP, Attention, RMSNorm
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -70,7 +71,7 @@ class GemmaBlock(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class Gemma3Transformer(Transformer):
+class Gemma3Transformer(LocalRope):
     """transformer.Transformer with Gemma 3's layers, final norm, embedding scale and two RoPE tables."""
 
     def __init__(self, config: ModelArgs, attn: str = "sdpa"):
@@ -82,14 +83,3 @@ class Gemma3Transformer(Transformer):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         return x * torch.tensor(self.embed_scale).to(x.dtype)  # as Gemma3TextScaledWordEmbedding
-
-    def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global table and the local one (the local base, no scaling), stacked: each (2, B, T, 1, rot)."""
-        cos, sin = super()._rope(position_ids, dtype)
-        key = ("local", position_ids.device)
-        if key not in self._rope_cache:
-            dim = int(self.config.head_dim * self.config.partial_rotary_factor)
-            expo = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (rot/2,)
-            self._rope_cache[key] = (1.0 / self.config.rope_local_theta**expo).to(position_ids.device)
-        local_cos, local_sin = rope_tables(position_ids, self._rope_cache[key], 1.0, dtype)
-        return torch.stack([cos, local_cos]), torch.stack([sin, local_sin])

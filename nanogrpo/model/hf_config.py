@@ -1,9 +1,9 @@
 """ModelArgs: what the forward pass needs of a Hugging Face config.json, and the architectures nanogrpo runs.
 
-`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM2 (a Llama), SmolLM3 and Gemma 3
-(text) configs and refuses any other architecture, activation or RoPE type with the list of those it supports; the
+`ModelArgs.from_hf(config)` reads Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM2 (a Llama), SmolLM3, OLMo 3 and
+Gemma 3 (text) configs and refuses any other architecture, activation or RoPE type with the list of those it supports; the
 variants' differences become flags the model reads (q/k/v and o biases, Qwen3's q/k norms, the RoPE
-scaling: rope.py; Gemma 3's layer types and local RoPE base: gemma3.py; SmolLM3's NoPE layers: smollm3.py). transformer.py builds the model from
+scaling: rope.py; Gemma 3's layer types and local RoPE base: gemma3.py; SmolLM3's NoPE layers: smollm3.py; OLMo 3's: olmo3.py). transformer.py builds the model from
 it.
 """
 
@@ -20,6 +20,7 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3_text",
     "SmolLM3ForCausalLM": "smollm3",
+    "Olmo3ForCausalLM": "olmo3",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
@@ -65,7 +66,9 @@ class ModelArgs:
                 f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
             )
         # the fields of the families built on transformer.py's model (gemma3.py, smollm3.py)
-        extra = {"gemma3_text": gemma3_fields, "smollm3": smollm3_fields}.get(mtype, lambda cfg: {})(cfg)
+        extra = {"gemma3_text": gemma3_fields, "smollm3": smollm3_fields, "olmo3": olmo3_fields}.get(
+            mtype, lambda cfg: {}
+        )(cfg)
         if cfg.get("hidden_act", "silu") != "silu" and mtype != "gemma3_text":  # Gemma 3: gemma3_fields
             raise ValueError(
                 f"hidden_act={cfg['hidden_act']!r} is not supported; nanogrpo implements SwiGLU (silu)"
@@ -111,6 +114,28 @@ class ModelArgs:
             partial_rotary_factor=float(partial),
             eos_token_ids=eos,
         )
+
+
+def olmo3_fields(cfg: dict) -> dict:
+    """An OLMo 3 config's layer types, window and two RoPE settings (olmo3.py), its full-attention layers' RoPE
+    as `rope`, read as transformers' Olmo3Config reads them: rope_parameters per layer type (transformers >= 5),
+    or rope_scaling for the full-attention layers with rope_theta, the sliding ones at the default base."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)
+    ]
+    per_type = cfg.get("rope_parameters") or {}
+    if "full_attention" in per_type:
+        rope, local = dict(per_type["full_attention"]), per_type.get("sliding_attention") or {}
+    else:
+        rope = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 500_000.0)}
+        local = {}
+    if (local.get("rope_type") or "default") != "default":
+        raise ValueError(
+            f"OLMo 3 with a sliding layers' RoPE of type {local['rope_type']!r} is not supported"
+        )
+    return dict(layer_types=list(types), sliding_window=int(cfg.get("sliding_window") or 0), rope=rope,
+                rope_local_theta=float(local.get("rope_theta", 500_000.0)))  # fmt: skip
 
 
 def smollm3_fields(cfg: dict) -> dict:

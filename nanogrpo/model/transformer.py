@@ -357,6 +357,10 @@ def model_for(args: ModelArgs, default: type[Transformer] | None = None) -> Tran
         from nanogrpo.model.gemma3 import Gemma3Transformer
 
         return Gemma3Transformer(args)
+    if args.model_type == "olmo3":  # its blocks, norms and two RoPE tables
+        from nanogrpo.model.olmo3 import Olmo3Transformer
+
+        return Olmo3Transformer(args)
     if args.model_type == "smollm3":  # its NoPE layers
         from nanogrpo.model.smollm3 import SmolLM3Transformer
 

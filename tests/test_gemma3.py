@@ -73,6 +73,55 @@ def test_grpo_on_gemma3_agrees_with_its_sampler_and_with_plain(gemma_dir, tmp_pa
         torch.testing.assert_close(ours(ids), theirs(ids).logits, atol=1e-4, rtol=0)
 
 
+def test_a_gemma3_run_resumes_exactly_and_its_adapter_generates_as_in_peft(gemma_dir, tmp_path):
+    """Two steps straight, and one step then --resume for the second: the same metrics and adapter. The
+    adapter's greedy completions from eval.py generate are transformers' greedy text with PEFT's adapter."""
+    from helpers import run_eval
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nanogrpo.model.zoo import load_tokenizer
+
+    flags = [
+        "tiny",
+        "--model.path",
+        gemma_dir,
+        "--model.dtype",
+        "float32",
+        "--eval-prompts",
+        "0",
+        "--no-plots",
+    ]
+    r = run_train_here(*flags, "--steps", "2", "--out-dir", tmp_path / "straight")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train_here(*flags, "--steps", "1", "--save-every", "1", "--out-dir", tmp_path / "resumed")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train_here("tiny", "--out-dir", tmp_path / "resumed", "--resume", "--steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = ("reward", "loss", "grad_norm", "len_mean", "sampler_kl")
+    a, b = steps(tmp_path / "straight"), steps(tmp_path / "resumed")
+    assert [[m[k] for k in keys] for m in a] == [[m[k] for k in keys] for m in b]
+
+    adapter = tmp_path / "straight" / "adapter"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p, "reference": "x"}) + "\n" for p in ("a b c", "d e")))
+    r = run_eval("generate", "--data", rows, "--model", gemma_dir, "--adapter", adapter, "--dtype", "float32",
+                 "--max-new-tokens", "6", "--temperature", "0", "--out", tmp_path / "ours.jsonl", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours = [json.loads(line)["completion"] for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
+    tok = load_tokenizer(gemma_dir)
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gemma_dir), adapter).eval()
+    for text, got in zip(("a b c", "d e"), ours):
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        ids = torch.tensor(
+            [tok(prompt, add_special_tokens=False)["input_ids"]]
+        )  # as nanogrpo renders a prompt
+        out = theirs.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=0)
+        assert got == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
 def test_a_gemma3_run_is_given_the_window_as_its_context(gemma_dir):
     from nanogrpo.policy import model_positions
 

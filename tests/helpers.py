@@ -517,6 +517,8 @@ def template_tokenizer(name: str, tokens: bool = True):
     if tokens and name.startswith("llama3"):
         tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
         tok.add_tokens(LLAMA3_SPECIALS, special_tokens=True)
+    elif tokens and name.startswith("gemma"):
+        tok.add_tokens(["<start_of_turn>", "<end_of_turn>"], special_tokens=True)
     elif tokens:
         tok.add_tokens(QWEN_TOKENS)
     return tok

@@ -230,3 +230,21 @@ def test_an_episode_in_the_hermes_format_end_to_end(monkeypatch, capsys, tiny_mo
         assert [x["role"] for x in t.turns] == ["assistant", "tool", "assistant"]
         assert t.turns[1]["content"] == "5"
         assert t.reward == 1.0 and t.done and t.info == {"tool_calls": 0}
+
+
+def test_gemma3s_template_joins_an_episodes_turns_as_it_renders_them() -> None:
+    """Gemma 3's template (TRL's copy): no tool calls of its own (the plain format), and an episode's user
+    observation after a turn that ended on its end-of-turn token is the template's own rendering of the
+    conversation, token for token, so a trajectory's tokens are the template's."""
+    tok = template_tokenizer("gemma3")
+    assert template_format(tok) == PLAIN
+    fmt, reply, obs = TurnFormat.of(tok, "user"), "My guess is 42.", "Higher."
+    user = [{"role": "user", "content": "Guess my number."}]
+    msgs = [*user, {"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
+    want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    prompt = render_prompt(tok, {"prompt": "Guess my number."})
+    end = tok.convert_tokens_to_ids("<end_of_turn>")
+    sampled = tok(reply, add_special_tokens=False)["input_ids"] + [end]  # the turn, ended on <end_of_turn>
+    obs_ids = fmt.observation_ids(tok, obs, "<end_of_turn>")  # the EOS it ended on: not the tokenizer's <eos>
+    assert tok.decode(prompt + sampled + obs_ids) == want
+    assert tok.decode(fmt.observation_ids(tok, obs, True)).count("<end_of_turn>") == 2  # <eos> is not it

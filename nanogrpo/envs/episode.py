@@ -142,16 +142,17 @@ def play(
     return trajs
 
 
-def _append_turns(trajs, live, out, room, tok, stop, eos_ids) -> tuple[dict[int, str], dict[int, bool]]:
+def _append_turns(trajs, live, out, room, tok, stop, eos_ids) -> tuple[dict[int, str], dict[int, str]]:
     """Each live episode's sampled turn appended (its tokens at mask 1 with their log-probs, cut where the
-    episode's budget ends); returns each one's text and whether it ended on EOS."""
+    episode's budget ends); returns each one's text and the text of the EOS token it ended on ('' if none:
+    Gemma's turns end on <end_of_turn>, not on the tokenizer's <eos>)."""
     lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
     texts, on_eos = {}, {}
     for row, k in enumerate(live):
         t, n = trajs[k], min(lengths[row], room[row])
         ids = ids_all[row][:n]  # a turn past the episode's budget is cut there
         texts[k] = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
-        on_eos[k] = bool(ids) and ids[-1] in eos_ids
+        on_eos[k] = tok.decode(ids[-1:]) if ids and ids[-1] in eos_ids else ""
         t.ids += ids
         t.mask += [1.0] * n
         t.logp += logp_all[row][:n]
@@ -159,7 +160,7 @@ def _append_turns(trajs, live, out, room, tok, stop, eos_ids) -> tuple[dict[int,
     return texts, on_eos
 
 
-def _observe(t: Trajectory, env: EnvSpec, tok, on_eos: bool, last_turn: bool) -> None:
+def _observe(t: Trajectory, env: EnvSpec, tok, on_eos: str, last_turn: bool) -> None:
     """After a step: the observation appended at mask 0 (`t.fresh`: what the next turn feeds), or the episode
     over (done, failed, out of turns, or no room for the observation and a turn)."""
     t.fresh = []

@@ -92,15 +92,16 @@ class TurnFormat:
         return cls(close=close_open[:k], open=close_open[k:], after=after, eos_text=eos, specials=specials,
                    thinking=_thinking(render, first, refuse), way=way)  # fmt: skip
 
-    def observation_text(self, observation: str, ended_on_eos: bool) -> str:
+    def observation_text(self, observation: str, ended_on_eos: bool | str) -> str:
         """What follows an assistant turn's sampled tokens: its closing, the observation (as the template
-        writes it), the next header."""
-        close = self.close
-        if ended_on_eos and self.eos_text and close.startswith(self.eos_text):
-            close = close[len(self.eos_text) :]  # the sampled EOS token is that text
+        writes it), the next header. `ended_on_eos`: the text of the EOS token the turn ended on (True: the
+        tokenizer's EOS), or '' / False: the closing is written whole."""
+        close, eos = self.close, self.eos_text if ended_on_eos is True else ended_on_eos or ""
+        if eos and close.startswith(eos):
+            close = close[len(eos) :]  # the sampled EOS token is that text
         return close + self.open + written(observation, self.way) + self.after
 
-    def observation_ids(self, tokenizer, observation: str, ended_on_eos: bool) -> list[int]:
+    def observation_ids(self, tokenizer, observation: str, ended_on_eos: bool | str) -> list[int]:
         """The token ids of observation_text. The observation stays text: a control token's text in it (an
         environment echoing '<|im_end|>\\n<|im_start|>assistant') is tokenized as plain characters, never as
         the control token, so no environment can forge the turn structure. An observation without such text

@@ -331,8 +331,14 @@ def test_unknown_architecture_error(tmp_path):
         json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     )
     with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM.*Phi3ForCausalLM.*Qwen3ForCausalLM"
+        ValueError,
+        match="GPT2LMHeadModel.*LlamaForCausalLM.*Phi3ForCausalLM.*Qwen3ForCausalLM.*transformers .* has it",
     ):
+        Transformer.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["MadeUpLM"], "model_type": "made_up"})
+    )
+    with pytest.raises(ValueError, match="transformers .* cannot load it either .*'made_up'"):
         Transformer.from_pretrained(tmp_path)
     cfg = CONFIGS["llama-gqa-untied"].to_dict() | {
         "rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}

@@ -63,7 +63,8 @@ class ModelArgs:
         if mtype not in ARCHITECTURES.values() or unknown:
             raise ValueError(
                 f"unsupported model: architectures={archs} model_type={mtype!r}; nanogrpo supports "
-                f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))})"
+                f"{sorted(ARCHITECTURES)} (model_type {sorted(set(ARCHITECTURES.values()))}); "
+                + transformers_knows(mtype)
             )
         # the fields of the families built on transformer.py's model (gemma3.py, smollm3.py)
         extra = {"gemma3_text": gemma3_fields, "smollm3": smollm3_fields, "olmo3": olmo3_fields}.get(
@@ -114,6 +115,20 @@ class ModelArgs:
             partial_rotary_factor=float(partial),
             eos_token_ids=eos,
         )
+
+
+def transformers_knows(model_type: str | None) -> str:
+    """Whether the installed transformers has `model_type`, said for the refusal of an architecture."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type in CONFIG_MAPPING_NAMES:
+        return (
+            f"transformers {transformers.__version__} has it, but nanogrpo does not run transformers' models"
+        )
+    return (
+        f"transformers {transformers.__version__} cannot load it either (it has no model_type {model_type!r})"
+    )
 
 
 def olmo3_fields(cfg: dict) -> dict:

@@ -1,8 +1,10 @@
-"""Gemma 3 (text) in nanogrpo's own model, on a small random checkpoint that transformers builds here (no
-download) with the tiny model's tokenizer: logits equal to transformers' Gemma3ForCausalLM (test_model.py
-checks them beside the other architectures), GRPO steps whose sampler and trainer agree to float32 rounding
-on the default path and under --plain, the run's context capped at the sliding window, and its adapter
-loaded by PEFT onto transformers' model giving nanogrpo's logits."""
+"""The families built on nanogrpo's model (Gemma 3, SmolLM3, OLMo 3), each on a small random checkpoint that
+transformers builds here (no download) with the tiny model's tokenizer (test_model.py checks their logits,
+KV cache, packed weights and decode paths beside the other architectures): GRPO steps whose sampler and
+trainer agree to float32 rounding on the default path and under --plain, a resumed run equal to the straight
+one, the adapter loaded by PEFT onto transformers' model giving nanogrpo's logits and greedy text, a run's
+context capped at a sliding window; and Gemma 3's own refusals, base-model prompts and its real 270M's
+package."""
 
 from __future__ import annotations
 
@@ -19,23 +21,32 @@ from nanogrpo.model.transformer import Transformer
 WINDOW = 96
 
 
-@pytest.fixture(scope="module")
-def gemma_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    """A 2-layer Gemma 3 (a sliding-window layer, then a global one) with the tiny tokenizer's vocabulary."""
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+def family_config(name: str):
+    """A 2-layer model of the family (a sliding-window or NoPE layer, then a full one), the tiny vocabulary."""
+    from transformers import Gemma3TextConfig, Olmo3Config, SmolLM3Config
 
-    folder = tmp_path_factory.mktemp("gemma3")
-    config = Gemma3TextConfig(
-        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512, eos_token_id=2,
-        pad_token_id=0, bos_token_id=None,
-    )  # fmt: skip
+    shape = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2, pad_token_id=0, bos_token_id=None)  # fmt: skip
+    kinds = ["sliding_attention", "full_attention"]
+    if name == "gemma3":
+        return Gemma3TextConfig(
+            **shape, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW, layer_types=kinds
+        )
+    if name == "olmo3":
+        return Olmo3Config(**shape, sliding_window=WINDOW, layer_types=kinds)
+    return SmolLM3Config(**shape, no_rope_layers=[1, 0])
+
+
+@pytest.fixture(scope="module", params=["gemma3", "smollm3", "olmo3"])
+def family_dir(request, tmp_path_factory, tiny_model_dir) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp(request.param)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
+    model = AutoModelForCausalLM.from_config(family_config(request.param), dtype=torch.float32)
+    with torch.no_grad():  # Gemma's norms scale by 1 + w, the others' by w
         for name, p in model.named_parameters():
-            p.normal_(0.0, 0.02 if "norm" not in name else 0.1)
+            p.normal_(0.0, 0.02) if "norm" not in name else p.normal_(request.param != "gemma3", 0.1)
     model.save_pretrained(folder)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(tiny_model_dir / f, folder / f)
@@ -46,8 +57,8 @@ def steps(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_on_gemma3_agrees_with_its_sampler_and_with_plain(gemma_dir, tmp_path):
-    flags = ["tiny", "--model.path", gemma_dir, "--model.dtype", "float32", "--steps", "2", "--eval-prompts", "0",
+def test_grpo_agrees_with_its_sampler_and_with_plain(family_dir, tmp_path):
+    flags = ["tiny", "--model.path", family_dir, "--model.dtype", "float32", "--steps", "2", "--eval-prompts", "0",
              "--no-plots", "--log-samples-every", "1", "--save-every", "1"]  # fmt: skip
     for name, more in (("fast", []), ("plain", ["--plain"])):
         r = run_train_here(*flags, "--out-dir", tmp_path / name, *more)
@@ -67,13 +78,13 @@ def test_grpo_on_gemma3_agrees_with_its_sampler_and_with_plain(gemma_dir, tmp_pa
 
     adapter = next(p.parent for p in (tmp_path / "fast").rglob("adapter_config.json"))
     ids = torch.randint(3, 1024, (2, 12), generator=torch.Generator().manual_seed(0))
-    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gemma_dir), adapter).eval()
-    ours = load_adapter(Transformer.from_pretrained(gemma_dir), adapter).eval()
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(family_dir), adapter).eval()
+    ours = load_adapter(Transformer.from_pretrained(family_dir), adapter).eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), theirs(ids).logits, atol=1e-4, rtol=0)
 
 
-def test_a_gemma3_run_resumes_exactly_and_its_adapter_generates_as_in_peft(gemma_dir, tmp_path):
+def test_a_run_resumes_exactly_and_its_adapter_generates_as_in_peft(family_dir, tmp_path):
     """Two steps straight, and one step then --resume for the second: the same metrics and adapter. The
     adapter's greedy completions from eval.py generate are transformers' greedy text with PEFT's adapter."""
     from helpers import run_eval
@@ -85,7 +96,7 @@ def test_a_gemma3_run_resumes_exactly_and_its_adapter_generates_as_in_peft(gemma
     flags = [
         "tiny",
         "--model.path",
-        gemma_dir,
+        family_dir,
         "--model.dtype",
         "float32",
         "--eval-prompts",
@@ -105,12 +116,12 @@ def test_a_gemma3_run_resumes_exactly_and_its_adapter_generates_as_in_peft(gemma
     adapter = tmp_path / "straight" / "adapter"
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": p, "reference": "x"}) + "\n" for p in ("a b c", "d e")))
-    r = run_eval("generate", "--data", rows, "--model", gemma_dir, "--adapter", adapter, "--dtype", "float32",
+    r = run_eval("generate", "--data", rows, "--model", family_dir, "--adapter", adapter, "--dtype", "float32",
                  "--max-new-tokens", "6", "--temperature", "0", "--out", tmp_path / "ours.jsonl", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     ours = [json.loads(line)["completion"] for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
-    tok = load_tokenizer(gemma_dir)
-    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(gemma_dir), adapter).eval()
+    tok = load_tokenizer(family_dir)
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(family_dir), adapter).eval()
     for text, got in zip(("a b c", "d e"), ours):
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
@@ -122,10 +133,11 @@ def test_a_gemma3_run_resumes_exactly_and_its_adapter_generates_as_in_peft(gemma
         assert got == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def test_a_gemma3_run_is_given_the_window_as_its_context(gemma_dir):
+def test_a_run_is_given_the_window_as_its_context(family_dir):
     from nanogrpo.policy import model_positions
 
-    assert model_positions(gemma_dir) == WINDOW  # the sliding layers are exact up to it
+    window = "smollm3" not in family_dir.name  # SmolLM3's window is off (use_sliding_window false)
+    assert model_positions(family_dir) == (WINDOW if window else 512)  # the sliding layers are exact up to it
 
 
 def test_gemma3_configs_nanogrpo_cannot_compute_are_refused():

@@ -34,6 +34,9 @@ SMALL = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, vocab_size=97, max_position_embeddings=64
 )
 HALF = [1.0, 1.5, 2.0, 4.0, 1.2, 3.0, 1.1, 2.5]  # longrope factors for a rotary dim of 16
+NOPE = dict(
+    no_rope_layers=[1, 0], attention_bias=True, pad_token_id=0, bos_token_id=1, eos_token_id=2
+)  # SmolLM3
 
 CONFIGS = {
     "llama-gqa-untied": LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2),
@@ -99,16 +102,7 @@ CONFIGS = {
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
         },
     ),  # fmt: skip
-    "smollm3-nope": SmolLM3Config(
-        **SMALL,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        no_rope_layers=[1, 0],
-        attention_bias=True,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
+    "smollm3-nope": SmolLM3Config(**SMALL, **NOPE, num_attention_heads=4, num_key_value_heads=2),
     "olmo3": Olmo3Config(
         **SMALL,
         num_attention_heads=4,

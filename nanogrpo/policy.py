@@ -1,5 +1,5 @@
 """The policy: the trained model with its tokenizer, reference and wrapping, how it is loaded, and its
-checkpoint files. The update that trains it is optim.update, run by train.py's GRPO step and the stages'.
+checkpoint files. What trains it is train.grpo_update (GRPO) and optim.update (the other stages).
 
 Under torchrun the policy is wrapped in DDP (LoRA, small full fine-tunes) or sharded with FSDP2 (full
 fine-tunes, nanogrpo/infra/fsdp.py); `--model.parallel` picks. With FSDP the KL reference is sharded the same way.

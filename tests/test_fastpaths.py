@@ -104,7 +104,7 @@ def test_fast_path_equals_the_plain_path_and_the_spec(tiny_dir, bucket_lengths):
     assert calls == [(12, 6 + 24)]
     grads_one = grads(logp_one, ent_one)
 
-    # the plain path itself (fast=False): the same batch, one pass over all tokens, the whole logits
+    # the plain path itself (LogprobHead): the same batch, one pass over all tokens, the whole logits
     calls = []
     hook = model.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
     logp_plain, ent_plain = completion_logprobs(LogprobHead(model), batch, 0.9, entropy_grad=True)

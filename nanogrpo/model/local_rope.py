@@ -5,8 +5,11 @@ block takes its own, `tables[int(block.local)]`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from nanogrpo.model.rope import rope_inv_freq
 from nanogrpo.model.transformer import Transformer, rope_tables
 
 
@@ -16,9 +19,9 @@ class LocalRope(Transformer):
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = super()._rope(position_ids, dtype)  # each (B, T, 1, rot)
         key = ("local", position_ids.device)
-        if key not in self._rope_cache:
-            dim = int(self.config.head_dim * self.config.partial_rotary_factor)
-            expo = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (rot/2,)
-            self._rope_cache[key] = (1.0 / self.config.rope_local_theta**expo).to(position_ids.device)
-        local_cos, local_sin = rope_tables(position_ids, self._rope_cache[key], 1.0, dtype)
+        if key not in self._rope_cache:  # plain RoPE at the local base (rope.py)
+            local = replace(self.config, rope_theta=self.config.rope_local_theta, rope_scaling={})
+            inv_freq, scale = rope_inv_freq(local, 0)  # (rot/2,), 1.0
+            self._rope_cache[key] = (inv_freq.to(position_ids.device), scale)
+        local_cos, local_sin = rope_tables(position_ids, *self._rope_cache[key], dtype)
         return torch.stack([cos, local_cos]), torch.stack([sin, local_sin])

@@ -30,7 +30,6 @@ from nanogrpo.envs.spec import check_start, resolve_env
 from nanogrpo.eval import elo_plots, evaluate, generation, overlay, pairwise, provenance, report, seeds_cli
 from nanogrpo.formats import jsonl_text, write_jsonl
 from nanogrpo.infra.outputs import output_file, write_or_keep
-from nanogrpo.model.paths import set_plain
 from nanogrpo_base.ranges import above, at_least, check_ranges, within
 from rewards import grade as rewards_grade
 from rewards.grade import GradeArgs
@@ -78,6 +77,8 @@ class Generate:
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
     plain: bool = False
     """The reading path only, as train.py's --plain: the plain sampler loop on the weights as they are."""
+    impl: Literal["auto", "own", "transformers"] = "auto"
+    """Which model runs --model, as train.py's --model.impl: nanogrpo's own or transformers' (the plain path)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Episodes instead of single completions, as train.py's --env.* (docs/ENVS.md): rows get `turns`, `env_reward`, `env_info`."""
     allow_user_code: bool = False
@@ -204,10 +205,11 @@ def run_generate(args: Generate) -> None:
         )
     rows = load_task(args.data, "eval")[0]  # validated before any model is loaded
     rows = rows[: args.limit] if args.limit else rows
-    set_plain(args.plain)  # --plain: the reading path only (nanogrpo/model/paths.py)
     # --env.*: the environment, checked and one instance built, before the model (None without one)
     env = resolve_env(args.env, args.max_new_tokens, args.allow_user_code, "--allow-user-code")
-    model, tokenizer = generation.load_model(args.model, args.adapter, args.dtype, args.device)
+    model, tokenizer = generation.load_model(
+        args.model, args.adapter, args.dtype, args.device, args.impl, args.plain
+    )
     if env is not None:  # the template, a reset on the first row and its first message's length
         n = model.config.max_position_embeddings
         env = check_start(env, tokenizer, rows, args.system_prompt, n - env.max_tokens, n, args.batch_size * args.num_samples, "plain")  # fmt: skip

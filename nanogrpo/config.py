@@ -29,17 +29,18 @@ class ModelConfig:
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."""
     attn: Literal["sdpa", "flash"] = "sdpa"
-    """Attention implementation: PyTorch SDPA (on a GPU, padded GQA calls reach a fused kernel), or flash-attn
-    (installed, a CUDA GPU, fp16/bf16 compute; float32 calls run SDPA): docs/SCALING.md."""
+    """SDPA (a fused kernel for padded GQA calls on a GPU) or flash-attn (CUDA, 16-bit): docs/SCALING.md."""
     kernels: Literal["auto", "triton", "torch"] = "auto"
     """Kernel backend: 'auto' (NANOGRPO_KERNELS, else Triton for CUDA tensors and the PyTorch reference on
     the CPU), or force 'triton' / 'torch'."""
     activation_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (less memory, ~30% more compute)."""
+    impl: Literal["auto", "own", "transformers"] = "auto"
+    """'own': nanogrpo's model (fast paths); 'transformers': transformers' (any causal LM it loads, the plain
+    path); 'auto': nanogrpo's where it has the architecture, else transformers' (docs/TRAINING.md)."""
     parallel: Literal["auto", "ddp", "fsdp"] = "auto"
-    """Under torchrun: 'ddp' replicates the model on every rank; 'fsdp' shards weights, gradients and
-    optimizer state of a full fine-tune (--lora.r 0) across ranks, and its KL reference too; 'auto' is
-    DDP for LoRA, FSDP for full fine-tunes (DDP is fine for small full fine-tunes). Ignored on one process."""
+    """Under torchrun: 'ddp' replicates the model on every rank; 'fsdp' shards weights, gradients, optimizer
+    state and KL reference of a full fine-tune (--lora.r 0); 'auto': DDP for LoRA, else FSDP. One process: no."""
 
 
 @dataclass(frozen=True)

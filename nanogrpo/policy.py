@@ -32,6 +32,7 @@ from nanogrpo.infra.dist import parallel_mode
 from nanogrpo.model import lora
 from nanogrpo.model.fast.shared_prompt import FastLogprobHead
 from nanogrpo.model.hf_config import ModelArgs
+from nanogrpo.model.hf_model import general_positions, load_model, model_impl
 from nanogrpo.model.logprobs import Batch, LogprobHead, ValueHead, completion_logprobs
 from nanogrpo.model.memory import needs_reference
 from nanogrpo.model.paths import plain
@@ -235,7 +236,7 @@ def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:
     """(the longest prompt the run allows, the model's positions), from the model folder's config.json:
     --data.max-prompt-tokens, at most the positions less --sampling.max-new-tokens (with --env, less the
     episode's budget --env.max-tokens)."""
-    positions = model_positions(resolve_model(cfg.model.path))
+    positions = model_positions(resolve_model(cfg.model.path), cfg.model.impl)
     room = positions - cfg.completion_tokens
     if room < 1:
         what = (
@@ -249,9 +250,11 @@ def prompt_limit(cfg: TrainConfig) -> tuple[int, int]:
     return (min(room, cfg.data.max_prompt_tokens) if cfg.data.max_prompt_tokens > 0 else room), positions
 
 
-def model_positions(model_dir) -> int:
+def model_positions(model_dir, impl: str = "auto") -> int:
     """The positions a model folder's config.json allows (its context), checked to be an architecture nanogrpo
-    runs; Gemma 3's sliding window, where nanogrpo's model is exact (gemma3.py)."""
+    runs (--model.impl); on nanogrpo's own model, at most the sliding window, where it is exact (gemma3.py)."""
+    if model_impl(model_dir, impl) == "transformers":
+        return general_positions(model_dir)
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     args = ModelArgs.from_hf(hf)  # unknown architecture: fail first
     return min(int(hf.get("max_position_embeddings") or 1 << 30), args.sliding_window or 1 << 30)
@@ -260,12 +263,12 @@ def model_positions(model_dir) -> int:
 def load_policy(cfg: TrainConfig, device: torch.device, dtype: torch.dtype, tokenizer=None) -> Policy:
     """The policy of a run; `tokenizer`: the one prompt_budget loaded already (None: load it here)."""
     model_dir = resolve_model(cfg.model.path)
-    ModelArgs.from_hf(json.loads((model_dir / "config.json").read_text()))  # unknown architecture: fail first
+    model_impl(model_dir, cfg.model.impl)  # an architecture no model runs: fail first
     tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     use_lora, parallel = cfg.lora.r > 0, parallel_mode(cfg)
     # LoRA: frozen base in the compute dtype. Full fine-tune: float32 weights, bf16 compute by autocast.
     w_dtype = dtype if use_lora else torch.float32
-    model = Transformer.from_pretrained(model_dir, dtype=w_dtype, device=device, attn=cfg.model.attn)
+    model = load_model(model_dir, cfg.model.impl, w_dtype, device, cfg.model.attn)
     model.activation_checkpointing = cfg.model.activation_checkpointing
     autocast = None if use_lora or dtype == torch.float32 else dtype
     if cfg.lora.init_from:  # GRPO after SFT: the SFT model becomes the base, and so the KL reference

@@ -46,10 +46,11 @@ from nanogrpo.infra.run_dir import (
     release_run_dir,
     started_record,
 )
+from nanogrpo.model import hf_model
 from nanogrpo.model.attention import check_flash
 from nanogrpo.model.fast.static_decode import check_decode
 from nanogrpo.model.memory_fit import fit_to_memory
-from nanogrpo.model.paths import set_plain
+from nanogrpo.model.zoo import resolve_model
 from nanogrpo.optim import optimizer_and_schedule
 from nanogrpo.policy import load_policy, prompt_limit
 from nanogrpo.recipes.presets import check_preset_inputs
@@ -142,13 +143,16 @@ def check_run(cfg: TrainConfig) -> tuple[TrainConfig, object, torch.device, torc
         keep_freed_memory()
     dist.init(device.type)
     world = dist.world()
-    if not cfg.plain:  # --plain samples with the plain loop (flag_checks refuses another --sampling.decode)
+    # which model runs the folder; the plain path for transformers' (--model.impl), decided here for the run
+    general = hf_model.start(resolve_model(cfg.model.path), cfg.model.impl, cfg.plain, say=dist.is_main())
+    if general:
+        hf_model.check_flags(cfg.model.attn, cfg.sampling.decode)
+    elif not cfg.plain:  # --plain samples with the plain loop (flag_checks refuses another --sampling.decode)
         check_decode(
             cfg.sampling.decode, device, dist.parallel_mode(cfg), cfg.model.path
         )  # graph: CUDA, no FSDP
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
-    set_plain(cfg.plain)  # --plain: the reading path only, decided here for the run (model/paths.py)
     if cfg.plain and dist.is_main():
         print(PLAIN_LINE)
     return cfg, env, device, dtype

@@ -11,22 +11,27 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def load_model(model: str, adapter: str = "", dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
+def load_model(
+    model: str, adapter: str = "", dtype: str = "auto", device: str = "auto", impl: str = "auto",
+    plain: bool = False,
+) -> tuple[Any, Any]:  # fmt: skip
     """(model, tokenizer) for generation: `model` a folder or a known name ('smollm2', 'tiny'), `adapter` a
-    LoRA adapter folder merged into it, frozen in eval mode on the device and dtype the flags resolve to."""
+    LoRA adapter folder merged into it, frozen in eval mode on the device and dtype the flags resolve to.
+    `impl` and `plain` are train.py's --model.impl and --plain: they decide the path generation takes
+    (model/paths.py; transformers' model takes the plain path, model/hf_model.py)."""
     from nanogrpo.config import ModelConfig
     from nanogrpo.infra.device import resolve_device_dtype
     from nanogrpo.infra.heap import keep_freed_memory
-    from nanogrpo.model import lora
-    from nanogrpo.model.transformer import Transformer
+    from nanogrpo.model import hf_model, lora
     from nanogrpo.model.zoo import load_tokenizer, resolve_model
 
     device_, dtype_ = resolve_device_dtype(ModelConfig(path=model, dtype=dtype, device=device), "--device")
     if device_.type == "cpu":  # glibc: one batch's freed blocks serve the next (nanogrpo/infra/heap.py)
         keep_freed_memory()
     path = resolve_model(model)
+    hf_model.start(path, impl, plain)  # which model runs it, and so which path (said in one line)
     tokenizer = load_tokenizer(path)
-    net = Transformer.from_pretrained(path, dtype=dtype_, device=device_)
+    net = hf_model.load_model(path, impl, dtype_, device_)
     if adapter:
         lora.load_adapter(net, adapter)
         lora.merge(net)  # one matmul per layer again: generation runs at the base model's speed

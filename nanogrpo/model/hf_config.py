@@ -91,12 +91,6 @@ class ModelArgs:
             rope["original_max_position_embeddings"] = orig or cfg["max_position_embeddings"]
         rope = {"rope_type": rope_type, **rope} if rope_type != "default" else {}
         bias = bool(cfg.get("attention_bias", False))
-        eos: list[int] = []
-        for src in (cfg, generation_config or {}):
-            e = src.get("eos_token_id")
-            for t in [e] if isinstance(e, int) else (e or []):
-                if t not in eos:
-                    eos.append(t)
         same = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rms_norm_eps")
         same += ("max_position_embeddings", "bos_token_id", "pad_token_id", "tie_word_embeddings")
         return cls(
@@ -113,8 +107,19 @@ class ModelArgs:
             rope_theta=float(theta),
             rope_scaling=rope,
             partial_rotary_factor=float(partial),
-            eos_token_ids=eos,
+            eos_token_ids=eos_ids(cfg, generation_config),
         )
+
+
+def eos_ids(*configs: dict | None) -> list[int]:
+    """The EOS ids of these configs (config.json, then generation_config.json), in order, once each."""
+    eos: list[int] = []
+    for src in configs:
+        e = (src or {}).get("eos_token_id")
+        for t in [e] if isinstance(e, int) else (e or []):
+            if t not in eos:
+                eos.append(t)
+    return eos
 
 
 def transformers_knows(model_type: str | None) -> str:

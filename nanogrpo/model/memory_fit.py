@@ -180,8 +180,16 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
     torchrun every rank plans with the smallest free memory among them, so all choose alike; CPU ranks
     share the host's memory. SFT and DPO are not planned: they pass unchecked."""
     from nanogrpo.infra import dist
+    from nanogrpo.model.hf_model import model_impl
+    from nanogrpo.model.zoo import resolve_model
 
     if cfg.memory_check == "off":
+        return cfg
+    if model_impl(resolve_model(cfg.model.path), cfg.model.impl) == "transformers":
+        if dist.is_main():
+            print(
+                "note: --memory-check skipped: it plans nanogrpo's own model, and transformers' runs this one"
+            )
         return cfg
     world = dist.world()
     prompt_len, new_tokens = lengths(cfg, rows)

@@ -82,8 +82,8 @@ class Draw:
 def decode(model, cache, attn, logits, u, T: int, draw: Draw) -> tuple[Generation, torch.Tensor]:
     """The loop: up to T tokens for each row of the cache, the first from `logits` (N, V), with the uniforms
     u (T, N) (None: greedy); attn (N, S) the mask of the keys the cache holds. Returns the Generation and the
-    mask (N, S') of the keys it then holds (each row's tokens but the last: the pads after a row's end are
-    keys an episode's next turn masks: Episodes)."""
+    mask (N, S') of the keys it then holds: a row's tokens are fed up to its end, each but its last masked in
+    (the pads after a row's end are keys an episode's next turn masks: Episodes)."""
     N, dev = logits.shape[0], logits.device
     tokens = torch.full((N, T), draw.pad_id, dtype=torch.long, device=dev)  # (N, T) pad after a row's end
     logps = torch.zeros(N, T, device=dev)  # (N, T) float32 sampler log-probs, 0 after the end
@@ -104,7 +104,7 @@ def decode(model, cache, attn, logits, u, T: int, draw: Draw) -> tuple[Generatio
             stops(tokens, length, done, t + 1)
         if t + 1 == T or bool(done.all()):
             break
-        attn = F.pad(attn, (0, 1), value=1)  # (N, S + t + 1)
+        attn = torch.cat([attn, (~done).long()[:, None]], 1)  # (N, S + t + 1) an ended row's tokens: pads
         h = model(tokens[:, t : t + 1], attention_mask=attn, kv_cache=cache, return_hidden=True)  # (N, 1, H)
         logits = model.lm_head(h[:, 0]).float()  # (N, V)
     return finish(tokens, logps, length, done, draw.pad_id), attn
@@ -173,13 +173,12 @@ class Episodes:
         """Up to max_new tokens for every row (row_sampler.Sampler.decode's arguments; `decode_mode` is
         always the plain loop here). Afterwards the cache holds each row's tokens but the last, which the next
         `extend` feeds first."""
-        N, S = logits.shape[0], self.attn.shape[1]
+        N = logits.shape[0]
         draw = Draw(temperature, top_p, top_k, tuple(eos_ids), tuple(stop_strings), tokenizer, pad_id)
         u = draw_uniforms(generator, N // group, group, max_new, logits.device) if temperature > 0 else None
         with torch.autocast(logits.device.type, dtype=self.amp, enabled=self.amp is not None):
             gen, attn = decode(self.model, self.cache, self.attn, logits, u, max_new, draw)
-        fed = torch.arange(attn.shape[1] - S, device=attn.device)  # (F,) the sampled tokens fed back
-        self.attn = torch.cat([attn[:, :S], (fed < gen.lengths[:, None] - 1).long()], 1)  # the last not yet
+        self.attn = attn  # (N, S') each row's sampled tokens but the last: that one is not fed yet
         self.pending = gen.completion_ids.gather(1, (gen.lengths - 1)[:, None]).squeeze(1).tolist()
         return gen
 

@@ -127,6 +127,7 @@ def _runs() -> dict[str, tuple[list[str], tuple[str, ...]]]:
     for kl in ("none", "loss"):
         beta = ["--grpo.beta", "0.5"] if kl != "none" else []  # train.py refuses a beta that has no effect
         runs[f"fsdp-{kl}"] = ([*FULL, "--steps", "2", "--grpo.kl-placement", kl, *beta], BOTH)
+    runs["fsdp-transformers"] = ([*FULL, *FSDP_KL, "--steps", "2", "--model.impl", "transformers"], TWO)
     runs["fsdp-straight"] = ([*FULL, *FSDP_KL, "--steps", "4"], TWO)
     runs["fsdp-two-steps"] = ([*FULL, *FSDP_KL, "--steps", "2"], TWO)  # a 2-step run, as it ends
     runs["fsdp-resumed"] = ([*FULL, *FSDP_KL, "--steps", "2"], TWO)  # the same run ...

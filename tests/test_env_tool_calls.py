@@ -248,3 +248,32 @@ def test_gemma3s_template_joins_an_episodes_turns_as_it_renders_them() -> None:
     obs_ids = fmt.observation_ids(tok, obs, "<end_of_turn>")  # the EOS it ended on: not the tokenizer's <eos>
     assert tok.decode(prompt + sampled + obs_ids) == want
     assert tok.decode(fmt.observation_ids(tok, obs, True)).count("<end_of_turn>") == 2  # <eos> is not it
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3_5_think", "qwen3_5_think_training", "qwen3_5_nothink", "qwen3_5_nothink_training"]
+)
+def test_qwen35s_templates_join_an_episodes_turns_as_they_render_them(name) -> None:
+    """Qwen3.5's templates (TRL's copies) write the start of the reply into the prompt: a thinking one opens the
+    <think> block (the model samples the rest of it), a non-thinking one writes an empty block. An episode's
+    user observation after a sampled turn is then the template's rendering of the conversation whose assistant
+    message is that opening and the sampled text: token for token where the template keeps earlier turns (the
+    training templates), and from the reply's answer on where it drops their thinking (the others, said at
+    start-up as for Qwen3)."""
+    tok = template_tokenizer(name)
+    fmt, answer, obs = TurnFormat.of(tok, "user"), "My guess is 42.", "Higher."
+    thinks = "nothink" not in name
+    reply = f"Halfway is 50.\n</think>\n\n{answer}" if thinks else answer  # what the model samples
+    prompt = render_prompt(tok, {"prompt": "Guess my number."})
+    sampled = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ours = prompt + sampled + fmt.observation_ids(tok, obs, True)
+    content = f"<think>\n{reply}" if thinks else reply  # the message: the prompt's opening and the reply
+    msgs = [{"role": "user", "content": "Guess my number."}, {"role": "assistant", "content": content}]
+    want = tok.apply_chat_template(
+        [*msgs, {"role": "user", "content": obs}], tokenize=False, add_generation_prompt=True
+    )
+    if "training" in name:
+        assert fmt.thinking == "" and ours == tok(want, add_special_tokens=False)["input_ids"]
+    else:
+        assert fmt.thinking == "drops" and tok.decode(ours).endswith(want[want.index(answer) :])
+        assert tok.decode(ours).startswith(tok.decode(prompt) + reply)

@@ -51,6 +51,17 @@ def test_fsdp_two_ranks_equal_one_process(dist_runs, tiny_model_dir, kl):
     assert m2[-1]["kl"] is None or m2[-1]["kl"] > 0  # the policy moved away from the reference
 
 
+def test_fsdp_shards_transformers_model_per_decoder_layer(dist_runs):
+    """The general path (--model.impl transformers: transformers' LlamaForCausalLM for the tiny model) under
+    FSDP2 with its sharded KL reference: two ranks give the single-process run of nanogrpo's own model."""
+    out = ok(dist_runs, "two", "fsdp-transformers")
+    assert "runs as transformers' model" in out and "the policy sharded with FSDP2" in out
+    own, general = (
+        _weights(dist_runs / m / n) for m, n in (("one", "fsdp-loss"), ("two", "fsdp-transformers"))
+    )
+    assert _max_diff(own, general) < 1e-6
+
+
 def test_fsdp_checkpoint_resume_equals_straight_run(dist_runs):
     """Two ranks, --grpo.kl-placement loss --grpo.beta 0.5: 4 steps straight (fsdp-straight), and 2 steps
     (fsdp-two-steps as it ends) resumed to 4 (fsdp-resumed)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 _A, _B, _C, _D, _E = "PROMPT-7f3a", "REPLY-1c9e", "OBSERVATION-5d2b", "REPLY-8e4f", "OBSERVATION-2a6c"
 _THINK = "<think>\nTHOUGHT-6e1b\n</think>\n\n"  # a thinking turn's block, as Qwen3's template writes one
 _Q = ' QUOTED-3f8a "x"\n\\ '  # an observation with what templates trim or escape
+_NO_THINK = "<think>\n\n</think>\n\n"  # the empty block a non-thinking template writes before a reply
 WAYS = ("", "trim", "json", "trim json")
 """How a template writes a message's text: as it is, trimmed (Llama 3's user messages), as the inside of a JSON
 string (Llama 3's tool messages: `content | tojson`), or both."""
@@ -69,28 +70,44 @@ class TurnFormat:
                 msgs, tools=tools or None, tokenize=False, add_generation_prompt=len(texts) % 2 == 1
             )
 
-        first, second, third = render(_A), render(_A, _B, _C), render(_A, _B, _C, _D, _E)
         refuse = (
             f"the chat template does not keep earlier turns as they were when a {role!r} message follows "
             "(it rewrites or drops them), so a trajectory's tokens would not be what the model later reads; "
             "use --env.format plain"
         )
-        if not second.startswith(first + _B) or not third.startswith(second + _D) or _C not in second:
+        # a prompt that opens the reply's <think> block (Qwen3.5's thinking templates): the model samples the
+        # rest of it, so the made-up replies think, and what is sampled is a reply less that opening; or one
+        # that writes an empty block (Qwen3.5's non-thinking ones): the model does not think
+        first = render(_A)
+        opening = next((_THINK[:k] for k in range(len(_THINK), 0, -1) if first.endswith(_THINK[:k])), "")
+        opening = _NO_THINK if first.endswith(_NO_THINK) else opening
+        thinks = opening not in ("", _NO_THINK)
+        reply = (lambda x: _THINK + x) if thinks else (lambda x: x)  # an assistant message's text
+        sampled = (lambda x: reply(x)[len(opening) :]) if thinks else reply  # what the model samples of it
+        cut, thinking = 0, ""
+        if opening and not render(_A, reply(_B), _C).startswith(first + sampled(_B)):
+            cut, thinking, sampled = len(opening), "drops", (lambda x: x)  # earlier thinking dropped
+        head = lambda text: text[: len(text) - cut]  # noqa: E731 (a prompt up to its header)
+        second, third = render(_A, reply(_B), _C), render(_A, reply(_B), _C, reply(_D), _E)
+        if not second.startswith(head(first) + sampled(_B)) or _C not in second:
             raise ValueError(refuse)
-        mid = second[len(first + _B) :]
+        if not third.startswith(head(second) + sampled(_D)):
+            raise ValueError(refuse)
+        mid = second[len(head(first) + sampled(_B)) :]
         close_open, after = mid.split(_C)
-        if third[len(second + _D) :] != mid.replace(_C, _E):  # the same suffix for every turn
+        if third[len(head(second) + sampled(_D)) :] != mid.replace(_C, _E):  # the same suffix every turn
             raise ValueError(refuse)
         # where the closing ends and the message begins: the template's closing of an assistant turn alone
         # (read after the reply: a template may write more before the last turn's reply, as Qwen3 an empty
         # <think> block)
-        alone = render(_A, _B)
+        alone = render(_A, reply(_B))
         closing = alone[alone.rfind(_B) + len(_B) :] if _B in alone else ""
         k = len(closing) if close_open.startswith(closing) and closing else 0
-        quoted = render(_A, _B, _Q)[len(first + _B) :]
+        quoted = render(_A, reply(_B), _Q)[len(head(first) + sampled(_B)) :]
         way = next((w for w in WAYS if quoted == close_open + written(_Q, w) + after), "")
+        thinking = thinking if opening else _thinking(render, first, refuse)
         return cls(close=close_open[:k], open=close_open[k:], after=after, eos_text=eos, specials=specials,
-                   thinking=_thinking(render, first, refuse), way=way)  # fmt: skip
+                   thinking=thinking, way=way)  # fmt: skip
 
     def observation_text(self, observation: str, ended_on_eos: bool | str) -> str:
         """What follows an assistant turn's sampled tokens: its closing, the observation (as the template
@@ -121,6 +138,8 @@ def _thinking(render, first: str, refuse: str) -> str:
     """What a template does to the <think> blocks of earlier assistant turns, on the made-up conversation with
     thinking turns: '' (keeps them) or 'drops' (Qwen3's, once a user message follows: accepted, and said at
     start-up, envs/spec.py); a template that rewrites them otherwise is refused (`refuse`)."""
+    if first.rstrip().endswith("</think>"):  # the prompt closes an empty block: the model does not think
+        return ""
     second = render(_A, _THINK + _B, _C)
     third = render(_A, _THINK + _B, _C, _THINK + _D, _E)
     if second.startswith(first + _THINK + _B) and third.startswith(second + _THINK + _D):

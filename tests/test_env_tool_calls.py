@@ -272,8 +272,18 @@ def test_qwen35s_templates_join_an_episodes_turns_as_they_render_them(name) -> N
     want = tok.apply_chat_template(
         [*msgs, {"role": "user", "content": obs}], tokenize=False, add_generation_prompt=True
     )
+    assert fmt.opening == ("<think>\n" if thinks else "")  # a turn's message starts with it
+    if thinks:  # a call the turn stops at before closing the thinking is thought, not made
+        with pytest.raises(ToolCallError, match="inside a <think> block"):
+            parse_tool_call(fmt.opening + 'Let me call <tool_call>{"name": "f"}</tool_call>', HERMES)
     if "training" in name:
         assert fmt.thinking == "" and ours == tok(want, add_special_tokens=False)["input_ids"]
     else:
         assert fmt.thinking == "drops" and tok.decode(ours).endswith(want[want.index(answer) :])
         assert tok.decode(ours).startswith(tok.decode(prompt) + reply)
+
+
+def test_a_template_that_refuses_a_tool_message_is_one_line() -> None:
+    """Gemma 3's template has no tool role (it raises 'roles must alternate'): refused with the way out."""
+    with pytest.raises(ValueError, match="cannot write a 'tool' message.*alternate.*--env.format plain"):
+        TurnFormat.of(template_tokenizer("gemma3"), "tool")

@@ -132,7 +132,7 @@ def play(
                     top_p=sampling.top_p, top_k=sampling.top_k, eos_ids=eos_ids, stop_strings=stop, tokenizer=tok,
                     pad_id=pad_id, decode_mode=sampling.decode,
                 )  # fmt: skip
-                texts, on_eos = _append_turns(trajs, live, out, room, tok, stop, eos_ids)
+                texts, on_eos = _append_turns(trajs, live, out, room, tok, stop, eos_ids, env.turns.opening)
                 replies = workers.call({k: ("step", (text, env.max_chars)) for k, text in texts.items()})
                 for k in live:
                     _take(trajs[k], *replies[k])
@@ -142,16 +142,19 @@ def play(
     return trajs
 
 
-def _append_turns(trajs, live, out, room, tok, stop, eos_ids) -> tuple[dict[int, str], dict[int, str]]:
+def _append_turns(
+    trajs, live, out, room, tok, stop, eos_ids, opening: str = ""
+) -> tuple[dict[int, str], dict[int, str]]:
     """Each live episode's sampled turn appended (its tokens at mask 1 with their log-probs, cut where the
     episode's budget ends); returns each one's text and the text of the EOS token it ended on ('' if none:
-    Gemma's turns end on <end_of_turn>, not on the tokenizer's <eos>)."""
+    Gemma's turns end on <end_of_turn>, not on the tokenizer's <eos>). A turn's text, the assistant message,
+    starts with `opening`, the part of it the prompt wrote (Qwen3.5's '<think>\n': render.TurnFormat)."""
     lengths, ids_all, logp_all = out.lengths.tolist(), out.completion_ids.tolist(), out.logp.tolist()
     texts, on_eos = {}, {}
     for row, k in enumerate(live):
         t, n = trajs[k], min(lengths[row], room[row])
         ids = ids_all[row][:n]  # a turn past the episode's budget is cut there
-        texts[k] = finish_text(tok.decode(ids, skip_special_tokens=True), stop)
+        texts[k] = opening + finish_text(tok.decode(ids, skip_special_tokens=True), stop)
         on_eos[k] = tok.decode(ids[-1:]) if ids and ids[-1] in eos_ids else ""
         t.ids += ids
         t.mask += [1.0] * n

@@ -47,6 +47,7 @@ class TurnFormat:
     specials: tuple[str, ...] = ()  # the control tokens' texts, which stay text inside an observation
     thinking: str = ""  # what the template does to earlier turns' <think> blocks: '' (keeps them), 'drops'
     way: str = ""  # how the template writes the observation's text (WAYS): '' as it is
+    opening: str = ""  # the start of a reply the prompt already holds (Qwen3.5's '<think>\n'), in its message
 
     @classmethod
     def of(
@@ -66,9 +67,15 @@ class TurnFormat:
         def render(*texts: str) -> str:  # user, assistant, role, assistant, ...: a header ends an odd count
             roles = ["user"] + ["assistant" if i % 2 else role for i in range(1, len(texts))]
             msgs = sys_msg + [{"role": r, "content": t} for r, t in zip(roles, texts)]
-            return tokenizer.apply_chat_template(
-                msgs, tools=tools or None, tokenize=False, add_generation_prompt=len(texts) % 2 == 1
-            )
+            try:
+                return tokenizer.apply_chat_template(
+                    msgs, tools=tools or None, tokenize=False, add_generation_prompt=len(texts) % 2 == 1
+                )
+            except Exception as e:  # the template's own refusal (Gemma's: roles must alternate)
+                raise ValueError(
+                    f"the chat template cannot write a {role!r} message after an assistant turn ({e}); use "
+                    "--env.format plain"
+                ) from e
 
         refuse = (
             f"the chat template does not keep earlier turns as they were when a {role!r} message follows "
@@ -107,7 +114,7 @@ class TurnFormat:
         way = next((w for w in WAYS if quoted == close_open + written(_Q, w) + after), "")
         thinking = thinking if opening else _thinking(render, first, refuse)
         return cls(close=close_open[:k], open=close_open[k:], after=after, eos_text=eos, specials=specials,
-                   thinking=thinking, way=way)  # fmt: skip
+                   thinking=thinking, way=way, opening=opening if thinks else "")  # fmt: skip
 
     def observation_text(self, observation: str, ended_on_eos: bool | str) -> str:
         """What follows an assistant turn's sampled tokens: its closing, the observation (as the template

@@ -201,3 +201,26 @@ def test_fast_path_flags_are_refused_on_the_general_path(qwen35_dir, tmp_path):
         *FLAGS, "--model.path", qwen35_dir, "--sampling.decode", "compiled", "--out-dir", tmp_path / "a"
     )
     assert r.returncode == 2 and "--sampling.decode compiled needs nanogrpo's own model" in r.stderr
+
+
+def test_a_published_qwen35_folder_loads_its_text_model(tmp_path):
+    """Qwen3.5's released folders are Qwen3_5ForConditionalGeneration (model_type qwen3_5, the text config
+    nested): transformers loads the causal LM from one, and the general path gives its logits and context."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from nanogrpo.policy import model_positions
+
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, layer_types=LAYERS,
+                max_position_embeddings=300)  # fmt: skip
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+    torch.manual_seed(0)
+    full = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    full.save_pretrained(tmp_path)
+    assert model_impl(tmp_path) == "transformers" and model_positions(tmp_path) == 300
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            HFModel.from_pretrained(tmp_path)(ids), full(input_ids=ids).logits, atol=0, rtol=0
+        )

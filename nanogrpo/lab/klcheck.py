@@ -1,6 +1,7 @@
 """Exact expected gradients of nanogrpo's KL terms, against the true KL gradients.
 
     python -m nanogrpo.lab.klcheck [--json] [--distances 0.1 0.3 1 3] [--old-shift 0.1] [--group 2]
+    python -m nanogrpo.lab.klcheck lm [--json] [--samples N] ...   (the same on a language model: klcheck_lm.py)
 
 On the enumerable tabular policy (nanogrpo.lab.toy: vocabulary 3, length 4, 81 sequences) every expectation is a
 finite sum, so the EXPECTED gradient of a loss is computed exactly: all sequences (or all groups of G
@@ -192,7 +193,43 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def main_lm(argv: list[str]) -> None:
+    """`klcheck lm`: the checker on a language model (nanogrpo/lab/klcheck_lm.py)."""
+    from nanogrpo.lab import klcheck_lm
+
+    d = klcheck_lm.LMCheck()
+    ap = argparse.ArgumentParser(
+        prog="python -m nanogrpo.lab.klcheck lm", description="the KL checker on an LM"
+    )
+    ap.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
+    ap.add_argument(
+        "--model", default=d.model, help="'smollm2', 'tiny' or an HF folder nanogrpo's model runs"
+    )
+    ap.add_argument("--lengths", type=int, nargs="+", default=list(d.lengths), help="completion lengths T")
+    ap.add_argument("--distances", type=float, nargs="+", default=list(d.distances), help="adapter B scales")
+    ap.add_argument("--regimes", nargs="+", choices=("on", "off"), default=list(d.regimes))
+    ap.add_argument("--samples", type=int, default=d.samples, help="rows a (regime, distance, length)")
+    ap.add_argument("--batch", type=int, default=d.batch, help="rows a batch (even; the CIs' unit)")
+    ap.add_argument("--rank", type=int, default=d.rank, help="the adapters' rank")
+    ap.add_argument("--layers", type=int, default=d.layers, help="adapters on the last LAYERS blocks")
+    ap.add_argument("--old-shift", type=float, default=d.old_shift, help="off-policy: pi_old's noise scale")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    a = ap.parse_args(argv)
+    c = klcheck_lm.LMCheck(a.model, tuple(a.lengths), tuple(a.distances), tuple(a.regimes), a.samples, a.batch, a.rank,
+                a.layers, a.old_shift, a.seed)  # fmt: skip
+    try:
+        recs = klcheck_lm.run(c, progress=not a.json)
+    except ValueError as e:
+        raise SystemExit(f"klcheck lm: {e}") from None
+    print(json.dumps(recs, indent=1) if a.json else klcheck_lm.table(recs))
+
+
 def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm"]:
+        return main_lm(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m nanogrpo.lab.klcheck", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print the records as JSON instead of the table")
     ap.add_argument(

@@ -185,7 +185,10 @@ def fit_to_memory(cfg, device, dtype, rows: list[dict]):
 
     if cfg.memory_check == "off":
         return cfg
-    if model_impl(resolve_model(cfg.model.path), cfg.model.impl) == "transformers":
+    random = cfg.model.path.startswith("random:")  # nanogrpo's own model, planned before it is built
+    if cfg.model.impl == "transformers" or (
+        not random and model_impl(resolve_model(cfg.model.path), cfg.model.impl) == "transformers"
+    ):
         if dist.is_main():
             print(
                 "note: --memory-check skipped: it plans nanogrpo's own model, and transformers' runs this one"

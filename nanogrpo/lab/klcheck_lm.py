@@ -18,13 +18,16 @@ batch of `batch` rows (its own prompts and generators):
 - each variant's loss through grpo.kl_penalty, compute_advantages and grpo_loss, called exactly as the toy
   checker calls them (klcheck.variants: every estimator x placement), differentiated w.r.t. the adapters per
   sequence and per unit beta;
-- each target's estimate, every one unbiased:
-    rev      E_s[rho L grad log pi(y)]            L = log pi(y)/ref(y); rho = pi(y)/pi_s(y) (1 on-policy): the
-                                                  score-function identity E[L grad log pi] = grad KL(pi||ref)
-    fwd      -E_s[rho exp(-L) grad log pi(y)]     = -E_ref[grad log pi(y)] = grad KL(ref||pi)
-    tok_rev  E_s[sum_t grad KL(pi(.|y<t) || ref(.|y<t))]  each sampled prefix's KL over the whole vocabulary,
-    tok_fwd  E_s[sum_t grad KL(ref(.|y<t) || pi(.|y<t))]  the prefixes' distribution held fixed (the sampler's)
-    away     E_s[grad log pi(y)] = -grad KL(pi_s || pi)     (off-policy)
+- each target's estimate, every one unbiased (KL_t: the KL at position t over the whole vocabulary, given the
+  sampled prefix; u_t, v_t: the exact gradients of the reverse and forward KL_t; s_t = grad log pi(y_t)):
+    tok_rev  E_s[sum_t u_t]                   the per-prefix reverse KL, the prefixes' distribution held fixed
+    tok_fwd  E_s[sum_t v_t]                   the same, forward (the toy checker's visit weights: the sampler's)
+    rev      E_s[rho (sum_t u_t + sum_t s_t (sum_{t'>t} KL_t' - b_t))]   = grad KL(pi || ref): the derivative of
+             E_pi[sum_t KL_t] (the sequence KL), its score term with each token's future KL in place of the
+             sampled log-ratios (their expectation given the prefix), less a baseline b_t from the other rows;
+             rho = pi(y) / pi_s(y), 1 on-policy
+    fwd      E_s[sum_t (ref(y<t) / pi_s(y<t)) v_t]   = E_ref[sum_t v_t] = grad KL(ref || pi)
+    away     E_s[sum_t s_t] = -grad KL(pi_s || pi)     (off-policy)
   The gradient of a row's log-prob w.r.t. its final hidden state is taken once through the LM head; each
   variant and target is then one backward pass from the hidden states through the adapted blocks (the
   chain rule, exact: a token's log-prob depends only on its own hidden state).
@@ -127,7 +130,9 @@ def batch_vectors(model, prompts, gens, T: int, variants, off: bool, direction, 
     assert int(gen.lengths.min()) == T  # no EOS stop: every row has T tokens
     ids, attn = pad_left(prompts, 0)
     rows = torch.arange(len(prompts)).repeat_interleave(GROUP)
-    b = make_batch(ids[rows], attn[rows], gen.completion_ids, gen.mask)
+    b = make_batch(
+        ids[rows], attn[rows], gen.completion_ids.clone(), gen.mask.clone()
+    )  # out of inference mode
     N, Tp = len(b), b.prompt_len
     head, W = LogprobHead(model), model.lm_head.weight.detach()  # W (V, H)
     forward = lambda: head.completion_hidden(b.ids, b.attn, b.pos, Tp, T, b.group, b.mask)  # noqa: E731 (N, T, H)
@@ -146,20 +151,25 @@ def batch_vectors(model, prompts, gens, T: int, variants, off: bool, direction, 
     logq = (h0 @ W.T).float().log_softmax(-1)  # (N, T, V)
     kl_rev = (logq.exp() * (logq - ref_logq)).sum(-1)  # (N, T) KL(pi(.|y<t) || ref(.|y<t))
     kl_fwd = (ref_logq.exp() * (ref_logq - logq)).sum(-1)  # (N, T) KL(ref(.|y<t) || pi(.|y<t))
-    (u,) = torch.autograd.grad(kl_rev.sum(), h0)  # (N, T, H)
+    (u,) = torch.autograd.grad(kl_rev.sum(), h0, retain_graph=True)  # (N, T, H): logq is shared
     (v,) = torch.autograd.grad(kl_fwd.sum(), h0)  # (N, T, H)
     logp = logp.detach()
     ref_logp = ref_logq.gather(-1, b.targets[..., None])[..., 0]  # (N, T)
     old_logp = old_logp if off else logp
     L = (logp - ref_logp).sum(-1)  # (N,) log pi(y) / ref(y)
     rho = (logp - old_logp).sum(-1).exp()  # (N,) pi(y) / pi_s(y): 1 on-policy
-    per_seq = lambda w: w[:, None, None] * score / N  # noqa: E731 (a row's weight on each of its tokens' scores)
+    future = kl_rev.detach().flip(-1).cumsum(-1).flip(-1) - kl_rev.detach()  # (N, T) sum_{t' > t} KL_t'
+    future = future - (future.sum(0, keepdim=True) - future) / (N - 1)  # less the other rows' mean (baseline)
+    to_ref = torch.exp(
+        (ref_logp - old_logp).cumsum(-1) - (ref_logp - old_logp)
+    )  # (N, T) ref(y<t) / pi_s(y<t)
+    row = rho[:, None, None] / N  # (N, 1, 1) a row's share, reweighted to pi
     outputs = {
-        "rev": per_seq(rho * L),
-        "fwd": per_seq(-rho * torch.exp(-L)),
+        "rev": row * (u + future[..., None] * score),
+        "fwd": to_ref[..., None] * v / N,
         "tok_rev": u / N,
         "tok_fwd": v / N,
-        **({"away": per_seq(torch.ones(N))} if off else {}),
+        **({"away": score / N} if off else {}),
     }
     for var in variants:
         outputs[var.name] = variant_coefficients(var, logp, old_logp, ref_logp, b.mask)[..., None] * score
@@ -223,7 +233,9 @@ def compare(stats: dict, names: list[str], g: str, t: str) -> dict[str, float]:
 
     def ratios(m: torch.Tensor):
         err2, tt, gg, gt = parts(m)
-        return err2 / tt, gt / (gg.clamp(min=1e-300) * tt.clamp(min=1e-300)).sqrt(), gg / tt
+        both = (gg > 0) & (tt > 0)  # a cosine needs both squared norms estimated above 0
+        cos = torch.where(both, gt / (gg * tt).clamp(min=1e-300).sqrt(), torch.full_like(gt, float("nan")))
+        return err2 / tt, cos, gg / tt
 
     out = {}
     for key, full, loo in zip(("err2", "cos", "norm2"), ratios(stats["full"]), ratios(stats["loo"])):
@@ -268,11 +280,14 @@ def run(c: LMCheck, progress: bool = True) -> list[dict]:
         targets = [t for t in TARGETS if t in per_batch[0]]
         names = targets + [v.name for v in vs]
         stats = gram_stats(per_batch, names)
-        for v in vs:
-            cmp = {t: compare(stats, names, v.name, t) for t in targets}
+        # the targets themselves first (their estimates have far less noise than a variant's): how far the
+        # per-prefix gradients, which per-token forms recover, are from the sequence's
+        rows = [(f"target {t}", t) for t in ("tok_rev", "tok_fwd", "fwd")] + [(v.name, v.name) for v in vs]
+        for label, name in rows:
+            cmp = {t: compare(stats, names, name, t) for t in targets}
             records.append({
                 "regime": regime, "distance": d, "length": T, "kl_rev": sum(kls) / len(kls), "batches": K,
-                "samples": K * c.batch, "variant": v.name,
+                "samples": K * c.batch, "variant": label,
                 "matches": [t for t, m in cmp.items() if m["covers"]], "zero": cmp["rev"]["zero"],
                 **{f"{t}/{k}": val for t, m in cmp.items() for k, val in m.items() if k not in ("covers", "zero")},
             })  # fmt: skip

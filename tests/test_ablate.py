@@ -1,5 +1,6 @@
 """nanogrpo.lab.ablate and the toy task: a tiny grid end to end, the collapse detector, the train.py hook."""
 
+import dataclasses
 import json
 import math
 import os
@@ -233,3 +234,22 @@ def test_table_gives_mean_and_std_over_seeds_and_survives_nan_kl():
     assert rows["k3-loss"]["kl_sd"] == pytest.approx(0.0) and math.isnan(rows["none"]["kl_sd"])
     table = markdown(list(rows.values()))
     assert "| 0.4 ± 0.2 |" in table and "| 0/3 |" in table
+
+
+def test_the_preset_grid_runs_the_preset_as_it_is_and_reads_its_held_out_score(tmp_path):
+    """--sft-steps 0 (the grid on SmolLM2: --preset demo): no warm-up, no model, task or full fine-tuning flag
+    of the tiny grid; a cell's held-out exact match comes back from its summary.json into the table."""
+    run = ablate.Run("k3-loss", 0.05, 1, off_policy=True, std_norm=True)
+    s = ablate_lm.LMSettings("demo", 60, 2, (), "", "", 1, 2, tuple(ablate_lm.PRESET_FLAGS))
+    cmd = ablate_lm.lm_command(run, tmp_path, s)
+    assert cmd[2] == "demo" and "--model.path" not in cmd and "--data.train" not in cmd
+    assert "--lora.r" not in cmd and cmd[cmd.index("--grpo.num-iterations") + 1] == "2"
+    em = {"n": 27, "mean_a": 0.0, "mean_b": 0.7, "diff": 0.7, "low": 0.5, "high": 0.85}
+    (tmp_path / "summary.json").write_text(json.dumps({"eval": {"em": em}}))
+    got = ablate_lm.held_out(tmp_path)["held_out"]
+    assert got["em"] == 0.7 and (got["gain_lo"], got["gain_hi"]) == (0.5, 0.85)
+    result = {"run": dataclasses.asdict(run), "curves": {"kl": [0.1], "entropy": [1.0], "reward": [0.5]},
+              "collapse": dict.fromkeys(("entropy", "reward", "grad", "any")), "held_out": got}  # fmt: skip
+    (row,) = ablate.summarise([result])
+    assert row["em"] == 0.7 and "held-out EM" in ablate.markdown([row])
+    assert ablate_lm.held_out(tmp_path / "none") == {}

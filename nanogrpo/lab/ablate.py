@@ -181,6 +181,8 @@ def summarise(results: list[dict], tail: int = 1) -> list[dict]:
             finals["kl_max"] = [max(c["kl"]) for c in curves]
         if "entropy" in finals:
             finals["entropy_frac"] = [end(c["entropy"]) / end(c["entropy"][:tail]) for c in curves]
+        if all("held_out" in r for r in rs):  # the final models' held-out exact match (a preset that has one)
+            finals["em"] = [r["held_out"]["em"] for r in rs]
         for k, xs in finals.items():
             row[k] = statistics.fmean(xs)
             row[f"{k}_sd"] = _sd(xs)
@@ -206,6 +208,8 @@ def markdown(rows: list[dict]) -> str:
         ("reward", "reward end"),
         ("dist", "KL(pi|pi*) end"),
     ]
+    if any("em" in r for r in rows):
+        cols += [("em", "held-out EM")]
     cols += [("collapsed_entropy", "H<25%"), ("step_entropy", "at step"), ("collapsed_reward", "reward-50%")]
     cols += [("collapsed_grad", "grad x10"), ("collapsed_any", "any")]
 
@@ -335,7 +339,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noise", type=float, default=ToySettings.noise, help="toy: reward noise std")
     ap.add_argument("--preset", default="tiny", help="lm: train.py preset")
     ap.add_argument("--rows", type=int, default=None, help="lm: prompts of the demo task to train on (16)")
-    ap.add_argument("--sft-steps", type=int, default=38, help="lm: SFT warm-up steps (every row each step)")
+    ap.add_argument(
+        "--sft-steps", type=int, default=38,
+        help="lm: SFT warm-up steps (every row each step); 0: no warm-up, the preset as it is (its model, LoRA, "
+        "task, reward and held-out evaluation: --preset demo is SmolLM2 with LoRA)",
+    )  # fmt: skip
     ap.add_argument("--sft-lr", type=float, default=1e-2, help="lm: SFT warm-up learning rate")
     ap.add_argument("--threads", type=int, default=1, help="lm: torch threads of each train.py")
     ap.add_argument("--jobs", type=int, default=1, help="lm: cells run at once (each --threads threads)")
@@ -372,13 +380,26 @@ def main(argv: list[str] | None = None) -> None:
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f}", flush=True)  # fmt: skip
         meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
-        from nanogrpo.lab.ablate_lm import LM_FLAGS, LM_ROWS, LMSettings, lm_task, lm_warmup, run_lm
+        from nanogrpo.lab.ablate_lm import (
+            LM_FLAGS,
+            LM_ROWS,
+            PRESET_FLAGS,
+            LMSettings,
+            lm_task,
+            lm_warmup,
+            run_lm,
+        )
 
-        task = lm_task(out, a.rows or LM_ROWS)
-        model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
-        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads, a.jobs)
+        if a.sft_steps == 0:  # the preset as it is: its model, task, reward, LoRA and held-out evaluation
+            model, task, flags = "", "", PRESET_FLAGS
+        else:  # the warmed-up model on the demo task's rows, with the grid's flags
+            task = lm_task(out, a.rows or LM_ROWS)
+            model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
+            flags = LM_FLAGS
+        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads, a.jobs,
+                       tuple(flags))  # fmt: skip
         results = run_lm(runs, out, s)
-        meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": LM_FLAGS, "tail": 5, "smooth": 5,
+        meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": list(flags), "tail": 5, "smooth": 5,
                 "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip
     meta["wall_s"] = time.perf_counter() - t0
     write(results, out, a.kind, meta)

@@ -37,6 +37,11 @@ LM_FLAGS = ["--lora.r", "0", "--optim.lr", "2e-3", "--prompts-per-step", "8", "-
             "--optim.warmup-steps", "5", "--log-samples-every", "10", "--no-plots"]  # fmt: skip
 
 
+# --sft-steps 0: no warm-up, the preset as it is (its model, LoRA, task, reward and held-out evaluation); the
+# cells only log less often and draw no plots
+PRESET_FLAGS = ["--log-samples-every", "10", "--no-plots"]
+
+
 @dataclass(frozen=True)
 class LMSettings:
     """How the cells run train.py."""
@@ -49,6 +54,7 @@ class LMSettings:
     task: str = ""  # the JSONL task ('' = the preset's)
     threads: int = 1  # OMP_NUM_THREADS of each train.py
     jobs: int = 1  # cells run at once
+    flags: tuple[str, ...] = tuple(LM_FLAGS)  # every cell's flags (PRESET_FLAGS: the preset as it is)
 
 
 def lm_task(out: Path, n: int = LM_ROWS) -> Path:
@@ -113,7 +119,7 @@ def lm_command(run: Run, out_dir: Path, s: LMSettings) -> list[str]:
     flag = lambda name, on: f"--grpo.{'' if on else 'no-'}{name}"  # noqa: E731
     start = (["--model.path", s.model] if s.model else []) + (["--data.train", s.task] if s.task else [])
     return [
-        sys.executable, str(TRAIN_PY), s.preset, *start, *LM_FLAGS, "--out-dir", str(out_dir), "--seed", str(run.seed),
+        sys.executable, str(TRAIN_PY), s.preset, *start, *s.flags, "--out-dir", str(out_dir), "--seed", str(run.seed),
         "--steps", str(s.steps), "--grpo.kl-placement", g.kl_placement, "--grpo.kl-estimator", g.kl_estimator,
         *beta, "--grpo.num-iterations", str(g.num_iterations), "--grpo.scale-rewards", g.scale_rewards,
         flag("kl-is-weight", g.kl_is_weight), flag("kl-reward-to-go", g.kl_reward_to_go), *s.extra,
@@ -125,6 +131,19 @@ def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     get = lambda r, k: float(r[k]) if r.get(k) is not None else math.nan  # noqa: E731
     return {k: [get(r, k) for r in rows] for k in ("kl", "entropy", "reward", "grad_norm")}
+
+
+def held_out(run_dir: Path) -> dict:
+    """{'held_out': the final model's held-out exact match, the base model's, and the 95% bootstrap CI of the
+    difference} from the run's summary.json, when the preset evaluates one ({} otherwise)."""
+    path = run_dir / "summary.json"
+    em = json.loads(path.read_text()).get("eval", {}).get("em") if path.exists() else None
+    if not em:
+        return {}
+    keys = ("mean_b", "mean_a", "diff", "low", "high", "n")
+    return {
+        "held_out": dict(zip(("em", "em_base", "gain", "gain_lo", "gain_hi", "n"), (em[k] for k in keys)))
+    }
 
 
 def cell_name(run: Run) -> str:
@@ -170,8 +189,9 @@ def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
             c = read_metrics(rd)
             col = detect_collapse(c["entropy"], c["reward"], c["grad_norm"], smooth=5)
             results.append(
-                {"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall, "stopped": stopped}
-            )
+                {"run": asdict(run), "curves": c, "collapse": col, "wall_s": wall, "stopped": stopped,
+                 **held_out(rd)}
+            )  # fmt: skip
             print(f"[{i + 1}/{len(runs)}] {run.variant:14} beta {run.beta:g} seed {run.seed} {run.setting}: "
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f} "
                   f"collapse {col['any']}{' (stopped: non-finite)' if stopped else ''} ({wall or 0:.0f} s)",

@@ -641,3 +641,50 @@ def leftovers(marker: str) -> list[str]:
         if marker in cmd and d.name != str(os.getpid()):
             found.append(cmd)
     return found
+
+
+def check_resume_and_peft_generate(model_dir: Path, tmp_path: Path, flags: list) -> tuple[list[dict], str]:
+    """Two GRPO steps straight, and one step then --resume for the second: the same metrics. The adapter's greedy
+    completions from eval.py generate are transformers' greedy text with PEFT's adapter (the model of a random
+    checkpoint whose EOS is 2 and pad 0). `flags`: train.py's, the model's folder among them. Returns the
+    straight run's metrics and console output."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nanogrpo.model.zoo import load_tokenizer
+
+    def steps(out: Path) -> list[dict]:
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    r = run_train_here(*flags, "--steps", "2", "--out-dir", tmp_path / "straight")
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout
+    r = run_train_here(*flags, "--steps", "1", "--save-every", "1", "--out-dir", tmp_path / "resumed")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_train_here("tiny", "--out-dir", tmp_path / "resumed", "--resume", "--steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = ("reward", "loss", "grad_norm", "len_mean", "sampler_kl")
+    a, b = steps(tmp_path / "straight"), steps(tmp_path / "resumed")
+    assert [[m[k] for k in keys] for m in a] == [[m[k] for k in keys] for m in b]
+
+    adapter = tmp_path / "straight" / "adapter"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p, "reference": "x"}) + "\n" for p in ("a b c", "d e")))
+    r = run_eval("generate", "--data", rows, "--model", model_dir, "--adapter", adapter, "--dtype", "float32",
+                 "--max-new-tokens", "6", "--temperature", "0", "--out", tmp_path / "ours.jsonl", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours = [json.loads(line)["completion"] for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
+    tok = load_tokenizer(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    theirs = PeftModel.from_pretrained(base, adapter).eval()
+    for text, got in zip(("a b c", "d e"), ours):
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        ids = torch.tensor(
+            [tok(prompt, add_special_tokens=False)["input_ids"]]
+        )  # as nanogrpo renders a prompt
+        out = theirs.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=0)
+        assert got == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    return a, said

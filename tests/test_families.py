@@ -87,11 +87,7 @@ def test_grpo_agrees_with_its_sampler_and_with_plain(family_dir, tmp_path):
 def test_a_run_resumes_exactly_and_its_adapter_generates_as_in_peft(family_dir, tmp_path):
     """Two steps straight, and one step then --resume for the second: the same metrics and adapter. The
     adapter's greedy completions from eval.py generate are transformers' greedy text with PEFT's adapter."""
-    from helpers import run_eval
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from nanogrpo.model.zoo import load_tokenizer
+    from helpers import check_resume_and_peft_generate
 
     flags = [
         "tiny",
@@ -103,34 +99,7 @@ def test_a_run_resumes_exactly_and_its_adapter_generates_as_in_peft(family_dir, 
         "0",
         "--no-plots",
     ]
-    r = run_train_here(*flags, "--steps", "2", "--out-dir", tmp_path / "straight")
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train_here(*flags, "--steps", "1", "--save-every", "1", "--out-dir", tmp_path / "resumed")
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train_here("tiny", "--out-dir", tmp_path / "resumed", "--resume", "--steps", "2")
-    assert r.returncode == 0, r.stderr[-3000:]
-    keys = ("reward", "loss", "grad_norm", "len_mean", "sampler_kl")
-    a, b = steps(tmp_path / "straight"), steps(tmp_path / "resumed")
-    assert [[m[k] for k in keys] for m in a] == [[m[k] for k in keys] for m in b]
-
-    adapter = tmp_path / "straight" / "adapter"
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": p, "reference": "x"}) + "\n" for p in ("a b c", "d e")))
-    r = run_eval("generate", "--data", rows, "--model", family_dir, "--adapter", adapter, "--dtype", "float32",
-                 "--max-new-tokens", "6", "--temperature", "0", "--out", tmp_path / "ours.jsonl", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    ours = [json.loads(line)["completion"] for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
-    tok = load_tokenizer(family_dir)
-    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(family_dir), adapter).eval()
-    for text, got in zip(("a b c", "d e"), ours):
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        ids = torch.tensor(
-            [tok(prompt, add_special_tokens=False)["input_ids"]]
-        )  # as nanogrpo renders a prompt
-        out = theirs.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=0)
-        assert got == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    check_resume_and_peft_generate(family_dir, tmp_path, flags)
 
 
 def test_a_run_is_given_the_window_as_its_context(family_dir):

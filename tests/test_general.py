@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_eval, run_train_here
+from helpers import run_train_here
 
 from nanogrpo.model.hf_model import HFModel, model_impl
 
@@ -137,39 +137,11 @@ FLAGS = ["tiny", "--model.dtype", "float32", "--eval-prompts", "0", "--no-plots"
 
 
 def test_grpo_on_qwen35_resumes_exactly_and_its_adapter_generates_as_in_peft(qwen35_dir, tmp_path):
-    from peft import PeftModel
+    from helpers import check_resume_and_peft_generate
 
-    from nanogrpo.model.zoo import load_tokenizer
-
-    flags = [*FLAGS, "--model.path", qwen35_dir]
-    r = run_train_here(*flags, "--steps", "2", "--out-dir", tmp_path / "straight")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "Qwen3_5ForCausalLM runs as transformers' model" in r.stdout
-    a = steps(tmp_path / "straight")
+    a, said = check_resume_and_peft_generate(qwen35_dir, tmp_path, [*FLAGS, "--model.path", qwen35_dir])
     assert all(m["sampler_kl"] < 1e-9 for m in a) and any(m["grad_norm"] > 0 for m in a)
-    r = run_train_here(*flags, "--steps", "1", "--save-every", "1", "--out-dir", tmp_path / "resumed")
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train_here("tiny", "--out-dir", tmp_path / "resumed", "--resume", "--steps", "2")
-    assert r.returncode == 0, r.stderr[-3000:]
-    keys = ("reward", "loss", "grad_norm", "len_mean", "sampler_kl")
-    assert [[m[k] for k in keys] for m in a] == [[m[k] for k in keys] for m in steps(tmp_path / "resumed")]
-
-    adapter = tmp_path / "straight" / "adapter"
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": p, "reference": "x"}) + "\n" for p in ("a b c", "d e")))
-    r = run_eval("generate", "--data", rows, "--model", qwen35_dir, "--adapter", adapter, "--dtype", "float32",
-                 "--max-new-tokens", "6", "--temperature", "0", "--out", tmp_path / "ours.jsonl", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    ours = [json.loads(line)["completion"] for line in (tmp_path / "ours.jsonl").read_text().splitlines()]
-    tok = load_tokenizer(qwen35_dir)
-    peft = PeftModel.from_pretrained(theirs(qwen35_dir), adapter).eval()
-    for text, got in zip(("a b c", "d e"), ours):
-        prompt = tok.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])  # as nanogrpo renders it
-        out = peft.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=2, pad_token_id=0)
-        assert got == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "Qwen3_5ForCausalLM runs as transformers' model" in said
 
 
 def test_an_episode_run_on_qwen35(qwen35_dir, tmp_path):

@@ -196,3 +196,29 @@ def test_a_published_qwen35_folder_loads_its_text_model(tmp_path):
         torch.testing.assert_close(
             HFModel.from_pretrained(tmp_path)(ids), full(input_ids=ids).logits, atol=0, rtol=0
         )
+
+
+def test_a_model_with_other_module_names_trains_and_its_adapter_loads_in_peft(tmp_path, tiny_model_dir):
+    """GPT-NeoX (its backbone `gpt_neox`, fused `query_key_value`): the adapter goes where --lora.targets says,
+    under transformers' own module paths, so PEFT loads it and gives nanogrpo's logits."""
+    from peft import PeftModel
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from nanogrpo.model.lora import load_adapter
+
+    cfg = GPTNeoXConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, max_position_embeddings=512, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(tiny_model_dir / f, tmp_path / "m" / f)
+    r = run_train_here(*FLAGS, "--model.path", tmp_path / "m", "--steps", "2", "--optim.lr", "1e-2",
+                       "--lora.targets", "query_key_value", "dense", "--out-dir", tmp_path / "run")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(m["sampler_kl"] < 1e-9 for m in steps(tmp_path / "run"))
+    ids = torch.randint(3, 1024, (2, 9), generator=torch.Generator().manual_seed(0))
+    peft = PeftModel.from_pretrained(theirs(tmp_path / "m"), tmp_path / "run" / "adapter").eval()
+    ours = load_adapter(HFModel.from_pretrained(tmp_path / "m"), tmp_path / "run" / "adapter").eval()
+    with torch.no_grad():
+        assert (ours(ids) - theirs(tmp_path / "m")(ids).logits).abs().max() > 1e-4  # it trained
+        torch.testing.assert_close(ours(ids), peft(ids).logits, atol=1e-5, rtol=0)

@@ -6,8 +6,9 @@
 `--model.impl auto` takes nanogrpo's own model where it has the architecture (transformer.py and its families,
 tested equal to transformers, with the fast paths) and transformers' model otherwise; `own` and
 `transformers` force one. HFModel holds transformers' backbone and LM head under their own names
-(`model.layers.{i}...`, `lm_head`), so nanogrpo's LoRA goes into its linear layers by name and the adapter
-keeps PEFT's key names. Its forward has Transformer.forward's signature: the same plain sampler
+(`model.layers.{i}...` and `lm_head` for most models), so nanogrpo's LoRA goes into its linear layers by name
+(`--lora.targets` names them; projections that are not nn.Linear, as GPT-2's Conv1D, take no adapter) and
+the adapter keeps PEFT's key names. Its forward has Transformer.forward's signature: the same plain sampler
 (sampling.generate, decode, Episodes), LogprobHead, loss, checkpoints and FSDP run on it.
 
 What the general path does not do: the fast paths of model/fast/ (packed weights, the grouped cache, the row
@@ -170,7 +171,12 @@ class HFModel(nn.Module):
 
     def __init__(self, hf: nn.Module):
         super().__init__()
-        self.model, self.lm_head = hf.model, hf.lm_head  # HF's names: LoRA and PEFT see the same modules
+        # the backbone and the LM head under their names in transformers' model ('model' and 'lm_head' for
+        # most; GPT-NeoX's 'gpt_neox' and 'embed_out'), so LoRA and PEFT see the same module paths
+        self.backbone_name = hf.base_model_prefix
+        self.head_name = next(n for n, m in hf.named_children() if m is hf.get_output_embeddings())
+        self.add_module(self.backbone_name, hf.base_model)
+        self.add_module(self.head_name, hf.get_output_embeddings())
         self.hf_config = hf.config
         text = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
         self.config = ModelArgs(
@@ -185,20 +191,29 @@ class HFModel(nn.Module):
             ),
         )
         self.cache_arg = (
-            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+            "cache" if "cache" in inspect.signature(self.backbone.forward).parameters else "past_key_values"
         )
         self.attn = "sdpa"
 
     @property
+    def backbone(self) -> nn.Module:
+        return getattr(self, self.backbone_name)
+
+    def __getattr__(self, name: str):
+        if name == "lm_head" and self.__dict__.get("head_name", "lm_head") != "lm_head":
+            return self._modules[self.head_name]  # the name the sampler and the log-prob head call it by
+        return super().__getattr__(name)
+
+    @property
     def activation_checkpointing(self) -> bool:
-        return bool(getattr(self.model, "gradient_checkpointing", False))
+        return bool(getattr(self.backbone, "gradient_checkpointing", False))
 
     @activation_checkpointing.setter
     def activation_checkpointing(self, on: bool) -> None:
         if on:
-            self.model.gradient_checkpointing_enable({"use_reentrant": False})
+            self.backbone.gradient_checkpointing_enable({"use_reentrant": False})
         elif self.activation_checkpointing:
-            self.model.gradient_checkpointing_disable()
+            self.backbone.gradient_checkpointing_disable()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -215,7 +230,7 @@ class HFModel(nn.Module):
             )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)  # (B, T, H) before any scaling the backbone applies
+        return self.backbone.get_input_embeddings()(input_ids)  # (B, T, H), before the backbone's own scaling
 
     def new_kv_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> HFCache:
         return HFCache(self.hf_config)
@@ -245,7 +260,7 @@ class HFModel(nn.Module):
 
     def _backbone(self, ids, pos, mask, cache) -> torch.Tensor:
         kw = {self.cache_arg: cache.hf if cache is not None else None, "use_cache": cache is not None}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kw)
+        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=pos, **kw)
         if cache is not None:
             cache.length += ids.shape[1]
         return out.last_hidden_state  # (B, T, H)

@@ -36,7 +36,7 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on r
 
 
 def shard(head: nn.Module, compute_dtype: torch.dtype | None = None, frozen: bool = False) -> nn.Module:
-    """fully_shard each decoder block of `head.model` (a Transformer), then `head` itself (the root).
+    """fully_shard each decoder block of `head.model` (a Transformer or an HFModel), then `head` itself (the root).
 
     compute_dtype: all-gather float32 parameters in this dtype for the forward (None = as stored).
     frozen: a reference model (no backward): the root also frees its parameters after each forward.
@@ -45,7 +45,7 @@ def shard(head: nn.Module, compute_dtype: torch.dtype | None = None, frozen: boo
     # every rank must run its blocks as many times (each run all-gathers them): one group of completion
     # rows per forward, not as many as this rank's lengths call for (shared_prompt.length_buckets)
     head.bucket_lengths = False
-    for block in head.model.model.layers:
+    for block in decoder_layers(head.model):
         fully_shard(block, mp_policy=mp)
     fully_shard(head, mp_policy=mp)
     # FSDP makes the first module that runs a forward its root; the sampler runs the blocks before the
@@ -54,6 +54,17 @@ def shard(head: nn.Module, compute_dtype: torch.dtype | None = None, frozen: boo
     if frozen:  # the root keeps its weights after forward for the backward; a frozen model has none
         head.set_reshard_after_forward(True)
     return head
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks FSDP shards one by one: nanogrpo's model's, or transformers' (its backbone's)."""
+    core = getattr(model, "backbone", None) or model.model  # HFModel (model/hf_model.py), or a Transformer
+    if not isinstance(getattr(core, "layers", None), nn.ModuleList):
+        raise ValueError(
+            f"--model.parallel fsdp shards each decoder block, and {type(core).__name__} keeps its blocks under "
+            "another name than `layers`: use --model.parallel ddp"
+        )
+    return core.layers
 
 
 @contextlib.contextmanager

@@ -380,27 +380,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"KL {c['kl'][-1]:.3f} H {c['entropy'][-1]:.3f} reward {c['reward'][-1]:.3f}", flush=True)  # fmt: skip
         meta = {"kind": "toy", "settings": asdict(s), "argv": argv, "optimum": toy_optimum(g["betas"], s)}
     else:
-        from nanogrpo.lab.ablate_lm import (
-            LM_FLAGS,
-            LM_ROWS,
-            PRESET_FLAGS,
-            LMSettings,
-            lm_task,
-            lm_warmup,
-            run_lm,
-        )
+        from nanogrpo.lab.ablate_lm import lm_grid
 
-        if a.sft_steps == 0:  # the preset as it is: its model, task, reward, LoRA and held-out evaluation
-            model, task, flags = "", "", PRESET_FLAGS
-        else:  # the warmed-up model on the demo task's rows, with the grid's flags
-            task = lm_task(out, a.rows or LM_ROWS)
-            model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
-            flags = LM_FLAGS
-        s = LMSettings(a.preset, g["steps"], a.mu, tuple(extra), str(model), str(task), a.threads, a.jobs,
-                       tuple(flags))  # fmt: skip
-        results = run_lm(runs, out, s)
-        meta = {"kind": "lm", "argv": argv, "settings": asdict(s), "flags": list(flags), "tail": 5, "smooth": 5,
-                "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip
+        results, meta = lm_grid(runs, out, a, tuple(extra), g["steps"])
+        meta["argv"] = argv
     meta["wall_s"] = time.perf_counter() - t0
     write(results, out, a.kind, meta)
     print((out / f"{a.kind}_table.md").read_text())

@@ -199,3 +199,19 @@ def run_lm(runs: list[Run], out: Path, s: LMSettings) -> list[dict]:
     finally:
         pool.shutdown(cancel_futures=True)
     return results
+
+
+def lm_grid(runs: list[Run], out: Path, a, extra: tuple[str, ...], steps: int) -> tuple[list[dict], dict]:
+    """`ablate lm`'s cells from its flags `a` (ablate.main): warmed-up on the demo task's rows with the grid's
+    flags, or with --sft-steps 0 the preset as it is (its model, task, reward, LoRA and held-out evaluation).
+    Returns the results and the run's record (meta)."""
+    if a.sft_steps == 0:
+        model, task, flags = "", "", PRESET_FLAGS
+    else:
+        task = lm_task(out, a.rows or LM_ROWS)
+        model = lm_warmup(out, task, preset=a.preset, steps=a.sft_steps, lr=a.sft_lr, threads=a.threads)
+        flags = LM_FLAGS
+    s = LMSettings(a.preset, steps, a.mu, extra, str(model), str(task), a.threads, a.jobs, tuple(flags))
+    meta = {"kind": "lm", "settings": asdict(s), "flags": list(flags), "tail": 5, "smooth": 5,
+            "kl_title": "KL(pi || ref) per token (k3)"}  # fmt: skip
+    return run_lm(runs, out, s), meta
